@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Run the whole test suite from a fresh clone: set up .venv, then pytest.
+# Extra arguments go to pytest (e.g. scripts/test.sh -k ledger).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup-env.sh
+export PATH="$(pwd)/.venv/node/node_modules/.bin:$(pwd)/.venv/bin:$PATH"
+exec .venv/bin/python -m pytest "$@"
