@@ -1,0 +1,161 @@
+"""``c.GPUPool``: the pool-wide settings admins write in ``jupyterhub_config.py``.
+
+The hub (through the spawner) and the gpupool service read the same file, so
+prices, grants and the database are configured once. Every value is checked
+when the configuration loads; an error names the trait and the bad value.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from traitlets import Dict, TraitError, TraitType, Unicode, default, validate
+from traitlets.config import Configurable
+
+from .credits import CreditRules, rules_for_groups
+from .pricing import PriceTable, PricingError
+from .units import AmountError, parse_amount
+
+
+class TokenAmount(TraitType):  # type: ignore[type-arg]
+    """A token amount given as int, float, str or Decimal; held as an exact Decimal."""
+
+    info_text = "a token amount (number)"
+
+    def __init__(self, default_value: Any = None, *, allow_none: bool = False, minimum: Decimal | None = None,
+                 maximum: Decimal | None = None, **kwargs: Any) -> None:
+        self.minimum, self.maximum = minimum, maximum
+        super().__init__(default_value=default_value, allow_none=allow_none, **kwargs)
+
+    def validate(self, obj: Any, value: Any) -> Decimal | None:
+        if value is None and self.allow_none:
+            return None
+        where = f"c.{type(obj).__name__}.{self.name}"
+        try:
+            amount = parse_amount(value, what=where)
+        except AmountError as e:
+            raise TraitError(str(e)) from None
+        if self.minimum is not None and amount < self.minimum:
+            raise TraitError(f"{where} must be at least {self.minimum}, got {value!r}")
+        if self.maximum is not None and amount > self.maximum:
+            raise TraitError(f"{where} must be at most {self.maximum}, got {value!r}")
+        return amount
+
+
+class GPUPool(Configurable):
+    """Prices, credit rules and storage shared by the spawner and the service."""
+
+    prices = Dict(
+        {},
+        help="""Tokens per GPU-hour for each GPU model, e.g.
+        ``{"RTX 2080": 0.5, "RTX 3090": 1, "RTX A6000": 4}``.
+
+        Names are matched against the model strings NVML and DCGM report
+        ("NVIDIA GeForce RTX 3090 Ti") by whole words, case-insensitively; the
+        entry with the most matching words wins, so "RTX 3090 Ti" beats
+        "RTX 3090". A fraction of a GPU costs its share of the price.
+        """,
+    ).tag(config=True)
+
+    default_price = TokenAmount(
+        None,
+        allow_none=True,
+        minimum=Decimal(0),
+        help="Price per GPU-hour for models missing from `prices`. Unset (default): an unpriced model is an error at start-up.",
+    ).tag(config=True)
+
+    initial_grant = TokenAmount(100, minimum=Decimal(0), help="Tokens a new user starts with.").tag(config=True)
+    monthly_credit = TokenAmount(30, minimum=Decimal(0), help="Tokens added on the first day of each month.").tag(config=True)
+    daily_credit = TokenAmount(1, minimum=Decimal(0), help="Tokens added each day.").tag(config=True)
+    floor = TokenAmount(
+        -10,
+        maximum=Decimal(0),
+        help="""Overdraft floor (zero or negative). A balance may go below zero down to
+        the floor; at the floor the user's GPU servers are stopped.""",
+    ).tag(config=True)
+    max_balance = TokenAmount(
+        None, allow_none=True, minimum=Decimal(0),
+        help="Optional cap: scheduled credits never lift a balance above it (admin grants may).",
+    ).tag(config=True)
+    low_balance = TokenAmount(
+        10, help="Below this balance the lab widget shows the 'low' state.",
+    ).tag(config=True)
+    min_start_hours = TokenAmount(
+        1, minimum=Decimal(0),
+        help="""A GPU server may start only if paying for this many hours at its price
+        keeps the balance at or above the floor.""",
+    ).tag(config=True)
+
+    group_credits = Dict(
+        {},
+        help="""Credit rules per JupyterHub group, overriding the defaults, e.g.
+        ``{"faculty": {"initial": 500, "monthly": 100}}``. Keys: initial, monthly,
+        daily, floor, max_balance. A user in several groups gets, for each key,
+        the most generous value among their groups that set it (largest grant,
+        credit and cap; lowest floor).""",
+    ).tag(config=True)
+
+    credit_timezone = Unicode(
+        "UTC", help="Time zone whose midnight starts a credit day (an IANA name such as 'Europe/Berlin')."
+    ).tag(config=True)
+
+    db_url = Unicode(
+        "sqlite:///gpupool.sqlite",
+        help="""SQLAlchemy URL of the ledger database. SQLite by default; for
+        PostgreSQL use ``postgresql://user:password@host/dbname`` (psycopg 3).""",
+    ).tag(config=True)
+
+    @validate("prices")
+    def _check_prices(self, proposal: Any) -> dict:  # type: ignore[type-arg]
+        try:
+            PriceTable.from_config(proposal["value"])
+        except PricingError as e:
+            raise TraitError(str(e)) from None
+        return proposal["value"]
+
+    @validate("group_credits")
+    def _check_groups(self, proposal: Any) -> dict:  # type: ignore[type-arg]
+        for group, values in proposal["value"].items():
+            if not isinstance(values, dict):
+                raise TraitError(f"c.GPUPool.group_credits[{group!r}] must be a dict, got {values!r}")
+            try:
+                CreditRules.from_config(values, where=f"c.GPUPool.group_credits[{group!r}]")
+            except ValueError as e:
+                raise TraitError(str(e)) from None
+        return proposal["value"]
+
+    @validate("credit_timezone")
+    def _check_tz(self, proposal: Any) -> str:
+        try:
+            ZoneInfo(proposal["value"])
+        except (ZoneInfoNotFoundError, ValueError):
+            raise TraitError(f"c.GPUPool.credit_timezone: unknown time zone {proposal['value']!r}") from None
+        return proposal["value"]
+
+    @default("group_credits")
+    def _default_groups(self) -> dict:  # type: ignore[type-arg]
+        return {}
+
+    # ---- derived objects (pure; built from the validated traits)
+
+    def price_table(self) -> PriceTable:
+        return PriceTable.from_config(self.prices, self.default_price)
+
+    @property
+    def tz(self) -> ZoneInfo:
+        return ZoneInfo(self.credit_timezone)
+
+    def base_rules(self) -> CreditRules:
+        return CreditRules(
+            initial=self.initial_grant, monthly=self.monthly_credit, daily=self.daily_credit,
+            floor=self.floor, max_balance=self.max_balance,
+        )
+
+    def rules_for(self, groups: list[str] | set[str] | tuple[str, ...] = ()) -> CreditRules:
+        overrides = {}
+        for group, values in self.group_credits.items():
+            parsed = CreditRules.from_config(values, where=f"c.GPUPool.group_credits[{group!r}]")
+            overrides[group] = {key: getattr(parsed, key) for key in values}
+        return rules_for_groups(self.base_rules(), overrides, groups)

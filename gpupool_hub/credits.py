@@ -1,0 +1,182 @@
+"""The token-bucket rules: what a user is granted, and when.
+
+Pure functions with no I/O. Given when credits were last applied and the
+current time, they name every credit that is due, each with an idempotency
+key, so that a service that was down for 40 days hands out exactly 40 daily
+credits (and the monthly ones in between) once, however often it retries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields, replace
+from datetime import date, datetime, time, timedelta, tzinfo
+from decimal import Decimal
+
+from .keys import entry_key
+from .units import AmountError, parse_amount
+
+_LESS_IS_GENEROUS = ("floor",)  # for every other field, more is more generous
+
+
+@dataclass(frozen=True)
+class CreditRules:
+    """One user's grant schedule. Defaults are the original system's."""
+
+    initial: Decimal = Decimal(100)
+    monthly: Decimal = Decimal(30)
+    daily: Decimal = Decimal(1)
+    floor: Decimal = Decimal(-10)
+    max_balance: Decimal | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("initial", "monthly", "daily"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} credit must not be negative")
+        if self.floor > 0:
+            raise ValueError(f"floor must be zero or negative, got {self.floor}")
+        if self.max_balance is not None and self.max_balance < 0:
+            raise ValueError(f"max_balance must not be negative, got {self.max_balance}")
+
+    @classmethod
+    def from_config(cls, values: Mapping[str, object], *, where: str) -> CreditRules:
+        """Build rules from admin config, naming the bad key in every error."""
+        allowed = {f.name for f in fields(cls)}
+        kwargs: dict[str, Decimal | None] = {}
+        for key, value in values.items():
+            if key not in allowed:
+                raise ValueError(f"{where}: unknown key {key!r}; expected one of {sorted(allowed)}")
+            if key == "max_balance" and value is None:
+                kwargs[key] = None
+                continue
+            try:
+                kwargs[key] = parse_amount(value, what=key)
+            except AmountError as e:
+                raise ValueError(f"{where}[{key!r}] = {value!r}: {e}") from None
+        try:
+            return cls(**kwargs)  # type: ignore[arg-type]
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+
+
+def rules_for_groups(
+    base: CreditRules, overrides: Mapping[str, Mapping[str, Decimal | None]], groups: Iterable[str]
+) -> CreditRules:
+    """Combine group overrides: each field takes the most generous value among the
+    user's groups that set it (largest grant, credit and cap, lowest floor);
+    fields no group sets keep the base value. Group order never matters.
+    """
+    chosen: dict[str, Decimal | None] = {}
+    for group in sorted(set(groups)):
+        override = overrides.get(group)
+        if override is None:
+            continue
+        for key, value in override.items():
+            if key not in chosen:
+                chosen[key] = value  # type: ignore[assignment]
+            elif key in _LESS_IS_GENEROUS:
+                chosen[key] = min(chosen[key], value)  # type: ignore[type-var]
+            elif key == "max_balance":
+                chosen[key] = None if value is None or chosen[key] is None else max(chosen[key], value)  # type: ignore[type-var]
+            else:
+                chosen[key] = max(chosen[key], value)  # type: ignore[type-var]
+    return replace(base, **chosen) if chosen else base
+
+
+@dataclass(frozen=True)
+class DueCredit:
+    """A credit the ledger should post (once: ``key`` makes it idempotent)."""
+
+    kind: str  # "grant" | "monthly" | "daily"
+    amount: Decimal
+    key: str
+    day: date
+    reason: str
+
+
+def local_day(now: datetime, tz: tzinfo) -> date:
+    return now.astimezone(tz).date()
+
+
+def due_credits(user: str, rules: CreditRules, last_day: date | None, now: datetime, tz: tzinfo) -> list[DueCredit]:
+    """Every credit due to ``user`` after ``last_day`` up to and including today.
+
+    ``last_day`` is the last local day whose credits were applied; ``None``
+    means a new account, which gets the initial grant (and no daily credit for
+    the day it was created). Monthly credits fall on the first of the month.
+    """
+    today = local_day(now, tz)
+    due: list[DueCredit] = []
+    if last_day is None:
+        due.append(
+            DueCredit("grant", rules.initial, entry_key("grant", user, "initial"), today, "initial grant")
+        )
+        return [c for c in due if c.amount > 0]
+    day = last_day + timedelta(days=1)
+    while day <= today:
+        if day.day == 1 and rules.monthly > 0:
+            due.append(
+                DueCredit("monthly", rules.monthly, entry_key("monthly", user, day.strftime("%Y-%m")), day,
+                          f"monthly credit for {day:%B %Y}")
+            )
+        if rules.daily > 0:
+            due.append(DueCredit("daily", rules.daily, entry_key("daily", user, day), day, f"daily credit for {day}"))
+        day += timedelta(days=1)
+    return due
+
+
+def capped(amount: Decimal, balance: Decimal, max_balance: Decimal | None) -> Decimal:
+    """The part of a credit that fits under the cap (never negative: a cap never takes tokens away)."""
+    if max_balance is None:
+        return amount
+    return max(Decimal(0), min(amount, max_balance - balance))
+
+
+def next_credit_times(now: datetime, tz: tzinfo) -> tuple[datetime, datetime]:
+    """When the next daily and the next monthly credit fall (local midnight), as aware datetimes."""
+    today = local_day(now, tz)
+    tomorrow = today + timedelta(days=1)
+    first = date(today.year + (today.month == 12), today.month % 12 + 1, 1)
+    return (datetime.combine(tomorrow, time(), tz), datetime.combine(first, time(), tz))
+
+
+def can_start(balance: Decimal, price_per_hour: Decimal, rules: CreditRules, min_hours: Decimal = Decimal(1)) -> bool:
+    """A GPU server may start when paying for ``min_hours`` keeps the balance at or above the floor."""
+    return balance - price_per_hour * min_hours >= rules.floor
+
+
+def affordable_at(
+    balance: Decimal,
+    price_per_hour: Decimal,
+    rules: CreditRules,
+    now: datetime,
+    tz: tzinfo,
+    min_hours: Decimal = Decimal(1),
+    horizon_days: int = 400,
+) -> datetime | None:
+    """The first credit time at which ``can_start`` becomes true, assuming nothing else is spent.
+
+    ``None`` when it already is, or when no credit within the horizon gets there
+    (e.g. daily and monthly credits are zero): the refusal message then says so.
+    """
+    if can_start(balance, price_per_hour, rules, min_hours):
+        return None
+    day = local_day(now, tz)
+    for _ in range(horizon_days):
+        day += timedelta(days=1)
+        gain = rules.daily + (rules.monthly if day.day == 1 else Decimal(0))
+        balance += capped(gain, balance, rules.max_balance)
+        if can_start(balance, price_per_hour, rules, min_hours):
+            return datetime.combine(day, time(), tz)
+    return None
+
+
+def balance_status(balance: Decimal, rules: CreditRules, low_below: Decimal) -> str:
+    """"fine", "low", "negative" or "floor": what the lab widget colours by."""
+    if balance <= rules.floor:
+        return "floor"
+    if balance < 0:
+        return "negative"
+    if balance < low_below:
+        return "low"
+    return "fine"

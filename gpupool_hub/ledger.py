@@ -1,0 +1,560 @@
+"""The ledger: the only module that touches the database.
+
+Append-only entries, each with a unique idempotency key, and a per-account
+balance kept in the same transaction as the entries (so reading a balance is
+one indexed row). A balance is never edited on its own; ``verify`` recomputes
+every balance from the entries and reports any mismatch.
+
+Amounts are integer milli-tokens in the database and ``Decimal`` outside it.
+SQLite (the default) and PostgreSQL are both first-class; concurrent writers
+from several processes are safe on both: SQLite transactions take the write
+lock up front (``BEGIN IMMEDIATE``), PostgreSQL relies on the unique key and
+row locks.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import date, datetime, timezone
+from decimal import Decimal
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from .credits import DueCredit, capped
+from .units import from_milli, to_milli
+
+log = logging.getLogger(__name__)
+
+#: Current schema version; see ``MIGRATIONS`` and docs/ledger.md for the upgrade path.
+SCHEMA_VERSION = 1
+
+KINDS = ("grant", "monthly", "daily", "debit", "adjustment", "refund")
+#: Kinds whose amount must be positive (credits) or negative (charges).
+_POSITIVE = {"grant", "monthly", "daily", "refund"}
+_NEGATIVE = {"debit"}
+
+_ID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")  # SQLite autoincrements INTEGER PRIMARY KEY only
+
+metadata = sa.MetaData()
+
+meta_table = sa.Table(
+    "gpupool_meta",
+    metadata,
+    sa.Column("key", sa.String(64), primary_key=True),
+    sa.Column("value", sa.String(255), nullable=False),
+)
+
+accounts = sa.Table(
+    "gpupool_accounts",
+    metadata,
+    sa.Column("name", sa.Unicode(255), primary_key=True),
+    sa.Column("balance_milli", sa.BigInteger, nullable=False, default=0),
+    sa.Column("created_at", sa.DateTime, nullable=False),
+    # The last local day whose scheduled credits were applied (None: new account).
+    sa.Column("credits_through", sa.Date, nullable=True),
+)
+
+entries = sa.Table(
+    "gpupool_entries",
+    metadata,
+    sa.Column("id", _ID, primary_key=True, autoincrement=True),
+    sa.Column("account", sa.Unicode(255), sa.ForeignKey("gpupool_accounts.name"), nullable=False),
+    sa.Column("kind", sa.String(16), nullable=False),
+    sa.Column("amount_milli", sa.BigInteger, nullable=False),
+    sa.Column("idempotency_key", sa.Unicode(1024), nullable=False, unique=True),
+    sa.Column("reason", sa.UnicodeText, nullable=False, default=""),
+    sa.Column("actor", sa.Unicode(255), nullable=False, default="system"),
+    sa.Column("created_at", sa.DateTime, nullable=False),
+    sa.Column("interval_start", sa.DateTime, nullable=True),
+    sa.Column("interval_end", sa.DateTime, nullable=True),
+    sa.Column("model", sa.Unicode(255), nullable=True),
+    sa.Column("gpu_seconds", sa.Numeric(20, 3), nullable=True),
+    sa.Index("ix_gpupool_entries_account_id", "account", "id"),
+)
+
+# A closed interval of a periodic job (e.g. an hour of debits) is marked done
+# in the same transaction as its entries: a crash leaves it either fully
+# charged and marked, or untouched.
+intervals = sa.Table(
+    "gpupool_intervals",
+    metadata,
+    sa.Column("job", sa.String(64), primary_key=True),
+    sa.Column("start", sa.DateTime, primary_key=True),
+    sa.Column("end", sa.DateTime, nullable=False),
+    sa.Column("completed_at", sa.DateTime, nullable=False),
+    sa.Column("entries", sa.Integer, nullable=False, default=0),
+)
+
+
+class LedgerError(RuntimeError):
+    """The ledger cannot be used (schema too new, database unreachable)."""
+
+
+class IdempotencyConflict(ValueError):
+    """The key was already used for a different entry: a bug or a replayed request with other content."""
+
+
+class UnknownAccount(LookupError):
+    pass
+
+
+@dataclass(frozen=True)
+class Posting:
+    """An entry to record. ``amount`` is signed: debits are negative."""
+
+    account: str
+    kind: str
+    amount: Decimal
+    key: str
+    reason: str = ""
+    actor: str = "system"
+    interval_start: datetime | None = None
+    interval_end: datetime | None = None
+    model: str | None = None
+    gpu_seconds: Decimal | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown entry kind {self.kind!r}; expected one of {KINDS}")
+        if self.kind in _POSITIVE and self.amount <= 0:
+            raise ValueError(f"a {self.kind} must be positive, got {self.amount}")
+        if self.kind in _NEGATIVE and self.amount > 0:
+            raise ValueError(f"a {self.kind} must not be positive, got {self.amount}")
+        if not self.key:
+            raise ValueError("an entry needs an idempotency key")
+        to_milli(self.amount)  # refuse sub-milli amounts early
+
+
+@dataclass(frozen=True)
+class Entry:
+    id: int
+    account: str
+    kind: str
+    amount: Decimal
+    key: str
+    reason: str
+    actor: str
+    created_at: datetime
+    interval_start: datetime | None
+    interval_end: datetime | None
+    model: str | None
+    gpu_seconds: Decimal | None
+
+
+@dataclass(frozen=True)
+class Posted:
+    """The outcome of one posting: the recorded entry (the first one, on a replay)."""
+
+    entry: Entry
+    created: bool
+
+
+@dataclass(frozen=True)
+class Account:
+    name: str
+    balance: Decimal
+    created_at: datetime
+    credits_through: date | None
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    account: str
+    stored: Decimal
+    computed: Decimal
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    accounts: int
+    entries: int
+    mismatches: tuple[Mismatch, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.mismatches
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _db_time(value: datetime | None) -> datetime | None:
+    """Store naive UTC: the same value on every backend."""
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        raise ValueError(f"timestamps must be timezone-aware, got {value!r}")
+    return value.astimezone(timezone.utc).replace(tzinfo=None)
+
+
+def _aware(value: datetime | None) -> datetime | None:
+    return None if value is None else value.replace(tzinfo=timezone.utc)
+
+
+def normalize_url(url: str) -> str:
+    """``postgresql://`` means psycopg 3 here (the driver we ship), not psycopg2."""
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix):]
+    return url
+
+
+def make_engine(url: str, **kwargs: object) -> Engine:
+    url = normalize_url(url)
+    engine = sa.create_engine(url, **kwargs)  # type: ignore[arg-type]
+    if engine.dialect.name == "sqlite":
+        _configure_sqlite(engine)
+    return engine
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    @sa.event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record):  # type: ignore[no-untyped-def]
+        # Let SQLAlchemy, not the driver, open transactions, so BEGIN IMMEDIATE below is ours.
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute("PRAGMA busy_timeout=30000")
+        if engine.url.database not in (None, "", ":memory:"):
+            cur.execute("PRAGMA journal_mode=WAL")
+        cur.close()
+
+    @sa.event.listens_for(engine, "begin")
+    def _on_begin(conn):  # type: ignore[no-untyped-def]
+        # Take the write lock at the start: two processes posting at once then
+        # queue instead of failing half-way with "database is locked".
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def _insert(conn: Connection, table: sa.Table):  # type: ignore[no-untyped-def]
+    """INSERT ... ON CONFLICT DO NOTHING for the connection's dialect."""
+    if conn.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    elif conn.dialect.name == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert
+    else:  # pragma: no cover - documented as unsupported
+        raise LedgerError(f"unsupported database {conn.dialect.name!r}; use SQLite or PostgreSQL")
+    return insert(table).on_conflict_do_nothing()
+
+
+def _chunks(items: Sequence, size: int = 500) -> Iterator[Sequence]:  # type: ignore[type-arg]
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+# ---------------------------------------------------------------- migrations
+
+def _migrate_to_1(conn: Connection) -> None:
+    metadata.create_all(conn, tables=[accounts, entries, intervals])
+
+
+#: version -> step that upgrades from version-1. Add a step (and bump
+#: SCHEMA_VERSION) for every schema change; never edit a released step.
+MIGRATIONS = {1: _migrate_to_1}
+
+
+def schema_version(conn: Connection) -> int:
+    row = conn.execute(sa.select(meta_table.c.value).where(meta_table.c.key == "schema_version")).first()
+    return int(row[0]) if row else 0
+
+
+def migrate(engine: Engine) -> int:
+    """Bring the schema to ``SCHEMA_VERSION``; refuse a database newer than this code."""
+    with engine.begin() as conn:
+        meta_table.create(conn, checkfirst=True)
+        current = schema_version(conn)
+        if current > SCHEMA_VERSION:
+            raise LedgerError(
+                f"the ledger database has schema version {current}, newer than this gpupool_hub "
+                f"understands ({SCHEMA_VERSION}); upgrade gpupool_hub"
+            )
+        for version in range(current + 1, SCHEMA_VERSION + 1):
+            log.info("Upgrading the ledger schema to version %d", version)
+            MIGRATIONS[version](conn)
+        if current != SCHEMA_VERSION:
+            if current == 0:
+                conn.execute(meta_table.insert().values(key="schema_version", value=str(SCHEMA_VERSION)))
+            else:
+                conn.execute(
+                    meta_table.update().where(meta_table.c.key == "schema_version").values(value=str(SCHEMA_VERSION))
+                )
+    return SCHEMA_VERSION
+
+
+# -------------------------------------------------------------------- ledger
+
+def _entry(row: sa.Row) -> Entry:  # type: ignore[type-arg]
+    m = row._mapping
+    return Entry(
+        id=m["id"],
+        account=m["account"],
+        kind=m["kind"],
+        amount=from_milli(m["amount_milli"]),
+        key=m["idempotency_key"],
+        reason=m["reason"],
+        actor=m["actor"],
+        created_at=_aware(m["created_at"]),  # type: ignore[arg-type]
+        interval_start=_aware(m["interval_start"]),
+        interval_end=_aware(m["interval_end"]),
+        model=m["model"],
+        gpu_seconds=None if m["gpu_seconds"] is None else Decimal(m["gpu_seconds"]),
+    )
+
+
+def _same(entry: Entry, posting: Posting) -> bool:
+    return (entry.account, entry.kind, entry.amount) == (posting.account, posting.kind, posting.amount)
+
+
+class Ledger:
+    """Append-only token ledger over any SQLAlchemy URL (SQLite or PostgreSQL)."""
+
+    def __init__(self, url: str = "sqlite:///gpupool.sqlite", *, engine: Engine | None = None) -> None:
+        self.engine = engine or make_engine(url)
+        migrate(self.engine)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # ---- writes
+
+    def post(self, posting: Posting, *, now: datetime | None = None) -> Posted:
+        """Record one entry (or return the first one recorded under its key)."""
+        return self.post_many([posting], now=now)[0]
+
+    def post_many(
+        self,
+        postings: Sequence[Posting],
+        *,
+        now: datetime | None = None,
+        complete_interval: tuple[str, datetime, datetime] | None = None,
+    ) -> list[Posted]:
+        """Record entries in one transaction: all of them or none.
+
+        Replayed keys are not recorded again; a key reused for a different
+        entry raises ``IdempotencyConflict`` and nothing of the batch is kept.
+        ``complete_interval=(job, start, end)`` marks that job interval done in
+        the same transaction.
+        """
+        now = now or utcnow()
+        with self.engine.begin() as conn:
+            results = self._post(conn, postings, now)
+            if complete_interval is not None:
+                job, start, end = complete_interval
+                conn.execute(
+                    _insert(conn, intervals),
+                    dict(job=job, start=_db_time(start), end=_db_time(end), completed_at=_db_time(now),
+                         entries=sum(r.created for r in results)),
+                )
+        return results
+
+    def _ensure_accounts(self, conn: Connection, names: Iterable[str], now: datetime) -> None:
+        rows = [dict(name=n, balance_milli=0, created_at=_db_time(now), credits_through=None) for n in set(names)]
+        for chunk in _chunks(rows):
+            conn.execute(_insert(conn, accounts), list(chunk))
+
+    def _post(self, conn: Connection, postings: Sequence[Posting], now: datetime) -> list[Posted]:
+        if not postings:
+            return []
+        keys = [p.key for p in postings]
+        if len(set(keys)) != len(keys):
+            raise IdempotencyConflict("the same idempotency key appears twice in one batch")
+        self._ensure_accounts(conn, (p.account for p in postings), now)
+        created_at = _db_time(now)
+        rows = [
+            dict(
+                account=p.account, kind=p.kind, amount_milli=to_milli(p.amount), idempotency_key=p.key,
+                reason=p.reason, actor=p.actor, created_at=created_at,
+                interval_start=_db_time(p.interval_start), interval_end=_db_time(p.interval_end),
+                model=p.model, gpu_seconds=p.gpu_seconds,
+            )
+            for p in postings
+        ]
+        stmt = _insert(conn, entries).returning(*entries.c)
+        inserted: dict[str, Entry] = {}
+        for chunk in _chunks(rows):
+            for row in conn.execute(stmt, list(chunk)):
+                entry = _entry(row)
+                inserted[entry.key] = entry
+        deltas: dict[str, int] = defaultdict(int)
+        for entry in inserted.values():
+            deltas[entry.account] += to_milli(entry.amount)
+        changes = [dict(n=n, d=d) for n, d in deltas.items() if d]
+        if changes:
+            conn.execute(
+                accounts.update()
+                .where(accounts.c.name == sa.bindparam("n"))
+                .values(balance_milli=accounts.c.balance_milli + sa.bindparam("d")),
+                changes,
+            )
+        replayed = [p for p in postings if p.key not in inserted]
+        existing: dict[str, Entry] = {}
+        for chunk in _chunks([p.key for p in replayed]):
+            for row in conn.execute(sa.select(entries).where(entries.c.idempotency_key.in_(chunk))):
+                entry = _entry(row)
+                existing[entry.key] = entry
+        results = []
+        for p in postings:
+            if p.key in inserted:
+                results.append(Posted(inserted[p.key], True))
+                continue
+            first = existing.get(p.key)
+            if first is None:  # pragma: no cover - the unique index makes this impossible
+                raise LedgerError(f"entry {p.key!r} neither inserted nor found")
+            if not _same(first, p):
+                raise IdempotencyConflict(
+                    f"idempotency key {p.key!r} was already used for a {first.kind} of {first.amount} "
+                    f"to {first.account!r}; refusing a {p.kind} of {p.amount} to {p.account!r}"
+                )
+            results.append(Posted(first, False))
+        return results
+
+    def open_account(self, name: str, now: datetime | None = None) -> None:
+        """Create an empty account if it does not exist (its grant comes from ``apply_credits``)."""
+        with self.engine.begin() as conn:
+            self._ensure_accounts(conn, [name], now or utcnow())
+
+    def apply_credits(
+        self,
+        name: str,
+        due: Sequence[DueCredit],
+        *,
+        through: date,
+        max_balance: Decimal | None = None,
+        now: datetime | None = None,
+    ) -> list[Posted]:
+        """Post scheduled credits, capped at ``max_balance``, and record that they
+        were applied ``through`` a day — one transaction, so a crash repeats nothing.
+        """
+        now = now or utcnow()
+        with self.engine.begin() as conn:
+            self._ensure_accounts(conn, [name], now)
+            locked = sa.select(accounts.c.balance_milli).where(accounts.c.name == name)
+            if conn.dialect.name == "postgresql":
+                locked = locked.with_for_update()
+            balance = from_milli(conn.execute(locked).scalar_one())
+            results: list[Posted] = []
+            for credit in due:
+                amount = capped(credit.amount, balance, max_balance)
+                if amount <= 0:
+                    continue  # at the cap: nothing to record, the day still counts as applied
+                posted = self._post(
+                    conn,
+                    [Posting(name, credit.kind, amount, credit.key, reason=credit.reason)],
+                    now,
+                )[0]
+                if posted.created:
+                    balance += amount
+                results.append(posted)
+            conn.execute(
+                accounts.update()
+                .where(accounts.c.name == name)
+                .where(sa.or_(accounts.c.credits_through.is_(None), accounts.c.credits_through < through))
+                .values(credits_through=through)
+            )
+        return results
+
+    # ---- reads
+
+    def balance(self, name: str) -> Decimal:
+        with self.engine.connect() as conn:
+            value = conn.execute(
+                sa.select(accounts.c.balance_milli).where(accounts.c.name == name)
+            ).scalar_one_or_none()
+        if value is None:
+            raise UnknownAccount(name)
+        return from_milli(value)
+
+    def account(self, name: str) -> Account:
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(accounts).where(accounts.c.name == name)).first()
+        if row is None:
+            raise UnknownAccount(name)
+        return _account(row)
+
+    def accounts(self, *, limit: int = 100, after: str | None = None) -> list[Account]:
+        """Accounts by name, keyset-paginated (``after`` = last name of the previous page)."""
+        q = sa.select(accounts).order_by(accounts.c.name).limit(limit)
+        if after is not None:
+            q = q.where(accounts.c.name > after)
+        with self.engine.connect() as conn:
+            return [_account(r) for r in conn.execute(q)]
+
+    def history(self, name: str, *, limit: int = 50, before: int | None = None) -> list[Entry]:
+        """A user's entries, newest first; ``before`` = the last id of the previous page."""
+        q = (
+            sa.select(entries)
+            .where(entries.c.account == name)
+            .order_by(entries.c.id.desc())
+            .limit(limit)
+        )
+        if before is not None:
+            q = q.where(entries.c.id < before)
+        with self.engine.connect() as conn:
+            return [_entry(r) for r in conn.execute(q)]
+
+    def iter_entries(self, *, batch: int = 1000) -> Iterator[Entry]:
+        """Every entry in id order, in pages (for exports)."""
+        last = 0
+        while True:
+            with self.engine.connect() as conn:
+                rows = conn.execute(
+                    sa.select(entries).where(entries.c.id > last).order_by(entries.c.id).limit(batch)
+                ).all()
+            if not rows:
+                return
+            for row in rows:
+                yield _entry(row)
+            last = rows[-1]._mapping["id"]
+
+    def interval_done(self, job: str, start: datetime) -> bool:
+        with self.engine.connect() as conn:
+            return conn.execute(
+                sa.select(intervals.c.job).where(intervals.c.job == job, intervals.c.start == _db_time(start))
+            ).first() is not None
+
+    def last_interval(self, job: str) -> tuple[datetime, datetime] | None:
+        """The most recent completed interval of ``job``, or None."""
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                sa.select(intervals.c.start, intervals.c.end, intervals.c.completed_at)
+                .where(intervals.c.job == job)
+                .order_by(intervals.c.start.desc())
+                .limit(1)
+            ).first()
+        return None if row is None else (_aware(row[0]), _aware(row[1]))  # type: ignore[return-value]
+
+    def verify(self) -> VerifyReport:
+        """Recompute every balance from its entries; report accounts whose stored balance differs."""
+        sums = (
+            sa.select(entries.c.account, sa.func.sum(entries.c.amount_milli).label("total"),
+                      sa.func.count().label("n"))
+            .group_by(entries.c.account)
+            .subquery()
+        )
+        q = sa.select(accounts.c.name, accounts.c.balance_milli, sums.c.total, sums.c.n).select_from(
+            accounts.outerjoin(sums, sums.c.account == accounts.c.name)
+        )
+        mismatches = []
+        n_accounts = n_entries = 0
+        with self.engine.connect() as conn:
+            for name, stored, total, n in conn.execute(q):
+                n_accounts += 1
+                n_entries += n or 0
+                if int(stored) != int(total or 0):
+                    mismatches.append(Mismatch(name, from_milli(stored), from_milli(int(total or 0))))
+        return VerifyReport(n_accounts, n_entries, tuple(mismatches))
+
+
+def _account(row: sa.Row) -> Account:  # type: ignore[type-arg]
+    m = row._mapping
+    return Account(
+        name=m["name"],
+        balance=from_milli(m["balance_milli"]),
+        created_at=_aware(m["created_at"]),  # type: ignore[arg-type]
+        credits_through=m["credits_through"],
+    )

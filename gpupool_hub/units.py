@@ -1,0 +1,74 @@
+"""Exact token amounts.
+
+The ledger stores integer milli-tokens so that sums are exact in every
+database; the rest of the code speaks ``Decimal``. Rounding happens in one
+place (``round_milli``), once per ledger entry, so a statement always adds up.
+"""
+
+from __future__ import annotations
+
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+
+MILLI = Decimal("0.001")
+
+#: Largest absolute amount accepted anywhere (a billion tokens). Anything
+#: larger is a typo or an attack, and would overflow nothing but trust.
+MAX_ABS_TOKENS = Decimal(1_000_000_000)
+
+
+class AmountError(ValueError):
+    """An amount that cannot be a token amount (not a number, NaN, too precise, absurd)."""
+
+
+def parse_amount(value: object, *, what: str = "amount", allow_negative: bool = True) -> Decimal:
+    """Turn user or config input into an exact Decimal, refusing floats' surprises.
+
+    Floats are accepted (configs say ``0.5``) but converted through ``repr`` so
+    that ``0.1`` means one tenth, not 0.1000000000000000055.
+    """
+    if isinstance(value, bool):
+        raise AmountError(f"{what} must be a number, not a boolean ({value!r})")
+    if isinstance(value, float):
+        value = repr(value)
+    if isinstance(value, int):
+        amount = Decimal(value)
+    elif isinstance(value, (str, Decimal)):
+        try:
+            amount = Decimal(str(value).strip())
+        except InvalidOperation:
+            raise AmountError(f"{what} must be a number, got {value!r}") from None
+    else:
+        raise AmountError(f"{what} must be a number, got {type(value).__name__} {value!r}")
+    if not amount.is_finite():
+        raise AmountError(f"{what} must be a finite number, got {value!r}")
+    if not allow_negative and amount < 0:
+        raise AmountError(f"{what} must not be negative, got {value!r}")
+    if abs(amount) > MAX_ABS_TOKENS:
+        raise AmountError(f"{what} {value!r} is beyond the accepted range (±{MAX_ABS_TOKENS:,})")
+    return amount
+
+
+def round_milli(amount: Decimal) -> Decimal:
+    """Round to the milli-token, half away from zero: the one rounding rule of the ledger."""
+    return amount.quantize(MILLI, rounding=ROUND_HALF_UP)
+
+
+def to_milli(amount: Decimal) -> int:
+    """Exact conversion to integer milli-tokens; refuses amounts finer than a milli-token.
+
+    Callers that compute costs round first (``round_milli``); callers that take
+    amounts from people must not have them silently rounded.
+    """
+    scaled = amount * 1000
+    if scaled != scaled.to_integral_value():
+        raise AmountError(f"{amount} has more than three decimal places")
+    return int(scaled)
+
+
+def from_milli(milli: int) -> Decimal:
+    return (Decimal(milli) / 1000).quantize(MILLI)
+
+
+def format_tokens(amount: Decimal) -> str:
+    """Three decimals, as the API and the CLI show amounts."""
+    return str(amount.quantize(MILLI))
