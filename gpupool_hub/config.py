@@ -11,7 +11,7 @@ from decimal import Decimal
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from traitlets import Dict, TraitError, TraitType, Unicode, default, validate
+from traitlets import Dict, List, TraitError, TraitType, Unicode, default, validate
 from traitlets.config import Configurable
 
 from .credits import CreditRules, rules_for_groups
@@ -101,6 +101,19 @@ class GPUPool(Configurable):
         "UTC", help="Time zone whose midnight starts a credit day (an IANA name such as 'Europe/Berlin')."
     ).tag(config=True)
 
+    nodes = List(
+        [],
+        help="""The GPU nodes of the pool, e.g.
+        ``[{"name": "node-a", "cpu_milli": 32000, "memory_mib": 131072,
+        "gpus": {"count": 4, "model": "NVIDIA GeForce RTX 3090"},
+        "links": [{"gpus": [0, 1], "nvlinks": 4}]}]``.
+        See docs/placement.md for every key (GPU UUIDs, MIG devices, PCIe levels).""",
+    ).tag(config=True)
+
+    placement_policy = Unicode(
+        "fgd", help="Placement policy: 'fgd' (fragmentation-aware, default), 'best-fit', 'first-fit' or 'random'.",
+    ).tag(config=True)
+
     db_url = Unicode(
         "sqlite:///gpupool.sqlite",
         help="""SQLAlchemy URL of the ledger database. SQLite by default; for
@@ -126,6 +139,26 @@ class GPUPool(Configurable):
                 raise TraitError(str(e)) from None
         return proposal["value"]
 
+    @validate("nodes")
+    def _check_nodes(self, proposal: Any) -> list:  # type: ignore[type-arg]
+        from .placement import load_nodes
+
+        try:
+            load_nodes(proposal["value"])
+        except ValueError as e:
+            raise TraitError(f"c.GPUPool.nodes: {e}") from None
+        return proposal["value"]
+
+    @validate("placement_policy")
+    def _check_policy(self, proposal: Any) -> str:
+        from .placement import policy_names
+
+        if proposal["value"] not in policy_names():
+            raise TraitError(
+                f"c.GPUPool.placement_policy: unknown policy {proposal['value']!r}; choose one of {policy_names()}"
+            )
+        return proposal["value"]
+
     @validate("credit_timezone")
     def _check_tz(self, proposal: Any) -> str:
         try:
@@ -139,6 +172,11 @@ class GPUPool(Configurable):
         return {}
 
     # ---- derived objects (pure; built from the validated traits)
+
+    def make_pool(self):  # type: ignore[no-untyped-def]
+        from .placement import Pool, get_policy, load_nodes
+
+        return Pool(load_nodes(self.nodes), policy=get_policy(self.placement_policy))
 
     def price_table(self) -> PriceTable:
         return PriceTable.from_config(self.prices, self.default_price)

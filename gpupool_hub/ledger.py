@@ -30,7 +30,7 @@ from .units import from_milli, to_milli
 log = logging.getLogger(__name__)
 
 #: Current schema version; see ``MIGRATIONS`` and docs/ledger.md for the upgrade path.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 KINDS = ("grant", "monthly", "daily", "debit", "adjustment", "refund")
 #: Kinds whose amount must be positive (credits) or negative (charges).
@@ -87,6 +87,25 @@ intervals = sa.Table(
     sa.Column("end", sa.DateTime, nullable=False),
     sa.Column("completed_at", sa.DateTime, nullable=False),
     sa.Column("entries", sa.Integer, nullable=False, default=0),
+)
+
+# GPU allocations held by servers: the service's pool is rebuilt from the
+# active ones at start-up, and the embedded usage source charges from them.
+allocations = sa.Table(
+    "gpupool_allocations",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("user", sa.Unicode(255), nullable=False),
+    sa.Column("server", sa.Unicode(255), nullable=False, default=""),
+    sa.Column("node", sa.Unicode(255), nullable=False),
+    sa.Column("gpus", sa.JSON, nullable=False),  # [{"index", "uuid", "model", "milli", "mig_uuid"}]
+    sa.Column("request", sa.JSON, nullable=False),
+    sa.Column("price_per_hour_milli", sa.BigInteger, nullable=False),
+    sa.Column("borrowed", sa.Boolean, nullable=False, default=False),
+    sa.Column("created_at", sa.DateTime, nullable=False),
+    sa.Column("released_at", sa.DateTime, nullable=True),
+    sa.Column("release_reason", sa.UnicodeText, nullable=True),
+    sa.Index("ix_gpupool_allocations_active", "released_at", "user"),
 )
 
 
@@ -159,6 +178,23 @@ class Account:
     balance: Decimal
     created_at: datetime
     credits_through: date | None
+
+
+@dataclass(frozen=True)
+class AllocationRecord:
+    """A server's hold on GPUs; ``released_at`` is None while it is held."""
+
+    id: str
+    user: str
+    server: str
+    node: str
+    gpus: tuple[dict, ...]  # type: ignore[type-arg]
+    request: dict  # type: ignore[type-arg]
+    price_per_hour: Decimal
+    borrowed: bool
+    created_at: datetime
+    released_at: datetime | None = None
+    release_reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -255,7 +291,11 @@ def _migrate_to_1(conn: Connection) -> None:
 
 #: version -> step that upgrades from version-1. Add a step (and bump
 #: SCHEMA_VERSION) for every schema change; never edit a released step.
-MIGRATIONS = {1: _migrate_to_1}
+def _migrate_to_2(conn: Connection) -> None:
+    metadata.create_all(conn, tables=[allocations])
+
+
+MIGRATIONS = {1: _migrate_to_1, 2: _migrate_to_2}
 
 
 def schema_version(conn: Connection) -> int:
@@ -315,6 +355,7 @@ class Ledger:
 
     def __init__(self, url: str = "sqlite:///gpupool.sqlite", *, engine: Engine | None = None) -> None:
         self.engine = engine or make_engine(url)
+        self._epoch: datetime | None = None
         migrate(self.engine)
 
     def close(self) -> None:
@@ -528,6 +569,63 @@ class Ledger:
             ).first()
         return None if row is None else (_aware(row[0]), _aware(row[1]))  # type: ignore[return-value]
 
+    def epoch(self, now: datetime) -> datetime:
+        """When this ledger started charging: the first debit interval begins here.
+
+        Recorded once (the first caller's ``now``), so a restarted service
+        neither charges the time before it was installed nor skips any after.
+        """
+        if self._epoch is None:
+            with self.engine.begin() as conn:
+                conn.execute(_insert(conn, meta_table),
+                             dict(key="epoch", value=now.astimezone(timezone.utc).isoformat()))
+                value = conn.execute(sa.select(meta_table.c.value).where(meta_table.c.key == "epoch")).scalar_one()
+            self._epoch = datetime.fromisoformat(value)
+        return self._epoch
+
+    # ---- allocations
+
+    def add_allocation(self, record: AllocationRecord) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(allocations.insert().values(
+                id=record.id, user=record.user, server=record.server, node=record.node,
+                gpus=list(record.gpus), request=record.request,
+                price_per_hour_milli=to_milli(record.price_per_hour), borrowed=record.borrowed,
+                created_at=_db_time(record.created_at), released_at=None,
+            ))
+
+    def release_allocation(self, alloc_id: str, *, at: datetime, reason: str) -> AllocationRecord | None:
+        """Mark an allocation released (once: a second release keeps the first time and reason)."""
+        with self.engine.begin() as conn:
+            conn.execute(
+                allocations.update()
+                .where(allocations.c.id == alloc_id, allocations.c.released_at.is_(None))
+                .values(released_at=_db_time(at), release_reason=reason)
+            )
+            row = conn.execute(sa.select(allocations).where(allocations.c.id == alloc_id)).first()
+        return None if row is None else _allocation(row)
+
+    def allocation(self, alloc_id: str) -> AllocationRecord | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(allocations).where(allocations.c.id == alloc_id)).first()
+        return None if row is None else _allocation(row)
+
+    def active_allocations(self, user: str | None = None) -> list[AllocationRecord]:
+        q = sa.select(allocations).where(allocations.c.released_at.is_(None)).order_by(allocations.c.created_at)
+        if user is not None:
+            q = q.where(allocations.c.user == user)
+        with self.engine.connect() as conn:
+            return [_allocation(r) for r in conn.execute(q)]
+
+    def allocations_overlapping(self, start: datetime, end: datetime) -> list[AllocationRecord]:
+        """Allocations held at any moment of [start, end): what the embedded usage source charges."""
+        q = sa.select(allocations).where(
+            allocations.c.created_at < _db_time(end),
+            sa.or_(allocations.c.released_at.is_(None), allocations.c.released_at > _db_time(start)),
+        )
+        with self.engine.connect() as conn:
+            return [_allocation(r) for r in conn.execute(q)]
+
     def verify(self) -> VerifyReport:
         """Recompute every balance from its entries; report accounts whose stored balance differs."""
         sums = (
@@ -557,4 +655,14 @@ def _account(row: sa.Row) -> Account:  # type: ignore[type-arg]
         balance=from_milli(m["balance_milli"]),
         created_at=_aware(m["created_at"]),  # type: ignore[arg-type]
         credits_through=m["credits_through"],
+    )
+
+
+def _allocation(row: sa.Row) -> AllocationRecord:  # type: ignore[type-arg]
+    m = row._mapping
+    return AllocationRecord(
+        id=m["id"], user=m["user"], server=m["server"], node=m["node"], gpus=tuple(m["gpus"]),
+        request=dict(m["request"]), price_per_hour=from_milli(m["price_per_hour_milli"]),
+        borrowed=bool(m["borrowed"]), created_at=_aware(m["created_at"]),  # type: ignore[arg-type]
+        released_at=_aware(m["released_at"]), release_reason=m["release_reason"],
     )

@@ -31,6 +31,15 @@ def _contains(haystack: tuple[str, ...], needle: tuple[str, ...]) -> bool:
     return n > 0 and any(haystack[i : i + n] == needle for i in range(len(haystack) - n + 1))
 
 
+def model_matches(name: str, model: str) -> bool:
+    """Whether an admin's short name ("RTX 3090") names a reported model ("NVIDIA GeForce RTX 3090").
+
+    The same whole-word rule as prices, so a profile and its price always agree
+    on which GPUs they mean.
+    """
+    return _contains(_words(model), _words(name))
+
+
 @dataclass(frozen=True)
 class PriceTable:
     """Tokens per GPU-hour for each configured model name."""

@@ -1,0 +1,26 @@
+"""GPU placement engine: pack GPU requests across nodes and inside nodes.
+
+Pure Python, no I/O. The hub keeps one :class:`Pool`; see docs/placement.md.
+"""
+
+from .errors import (
+    InvalidRequest,
+    InventoryError,
+    ModelUnavailable,
+    NoCapacity,
+    PlacementConflict,
+    PlacementError,
+)
+from .inventory import GPU, Link, MigDevice, Node, load_node, load_nodes
+from .policies import FGD, BestFit, FirstFit, Policy, RandomFit, get_policy, policy_names, register_policy
+from .request import MILLI, Request, model_allowed, normalize_model
+from .state import FreeSummary, GPUShare, NodeState, Placement, Pool
+from .topology import PcieLevel, Topology
+
+__all__ = [
+    "BestFit", "FGD", "FirstFit", "FreeSummary", "GPU", "GPUShare", "InvalidRequest", "InventoryError",
+    "Link", "MILLI", "MigDevice", "ModelUnavailable", "NoCapacity", "Node", "NodeState", "PcieLevel",
+    "Placement", "PlacementConflict", "PlacementError", "Policy", "Pool", "RandomFit", "Request",
+    "Topology", "get_policy", "load_node", "load_nodes", "model_allowed", "normalize_model",
+    "policy_names", "register_policy",
+]

@@ -1,0 +1,108 @@
+"""What a user asks for: CPU, memory and whole GPUs or one GPU fraction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import AbstractSet, Iterable, Optional
+
+from .errors import InvalidRequest
+
+MILLI = 1000  # one whole GPU, in milli-GPU
+MAX_GPUS = 16
+
+
+def normalize_model(model: str) -> str:
+    """Canonical key for a GPU model string.
+
+    NVML spells models like "NVIDIA GeForce RTX 3090"; admins and users type them
+    with arbitrary case and stray spaces. Matching is deliberately exact apart
+    from case and whitespace: fuzzy matching lives in the pricing module, and
+    keeping this in one function means there is one place to change it.
+    """
+    return " ".join(model.split()).casefold()
+
+
+def model_allowed(gpu_model_key: str, allowed_keys: Optional[AbstractSet[str]]) -> bool:
+    """Whether a GPU (already normalized with :func:`normalize_model`) may serve a request."""
+    return allowed_keys is None or gpu_model_key in allowed_keys
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """A server's resource request.
+
+    Either ``gpus`` whole GPUs (0-16) or one fraction ``gpu_milli`` (1-999) of a
+    single GPU, never both: a fraction spread over several devices is not
+    something a notebook can use. ``models`` restricts which GPU models may
+    serve it (``None`` = any).
+    """
+
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    gpus: int = 0
+    gpu_milli: int = 0
+    models: Optional[frozenset] = None
+
+    def __post_init__(self) -> None:
+        for name in ("cpu_milli", "memory_mib", "gpus", "gpu_milli"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise InvalidRequest(f"{name} must be a whole number, got {value!r}")
+            if value < 0:
+                raise InvalidRequest(f"{name} must not be negative, got {value}")
+        if self.gpus > MAX_GPUS:
+            raise InvalidRequest(f"at most {MAX_GPUS} GPUs per server, got gpus={self.gpus}")
+        if self.gpu_milli:
+            if self.gpus:
+                raise InvalidRequest(
+                    "ask for either whole GPUs (gpus=N) or a fraction of one GPU "
+                    f"(gpu_milli), not both (gpus={self.gpus}, gpu_milli={self.gpu_milli})"
+                )
+            if self.gpu_milli >= MILLI:
+                raise InvalidRequest(
+                    f"gpu_milli is a fraction of one GPU (1-999 milli); for whole GPUs use gpus=N "
+                    f"(got gpu_milli={self.gpu_milli})"
+                )
+        if self.models is not None:
+            models = self.models
+            if isinstance(models, str):
+                models = (models,)
+            try:
+                keys = frozenset(normalize_model(m) for m in models)
+            except (TypeError, AttributeError):
+                raise InvalidRequest(f"models must be a set of GPU model names, got {self.models!r}") from None
+            if not keys or "" in keys:
+                raise InvalidRequest("models, when given, must name at least one GPU model")
+            object.__setattr__(self, "models", keys)
+
+    @classmethod
+    def fraction(cls, share: float, *, cpu_milli: int = 0, memory_mib: int = 0,
+                 models: Optional[Iterable[str]] = None) -> "Request":
+        """Build a fractional request from a float share (0 < share < 1), rounded to milli."""
+        if not (0 < share < 1):
+            raise InvalidRequest(f"a GPU fraction must be between 0 and 1 exclusive, got {share}")
+        milli = round(share * MILLI)
+        if milli in (0, MILLI):
+            raise InvalidRequest(f"GPU fraction {share} rounds to {milli} milli; use 0.001-0.999")
+        return cls(cpu_milli=cpu_milli, memory_mib=memory_mib, gpu_milli=milli,
+                   models=frozenset(models) if models is not None else None)
+
+    @property
+    def is_fraction(self) -> bool:
+        return self.gpu_milli > 0
+
+    @property
+    def total_gpu_milli(self) -> int:
+        """GPU demand in milli-GPU, the unit every ratio in the engine is measured in."""
+        return self.gpu_milli if self.gpu_milli else self.gpus * MILLI
+
+    @property
+    def shape(self) -> tuple:
+        """Hashable key of what the policies care about (memory excluded on purpose)."""
+        return (self.cpu_milli, self.gpus, self.gpu_milli, self.models)
+
+    def describe(self) -> str:
+        gpu = (f"{self.gpu_milli / MILLI:g} of a GPU" if self.gpu_milli
+               else f"{self.gpus} GPU{'s' if self.gpus != 1 else ''}")
+        models = f" ({' or '.join(sorted(self.models))})" if self.models else ""
+        return f"{gpu}{models}, {self.cpu_milli / 1000:g} CPU, {self.memory_mib} MiB"

@@ -1,0 +1,467 @@
+"""The live pool: what is allocated where, updated incrementally.
+
+One :class:`Pool` lives in the hub process. ``allocate`` asks the policy for a
+node and devices among the nodes that fit *now*, then applies the choice in
+O(GPUs on that node); ``release`` is its exact inverse. Nothing is rebuilt per
+request: policies see per-node aggregates (free CPU, memory, per-device free
+milli-GPU, count of whole free GPUs) kept current on every change, plus an
+interned signature id of the node's state that lets them cache scores across
+identical nodes and across requests.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+from .errors import ModelUnavailable, NoCapacity, PlacementConflict, PlacementError
+from .inventory import GPU, MigDevice, Node, load_node
+from .request import MILLI, Request, model_allowed, normalize_model
+
+
+@dataclass(frozen=True, slots=True)
+class GPUShare:
+    """One device of a placement: ``milli`` is 1000 for a whole GPU."""
+
+    index: int
+    uuid: str
+    model: str
+    milli: int
+    mig_uuid: Optional[str] = None
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    node: str
+    gpus: Tuple[GPUShare, ...]
+    cpu_milli: int = 0
+    memory_mib: int = 0
+
+    @property
+    def gpu_milli(self) -> int:
+        return sum(g.milli for g in self.gpus)
+
+
+class NodeState:
+    """Mutable per-node bookkeeping; policies read it, only the Pool writes it.
+
+    Devices are "slots": one per plain GPU, one per MIG instance of a MIG GPU.
+    ``free[s]`` is the free milli-GPU of slot ``s``.
+    """
+
+    __slots__ = (
+        "i", "node", "name", "model_key", "models", "slot_gpu", "slot_mig", "slot_model",
+        "cap", "whole", "cpu_free", "mem_free", "free", "n_full", "max_free", "total_free",
+        "holders", "sig", "sig_id", "rank", "real",
+    )
+
+    def __init__(self, i: int, node: Node, rank: int) -> None:
+        self.i = i
+        self.node = node
+        self.name = node.name
+        self.rank = rank
+        self.real = self
+        slot_gpu: List[int] = []
+        slot_mig: List[Optional[MigDevice]] = []
+        cap: List[int] = []
+        whole: List[bool] = []
+        for pos, g in enumerate(node.gpus):
+            if g.mig:
+                for m in g.mig:
+                    slot_gpu.append(pos)
+                    slot_mig.append(m)
+                    cap.append(m.milli)
+                    whole.append(False)
+            else:
+                slot_gpu.append(pos)
+                slot_mig.append(None)
+                cap.append(MILLI)
+                whole.append(True)
+        self.slot_gpu = slot_gpu
+        self.slot_mig = slot_mig
+        self.slot_model = [node.gpus[p].model_key for p in slot_gpu]
+        self.models = frozenset(g.model_key for g in node.gpus)
+        self.model_key = next(iter(self.models)) if len(self.models) == 1 else ("" if not self.models else "<mixed>")
+        self.cap = cap
+        self.whole = whole
+        self.cpu_free = node.cpu_milli
+        self.mem_free = node.memory_mib
+        self.free = list(cap)
+        self.holders: List[Dict[str, int]] = [dict() for _ in cap]
+        self.sig = None
+        self.sig_id = -1
+        self.n_full = 0
+        self.max_free = 0
+        self.total_free = 0
+
+    def refresh(self) -> None:
+        """Recompute aggregates after a change (O(devices on this node))."""
+        free = self.free
+        whole = self.whole
+        self.n_full = sum(1 for s, f in enumerate(free) if f == MILLI and whole[s])
+        self.max_free = max(free) if free else 0
+        self.total_free = sum(free)
+
+    def masked(self, allowed: FrozenSet[str]) -> "NodeState":
+        """A read-only view of a mixed-model node with disallowed devices hidden."""
+        v = object.__new__(NodeState)
+        for a in NodeState.__slots__:
+            setattr(v, a, getattr(self, a))
+        v.free = [f if model_allowed(m, allowed) else 0 for f, m in zip(self.free, self.slot_model)]
+        v.models = frozenset(m for m in self.models if m in allowed)
+        v.model_key = next(iter(v.models)) if len(v.models) == 1 else "<mixed>"
+        v.refresh()
+        v.real = self
+        return v
+
+
+class Pool:
+    """The GPU pool: static inventory plus live allocations.
+
+    ``seed`` fixes the random node order used to break ties, so the same state
+    and request always give the same answer.
+    """
+
+    def __init__(self, nodes: Iterable[Node | Mapping[str, Any]], policy: Any = None, *, seed: int = 0) -> None:
+        from .policies import get_policy  # local import: policies import this module
+
+        node_list = [n if isinstance(n, Node) else load_node(n, f"nodes[{i}]") for i, n in enumerate(nodes)]
+        names = [n.name for n in node_list]
+        if len(set(names)) != len(names):
+            raise PlacementConflict("node names must be unique")
+        order = list(range(len(node_list)))
+        random.Random(seed).shuffle(order)
+        rank = {idx: r for r, idx in enumerate(order)}
+        self.seed = seed
+        self.nodes: List[NodeState] = [NodeState(i, n, rank[i]) for i, n in enumerate(node_list)]
+        self.by_name: Dict[str, NodeState] = {ns.name: ns for ns in self.nodes}
+        self._sig_ids: Dict[tuple, int] = {}
+        self.sig_epoch = 0  # bumps when the signature table is reset; policies drop caches then
+        for ns in self.nodes:
+            ns.refresh()
+            self._resign(ns)
+        self._allocs: Dict[str, Tuple[NodeState, Tuple[int, ...], Tuple[int, ...], Placement]] = {}
+        self._model_nodes: Dict[Optional[FrozenSet[str]], Tuple[List[NodeState], List[NodeState]]] = {}
+        self.all_model_keys = frozenset(k for ns in self.nodes for k in ns.models)
+        self.max_cpu = max((n.cpu_milli for n in node_list), default=1) or 1
+        self.max_gpu_milli = max((sum(ns.cap) for ns in self.nodes), default=MILLI) or MILLI
+        self.capacity_gpu_milli = sum(sum(ns.cap) for ns in self.nodes)
+        self.allocated_gpu_milli = 0
+        if policy is None:
+            policy = "fgd"
+        self.policy = get_policy(policy) if isinstance(policy, str) else policy
+        self.policy.bind(self)
+
+    # -- signatures -------------------------------------------------------
+    def _resign(self, ns: NodeState) -> None:
+        sig = (ns.model_key, ns.cpu_free, tuple(sorted(ns.free, reverse=True)))
+        ns.sig = sig
+        sid = self._sig_ids.get(sig)
+        if sid is None:
+            if len(self._sig_ids) >= 500_000:  # bound memory in a long-lived service
+                self._sig_ids.clear()
+                self.sig_epoch += 1
+                for other in self.nodes:
+                    if other is not ns:
+                        other.sig_id = self._sig_ids.setdefault(other.sig, len(self._sig_ids))
+            sid = self._sig_ids.setdefault(sig, len(self._sig_ids))
+        ns.sig_id = sid
+
+    def sig_id_of(self, sig: tuple) -> int:
+        """Intern a signature for a masked view (mixed-model nodes)."""
+        return self._sig_ids.setdefault(sig, len(self._sig_ids))
+
+    # -- lookups ----------------------------------------------------------
+    def _nodes_for(self, models: Optional[FrozenSet[str]]) -> Tuple[List[NodeState], List[NodeState]]:
+        """(homogeneous nodes whose model is allowed, mixed nodes with some allowed model)."""
+        hit = self._model_nodes.get(models)
+        if hit is None:
+            if models is None:
+                hit = (self.nodes, [])
+            else:
+                plain = [ns for ns in self.nodes if len(ns.models) == 1 and ns.model_key in models]
+                mixed = [ns for ns in self.nodes if len(ns.models) > 1 and ns.models & models]
+                hit = (plain, mixed)
+            self._model_nodes[models] = hit
+        return hit
+
+    def candidates(self, req: Request) -> List[NodeState]:
+        """Nodes that can take ``req`` right now (a fresh list; order = config order)."""
+        c, m = req.cpu_milli, req.memory_mib
+        if not req.gpus and not req.gpu_milli:
+            return [n for n in self.nodes if n.cpu_free >= c and n.mem_free >= m]
+        plain, mixed = self._nodes_for(req.models)
+        if req.gpu_milli:
+            f = req.gpu_milli
+            out = [n for n in plain if n.max_free >= f and n.cpu_free >= c and n.mem_free >= m]
+        else:
+            k = req.gpus
+            out = [n for n in plain if n.n_full >= k and n.cpu_free >= c and n.mem_free >= m]
+        if mixed:
+            for n in mixed:
+                if n.cpu_free < c or n.mem_free < m:
+                    continue
+                v = n.masked(req.models)  # type: ignore[arg-type]
+                if (req.gpu_milli and v.max_free >= req.gpu_milli) or (req.gpus and v.n_full >= req.gpus):
+                    v.sig = (v.model_key, v.cpu_free, tuple(sorted(v.free, reverse=True)))
+                    v.sig_id = self.sig_id_of(v.sig)
+                    out.append(v)
+        return out
+
+    def could_ever_fit(self, req: Request) -> bool:
+        """Whether the request fits some node of this pool when that node is empty."""
+        for ns in self.nodes:
+            n = ns.node
+            if n.cpu_milli < req.cpu_milli or n.memory_mib < req.memory_mib:
+                continue
+            if not req.gpus and not req.gpu_milli:
+                return True
+            ok = [s for s, mk in enumerate(ns.slot_model) if model_allowed(mk, req.models)]
+            if req.gpu_milli and any(ns.cap[s] >= req.gpu_milli for s in ok):
+                return True
+            if req.gpus and sum(1 for s in ok if ns.whole[s]) >= req.gpus:
+                return True
+        return False
+
+    # -- the API the hub uses ----------------------------------------------
+    def allocate(self, alloc_id: str, req: Request) -> Placement:
+        """Place ``req`` and record it under ``alloc_id``.
+
+        Raises :class:`NoCapacity` when it would fit an empty pool but not now,
+        :class:`ModelUnavailable` when it can never fit this pool.
+        """
+        if alloc_id in self._allocs:
+            raise PlacementConflict(f"allocation id {alloc_id!r} is already in use")
+        policy = self.policy
+        policy.observe(req)
+        cands = self.candidates(req)
+        if not cands:
+            self._refuse(req)
+        ns, slots = policy.select(req, cands)
+        return self._apply(alloc_id, req, ns.real, tuple(slots))
+
+    def _refuse(self, req: Request) -> None:
+        if req.models is not None and (req.gpus or req.gpu_milli) and not (req.models & self.all_model_keys):
+            have = ", ".join(sorted({g.model for ns in self.nodes for g in ns.node.gpus})) or "none"
+            raise ModelUnavailable(
+                f"no node in this pool has GPU model {' or '.join(sorted(req.models))} (available: {have})")
+        if not self.could_ever_fit(req):
+            raise ModelUnavailable(f"no node in this pool could ever fit {req.describe()}")
+        summary = self.free_summary()
+        raise NoCapacity(f"no room right now for {req.describe()}; free now: {summary}", free=summary)
+
+    def _apply(self, alloc_id: str, req: Request, ns: NodeState, slots: Tuple[int, ...]) -> Placement:
+        node = ns.node
+        if ns.cpu_free < req.cpu_milli or ns.mem_free < req.memory_mib:
+            raise PlacementError(f"policy chose {ns.name}, which lacks CPU or memory")  # policy bug
+        charges: List[int] = []
+        if req.gpu_milli:
+            if len(slots) != 1:
+                raise PlacementError("a fractional request takes exactly one device")
+            s = slots[0]
+            charge = ns.cap[s] if ns.slot_mig[s] is not None else req.gpu_milli
+            if ns.free[s] < charge or ns.cap[s] < req.gpu_milli or not model_allowed(ns.slot_model[s], req.models):
+                raise PlacementError(f"policy chose device {s} of {ns.name}, which cannot take {req.gpu_milli} milli")
+            charges.append(charge)
+        elif req.gpus:
+            if len(slots) != req.gpus or len(set(slots)) != len(slots):
+                raise PlacementError("policy returned the wrong number of GPUs")
+            for s in slots:
+                if not ns.whole[s] or ns.free[s] != MILLI or not model_allowed(ns.slot_model[s], req.models):
+                    raise PlacementError(f"policy chose GPU slot {s} of {ns.name}, which is not wholly free")
+                charges.append(MILLI)
+        elif slots:
+            raise PlacementError("a request without GPUs takes no devices")
+        shares = []
+        for s, ch in zip(slots, charges):
+            g = node.gpus[ns.slot_gpu[s]]
+            mig = ns.slot_mig[s]
+            shares.append(GPUShare(g.index, g.uuid, g.model, req.gpu_milli or MILLI, mig.uuid if mig else None))
+        placement = Placement(node=ns.name, gpus=tuple(shares), cpu_milli=req.cpu_milli, memory_mib=req.memory_mib)
+        self._commit(alloc_id, ns, slots, tuple(charges), placement)
+        return placement
+
+    def _commit(self, alloc_id: str, ns: NodeState, slots: Tuple[int, ...], charges: Tuple[int, ...], placement: Placement) -> None:
+        ns.cpu_free -= placement.cpu_milli
+        ns.mem_free -= placement.memory_mib
+        for s, ch in zip(slots, charges):
+            ns.free[s] -= ch
+            ns.holders[s][alloc_id] = ch
+            self.allocated_gpu_milli += ch
+        ns.refresh()
+        self._resign(ns)
+        self._allocs[alloc_id] = (ns, slots, charges, placement)
+
+    def release(self, alloc_id: str) -> Placement:
+        """Give back everything ``alloc_id`` held; the exact inverse of allocate."""
+        try:
+            ns, slots, charges, placement = self._allocs.pop(alloc_id)
+        except KeyError:
+            raise PlacementConflict(f"unknown allocation id {alloc_id!r}") from None
+        ns.cpu_free += placement.cpu_milli
+        ns.mem_free += placement.memory_mib
+        for s, ch in zip(slots, charges):
+            ns.free[s] += ch
+            del ns.holders[s][alloc_id]
+            self.allocated_gpu_milli -= ch
+        ns.refresh()
+        self._resign(ns)
+        return placement
+
+    def restore(self, alloc_id: str, placement: Placement) -> Placement:
+        """Re-apply a placement recorded before a restart, after checking it still fits."""
+        if alloc_id in self._allocs:
+            raise PlacementConflict(f"allocation id {alloc_id!r} is already in use")
+        ns = self.by_name.get(placement.node)
+        if ns is None:
+            raise PlacementConflict(f"placement of {alloc_id!r} names unknown node {placement.node!r}")
+        if ns.cpu_free < placement.cpu_milli or ns.mem_free < placement.memory_mib:
+            raise PlacementConflict(f"{alloc_id!r}: node {ns.name} has no CPU/memory left for it")
+        fractional = len(placement.gpus) == 1 and placement.gpus[0].milli < MILLI
+        slots: List[int] = []
+        charges: List[int] = []
+        for share in placement.gpus:
+            s = self._find_slot(ns, share)
+            if s in slots:
+                raise PlacementConflict(f"{alloc_id!r} lists device {share.index} twice")
+            if share.milli <= 0 or share.milli > MILLI or (share.milli < MILLI and not fractional):
+                raise PlacementConflict(f"{alloc_id!r}: invalid share {share.milli} milli on GPU {share.index}")
+            if ns.slot_mig[s] is not None:
+                charge = ns.cap[s]
+                if share.milli > charge:
+                    raise PlacementConflict(f"{alloc_id!r}: MIG device {share.mig_uuid} is smaller than {share.milli} milli")
+            else:
+                charge = share.milli
+            if ns.free[s] < charge:
+                raise PlacementConflict(
+                    f"{alloc_id!r}: GPU {share.index} on {ns.name} has {ns.free[s]} milli free, needs {charge}")
+            slots.append(s)
+            charges.append(charge)
+        self._commit(alloc_id, ns, tuple(slots), tuple(charges), placement)
+        return placement
+
+    @staticmethod
+    def _find_slot(ns: NodeState, share: GPUShare) -> int:
+        for s, pos in enumerate(ns.slot_gpu):
+            g = ns.node.gpus[pos]
+            if g.index != share.index:
+                continue
+            if g.uuid != share.uuid:
+                raise PlacementConflict(f"GPU {share.index} on {ns.name} is now {g.uuid}, not {share.uuid}")
+            mig = ns.slot_mig[s]
+            if (mig.uuid if mig else None) == share.mig_uuid:
+                return s
+        raise PlacementConflict(f"node {ns.name} has no GPU {share.index}" + (f" MIG {share.mig_uuid}" if share.mig_uuid else ""))
+
+    def get(self, alloc_id: str) -> Optional[Placement]:
+        hit = self._allocs.get(alloc_id)
+        return hit[3] if hit else None
+
+    def __contains__(self, alloc_id: str) -> bool:
+        return alloc_id in self._allocs
+
+    def __len__(self) -> int:
+        return len(self._allocs)
+
+    # -- reporting --------------------------------------------------------
+    def snapshot(self) -> List[Dict[str, Any]]:
+        """Per node and per GPU: model, allocated milli and holders, for the allocation map API."""
+        out = []
+        for ns in self.nodes:
+            n = ns.node
+            gpus = []
+            for pos, g in enumerate(n.gpus):
+                slots = [s for s, p in enumerate(ns.slot_gpu) if p == pos]
+                holders: Dict[str, int] = {}
+                for s in slots:
+                    holders.update(ns.holders[s])
+                entry: Dict[str, Any] = {
+                    "index": g.index, "uuid": g.uuid, "model": g.model,
+                    "allocated_milli": sum(ns.cap[s] - ns.free[s] for s in slots),
+                    "holders": holders,
+                }
+                if g.mig:
+                    entry["mig"] = [
+                        {"uuid": ns.slot_mig[s].uuid, "profile": ns.slot_mig[s].profile,  # type: ignore[union-attr]
+                         "milli": ns.cap[s], "holders": dict(ns.holders[s])}
+                        for s in slots
+                    ]
+                gpus.append(entry)
+            out.append({
+                "node": n.name, "labels": dict(n.labels),
+                "cpu_milli": n.cpu_milli, "cpu_free": ns.cpu_free,
+                "memory_mib": n.memory_mib, "memory_free": ns.mem_free,
+                "gpus": gpus,
+            })
+        return out
+
+    def free_summary(self) -> "FreeSummary":
+        """What is free right now, per GPU model: the words behind a "no capacity" message."""
+        per: Dict[str, Dict[str, int]] = {}
+        for ns in self.nodes:
+            for pos, g in enumerate(ns.node.gpus):
+                e = per.setdefault(g.model, {"whole_free": 0, "largest_whole_block": 0,
+                                             "largest_share_milli": 0, "free_milli": 0, "nodes": 0})
+            seen = set()
+            for s, pos in enumerate(ns.slot_gpu):
+                model = ns.node.gpus[pos].model
+                e = per[model]
+                if model not in seen:
+                    e["nodes"] += 1
+                    seen.add(model)
+                e["free_milli"] += ns.free[s]
+                if ns.whole[s] and ns.free[s] == MILLI:
+                    e["whole_free"] += 1
+                e["largest_share_milli"] = max(e["largest_share_milli"], ns.free[s])
+            for model in seen:
+                block = sum(1 for s, pos in enumerate(ns.slot_gpu)
+                            if ns.node.gpus[pos].model == model and ns.whole[s] and ns.free[s] == MILLI)
+                per[model]["largest_whole_block"] = max(per[model]["largest_whole_block"], block)
+        cpu_free = max((ns.cpu_free for ns in self.nodes), default=0)
+        mem_free = max((ns.mem_free for ns in self.nodes), default=0)
+        return FreeSummary(per_model=per, largest_cpu_free=cpu_free, largest_memory_free=mem_free)
+
+    def describe(self, placement: Placement) -> str:
+        """One line for the spawn progress message, e.g. "node-a, GPUs 2+3 joined by NVLink"."""
+        if not placement.gpus:
+            return f"{placement.node}, no GPU"
+        ns = self.by_name.get(placement.node)
+        if len(placement.gpus) == 1:
+            g = placement.gpus[0]
+            if g.milli < MILLI:
+                where = f"MIG {g.mig_uuid} of GPU {g.index}" if g.mig_uuid else f"GPU {g.index}"
+                return f"{placement.node}, {g.milli / 10:g}% of {where} ({g.model})"
+            return f"{placement.node}, GPU {g.index} ({g.model})"
+        idx = "+".join(str(g.index) for g in placement.gpus)
+        how = ""
+        if ns is not None:
+            try:
+                pos = [ns.node.gpu_position(g.index) for g in placement.gpus]
+                how = ns.node.topology.describe_set(pos) if ns.node.links else ""
+            except KeyError:
+                how = ""
+        return f"{placement.node}, GPUs {idx}" + (f" {how}" if how else "") + f" ({placement.gpus[0].model})"
+
+
+@dataclass(frozen=True)
+class FreeSummary:
+    per_model: Dict[str, Dict[str, int]]
+    largest_cpu_free: int
+    largest_memory_free: int
+
+    def __str__(self) -> str:
+        if not self.per_model:
+            return "no GPUs in this pool"
+        parts = []
+        for model, e in sorted(self.per_model.items()):
+            share = e["largest_share_milli"]
+            parts.append(
+                f"{model}: {e['whole_free']} whole GPU(s) free, at most {e['largest_whole_block']} on one node"
+                + (f", largest share {share / 10:g}%" if share and share < MILLI else "")
+            )
+        return "; ".join(parts)
+
+    def as_dict(self) -> Dict[str, Any]:
+        return {"per_model": self.per_model, "largest_cpu_free": self.largest_cpu_free,
+                "largest_memory_free": self.largest_memory_free}

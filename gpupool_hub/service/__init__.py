@@ -1,0 +1,1 @@
+"""The gpupool hub service: REST API, scheduled jobs and metrics."""

@@ -1,0 +1,267 @@
+"""The gpupool service: a hub-managed tornado app that owns money and GPUs.
+
+JupyterHub starts it from ``c.JupyterHub.services`` and passes its URL, API
+token and prefix in the environment. It reads the same ``jupyterhub_config.py``
+as the hub, so prices, grants, the pool and Prometheus are configured once.
+Run it standalone for development as an *external* service: set
+``JUPYTERHUB_API_URL`` and ``JUPYTERHUB_API_TOKEN`` and point the hub's
+service entry at its URL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta, timezone
+from typing import Any
+from urllib.parse import urlparse
+
+from jupyterhub.services.auth import HubAuth
+from tornado import web
+from tornado.ioloop import IOLoop
+from traitlets import Bool, Dict, Enum, Float, Integer, Unicode, default
+from traitlets.config import Application, catch_config_error
+
+from .. import __version__
+from ..config import GPUPool
+from ..ledger import Ledger
+from ..usage.records import AllocationRecordsSource
+from .handlers import routes
+from .hubapi import HubClient, HubError
+from .manager import PoolManager
+from .metrics import ServiceMetrics
+
+log = logging.getLogger("gpupool")
+
+
+class GPUPoolService(Application):
+    """The gpupool hub service."""
+
+    name = "gpupool-service"
+    version = __version__
+    description = "Token balances, GPU placement, usage debits and culling for a JupyterHub GPU pool."
+    classes = [GPUPool]  # type: ignore[assignment]
+
+    aliases = {  # type: ignore[assignment]
+        "config": "GPUPoolService.config_file",
+        "f": "GPUPoolService.config_file",
+        "port": "GPUPoolService.port",
+        "log-level": "Application.log_level",
+    }
+
+    config_file = Unicode(
+        "jupyterhub_config.py",
+        help="The hub's configuration file, read for c.GPUPool and c.GPUPoolService settings.",
+    ).tag(config=True)
+
+    ip = Unicode(help="Interface to listen on (default: from JUPYTERHUB_SERVICE_URL).").tag(config=True)
+    port = Integer(help="Port to listen on (default: from JUPYTERHUB_SERVICE_URL, else 10101).").tag(config=True)
+    prefix = Unicode(help="URL prefix (default: JUPYTERHUB_SERVICE_PREFIX, else /services/gpupool/).").tag(config=True)
+
+    @default("ip")
+    def _ip(self) -> str:
+        return urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101")).hostname or "127.0.0.1"
+
+    @default("port")
+    def _port(self) -> int:
+        return urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101")).port or 10101
+
+    @default("prefix")
+    def _prefix(self) -> str:
+        return os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpupool/")
+
+    hub_api_url = Unicode(help="JupyterHub API URL (default: JUPYTERHUB_API_URL).").tag(config=True)
+    api_token = Unicode(help="This service's hub API token (default: JUPYTERHUB_API_TOKEN).").tag(config=True)
+
+    @default("hub_api_url")
+    def _hub_api_url(self) -> str:
+        return os.environ.get("JUPYTERHUB_API_URL", "http://127.0.0.1:8081/hub/api")
+
+    @default("api_token")
+    def _api_token(self) -> str:
+        return os.environ.get("JUPYTERHUB_API_TOKEN", "")
+
+    admin_scope = Unicode(
+        "custom:gpupool:admin",
+        help="Scope that admin endpoints require; declare it in c.JupyterHub.custom_scopes and grant it to admins' roles.",
+    ).tag(config=True)
+
+    max_grant = Integer(1_000_000, help="Largest amount (either sign) one admin grant may move.").tag(config=True)
+
+    debit_interval = Integer(
+        3600, help="Seconds per debit interval; intervals are aligned to multiples of this since the epoch.",
+    ).tag(config=True)
+    debit_check_interval = Float(60, help="Seconds between checks for closed, uncharged intervals.").tag(config=True)
+    replenish_interval = Float(300, help="Seconds between credit runs over all hub users.").tag(config=True)
+    reconcile_interval = Float(60, help="Seconds between checks that allocations' servers still run.").tag(config=True)
+    reconcile_grace = Float(
+        120, help="Allocations younger than this are never reconciled away (their server may still be starting).",
+    ).tag(config=True)
+    debit_delay_tolerance = Integer(
+        900, help="Seconds past an interval's end before accounting is reported as delayed.",
+    ).tag(config=True)
+
+    prometheus_url = Unicode(
+        "", help="Prometheus base URL for usage. Empty: charge from the service's own allocation records.",
+    ).tag(config=True)
+    usage_preset = Enum(
+        ["gpupool", "agent", "dcgm", "custom"], "gpupool",
+        help="Which metrics describe usage: this service's allocation gauge, the node agent, the DCGM exporter, or usage_query.",
+    ).tag(config=True)
+    usage_query = Unicode("", help="PromQL template for usage_preset='custom'; see docs/usage-sources.md.").tag(config=True)
+    prometheus_step = Integer(60, help="Resolution of usage range queries, in seconds.").tag(config=True)
+    prometheus_settle = Integer(120, help="Seconds an interval must be closed before Prometheus data counts as final.").tag(config=True)
+    prometheus_token = Unicode("", help="Bearer token for Prometheus, if it needs one.").tag(config=True)
+    prometheus_options = Dict(help="More keyword arguments for PrometheusUsageSource.").tag(config=True)
+
+    run_jobs = Bool(True, help="Run the scheduled jobs (turn off for a read-only replica or some tests).").tag(config=True)
+
+    @catch_config_error
+    def initialize(self, argv: list[str] | None = None) -> None:
+        super().initialize(argv)
+        explicit = "config_file" in self.cli_config.get("GPUPoolService", {})
+        path = os.environ.get("GPUPOOL_CONFIG_FILE") or self.config_file
+        if os.path.exists(path):
+            self.load_config_file(path)
+            self.update_config(self.cli_config)  # command line wins over the file
+        elif explicit or "GPUPOOL_CONFIG_FILE" in os.environ:
+            raise SystemExit(f"gpupool: config file {path!r} not found")
+        self.settings_ = GPUPool(parent=self)
+        self.ledger = Ledger(self.settings_.db_url)
+        self.manager = PoolManager(
+            settings=self.settings_, ledger=self.ledger, pool=self.settings_.make_pool(),
+            usage_source=self.make_usage_source() or AllocationRecordsSource(self.ledger), debit_interval=self.debit_interval,
+            debit_delay_tolerance=self.debit_delay_tolerance,
+        )
+        restored = self.manager.restore()
+        self.log.info("gpupool %s: %d node(s), %d allocation(s) restored, ledger %s",
+                      __version__, len(self.manager.pool.nodes), restored, self.ledger.engine.url.render_as_string())
+        self.metrics = ServiceMetrics(self.manager)
+        self.hub = HubClient(self.hub_api_url, self.api_token)
+        self.hub_auth = HubAuth(api_token=self.api_token, api_url=self.hub_api_url, cache_max_age=60)
+        self._groups: dict[str, tuple[float, list[str]]] = {}
+        self.reconcile_findings: list[dict[str, Any]] = []
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix="gpupool-job")
+
+    def make_usage_source(self) -> Any:
+        if not self.prometheus_url:
+            return None  # the embedded default: the service's own allocation records
+        from ..usage.prometheus import PrometheusUsageSource
+
+        return PrometheusUsageSource(
+            self.prometheus_url, self.usage_preset, self.usage_query or None, step_seconds=self.prometheus_step,
+            settle_seconds=self.prometheus_settle, bearer_token=self.prometheus_token or None,
+            **self.prometheus_options,
+        )
+
+    async def groups_of(self, user: str) -> list[str]:
+        """A user's hub groups, cached for a minute (credit rules depend on them)."""
+        cached = self._groups.get(user)
+        if cached and time.monotonic() - cached[0] < 60:
+            return cached[1]
+        try:
+            model = await self.hub.user(user)
+        except HubError as e:
+            self.log.warning("Cannot read groups of %s: %s", user, e)
+            return cached[1] if cached else []
+        groups = list((model or {}).get("groups", []))
+        self._groups[user] = (time.monotonic(), groups)
+        return groups
+
+    def make_app(self) -> web.Application:
+        access = {f"access:services!service={os.environ.get('JUPYTERHUB_SERVICE_NAME', 'gpupool')}", "access:services"}
+        return web.Application(
+            routes(self.prefix),
+            manager=self.manager, hub_auth=self.hub_auth, hub=self.hub, metrics=self.metrics,
+            spawner_token=self.api_token, admin_scope=self.admin_scope, access_scopes=access,
+            groups=self.groups_of, max_grant=self.max_grant,
+            reconcile_report=lambda: list(self.reconcile_findings),
+            log_function=self._log_request,
+        )
+
+    def _log_request(self, handler: web.RequestHandler) -> None:
+        status = handler.get_status()
+        level = logging.INFO if status < 400 else logging.WARNING if status < 500 else logging.ERROR
+        self.log.log(level, "%d %s %s %.1fms", status, handler.request.method, handler.request.path,
+                     1000 * handler.request.request_time())
+
+    # ------------------------------------------------------------------ jobs
+
+    async def _in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await IOLoop.current().run_in_executor(self.executor, fn, *args)
+
+    async def _timed(self, job: str, fn: Callable[[], Awaitable[Any]]) -> None:
+        started = time.perf_counter()
+        try:
+            await fn()
+        except Exception:
+            self.metrics.job_failures.labels(job).inc()
+            self.log.exception("Job %s failed; it will run again", job)
+        finally:
+            self.metrics.job_duration.labels(job).observe(time.perf_counter() - started)
+
+    async def debit(self) -> None:
+        await self._in_thread(self.manager.debit_due)
+
+    async def replenish(self) -> None:
+        pairs = [(u["name"], u.get("groups", [])) async for u in self.hub.users()]
+        for name, groups in pairs:
+            self._groups[name] = (time.monotonic(), list(groups))
+        await self._in_thread(self.manager.replenish, pairs)
+
+    async def reconcile(self) -> None:
+        """Release allocations whose server is gone; report servers claiming unknown allocations."""
+        running: dict[tuple[str, str], dict[str, Any]] = {}
+        async for user in self.hub.users(state="active"):
+            for server_name, server in (user.get("servers") or {}).items():
+                running[(user["name"], server_name)] = server
+        now = datetime.now(timezone.utc)
+        active = self.ledger.active_allocations()
+        for record in active:
+            if (record.user, record.server) in running:
+                continue
+            if now - record.created_at < timedelta(seconds=self.reconcile_grace):
+                continue
+            self.log.warning("Releasing allocation %s: server %s/%s is not running", record.id, record.user, record.server)
+            self.manager.release(record.id, "reconcile: server not running")
+        known = {r.id for r in active}
+        findings = []
+        for (user, server_name), server in running.items():
+            alloc = (server.get("state") or {}).get("gpupool_allocation")
+            if alloc and alloc not in known:
+                findings.append({"user": user, "server": server_name, "allocation": alloc,
+                                 "message": "server claims GPUs the pool has no allocation for"})
+                self.log.error("Server %s/%s holds allocation %s the pool does not know", user, server_name, alloc)
+        self.reconcile_findings = findings
+
+    async def _every(self, seconds: float, job: str, fn: Callable[[], Awaitable[Any]]) -> None:
+        while True:
+            await self._timed(job, fn)
+            await asyncio.sleep(seconds)
+
+    def start_jobs(self) -> None:
+        loop = asyncio.get_event_loop()
+        self._tasks = [
+            loop.create_task(self._every(self.replenish_interval, "replenish", self.replenish)),
+            loop.create_task(self._every(self.debit_check_interval, "debit", self.debit)),
+            loop.create_task(self._every(self.reconcile_interval, "reconcile", self.reconcile)),
+        ]
+
+    def start(self) -> None:
+        app = self.make_app()
+        app.listen(self.port, address=self.ip, xheaders=True)
+        self.log.info("gpupool service listening on http://%s:%d%s", self.ip, self.port, self.prefix)
+        if self.run_jobs:
+            IOLoop.current().add_callback(self.start_jobs)
+        IOLoop.current().start()
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="[%(levelname)1.1s %(asctime)s %(name)s] %(message)s")
+    app = GPUPoolService.instance()
+    app.initialize(argv)
+    app.start()

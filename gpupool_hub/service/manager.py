@@ -1,0 +1,400 @@
+"""The pool manager: money and GPUs, one authority, no HTTP.
+
+Handlers and jobs call this; it combines the pure core (pricing, credits,
+placement) with the ledger. Everything that changes the placement pool runs
+on the service's event-loop thread, so admission decisions never race; the
+debit and replenish jobs only touch the ledger and may run in a worker thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from decimal import Decimal
+from typing import Any
+
+from ..config import GPUPool
+from ..credits import affordable_at, balance_status, can_start, due_credits, next_credit_times
+from ..keys import entry_key
+from ..ledger import AllocationRecord, Ledger, Posting, UnknownAccount, utcnow
+from ..placement.errors import InvalidRequest, ModelUnavailable, NoCapacity
+from ..placement.request import Request
+from ..placement.state import GPUShare, Placement, Pool
+from ..pricing import PriceTable, PricingError, model_matches
+from ..units import format_tokens, round_milli
+from ..usage import UsageSource, UsageUnavailable
+
+log = logging.getLogger("gpupool.manager")
+
+DEBIT_JOB = "debit"
+
+
+class Refused(Exception):
+    """An allocation request the pool says no to, with a reason a machine and a person can read."""
+
+    def __init__(self, reason: str, message: str, *, retry_at: datetime | None = None,
+                 details: Mapping[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+        self.retry_at = retry_at
+        self.details = dict(details or {})
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "reason": self.reason,
+            "message": self.message,
+            "retry_at": _iso(self.retry_at),
+            "details": self.details,
+        }
+
+
+class BadRequest(ValueError):
+    """Input that can never be valid; the API answers 400 with this message."""
+
+
+def _iso(value: datetime | None) -> str | None:
+    if value is None:
+        return None
+    return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _align_down(t: datetime, seconds: int) -> datetime:
+    epoch = int(t.timestamp())
+    return datetime.fromtimestamp(epoch - epoch % seconds, timezone.utc)
+
+
+def parse_request(body: Any) -> Request:
+    """A placement request from JSON, with messages that name the bad field."""
+    if not isinstance(body, Mapping):
+        raise BadRequest("request must be a JSON object")
+    allowed = {"gpus", "gpu_milli", "gpu_fraction", "models", "cpu_milli", "memory_mib"}
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise BadRequest(f"unknown request field(s) {unknown}; expected some of {sorted(allowed)}")
+    gpu_milli = body.get("gpu_milli", 0)
+    if "gpu_fraction" in body:
+        fraction = body["gpu_fraction"]
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float, str)):
+            raise BadRequest(f"gpu_fraction must be a number between 0 and 1, got {fraction!r}")
+        try:
+            value = Decimal(str(fraction))
+        except Exception:
+            raise BadRequest(f"gpu_fraction must be a number between 0 and 1, got {fraction!r}") from None
+        if not value.is_finite() or not 0 < value < 1 or (value * 1000) % 1:
+            raise BadRequest(f"gpu_fraction must be between 0 and 1 with at most 3 decimals, got {fraction!r}")
+        gpu_milli = int(value * 1000)
+    models = body.get("models")
+    if models is not None and (
+        not isinstance(models, list) or not models or not all(isinstance(m, str) and m.strip() for m in models)
+    ):
+        raise BadRequest(f"models must be a non-empty list of GPU model names, got {models!r}")
+    try:
+        return Request(
+            cpu_milli=body.get("cpu_milli", 0), memory_mib=body.get("memory_mib", 0),
+            gpus=body.get("gpus", 0), gpu_milli=gpu_milli,
+            models=frozenset(models) if models else None,
+        )
+    except InvalidRequest as e:
+        raise BadRequest(str(e)) from None
+
+
+@dataclass
+class DebitStatus:
+    """What the last debit attempt said; shown as "accounting delayed" when stuck."""
+
+    last_error: str | None = None
+    failing_since: datetime | None = None
+    last_attempt: datetime | None = None
+
+
+@dataclass
+class CullWarning:
+    action: str  # "kernels" | "server"
+    reason: str
+    deadline: datetime
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"action": self.action, "reason": self.reason, "deadline": _iso(self.deadline)}
+
+
+@dataclass
+class PoolManager:
+    settings: GPUPool
+    ledger: Ledger
+    pool: Pool
+    usage_source: UsageSource
+    debit_interval: int = 3600
+    debit_delay_tolerance: int = 900
+    clock: Callable[[], datetime] = utcnow
+    debit_status: DebitStatus = field(default_factory=DebitStatus)
+    cull_warnings: dict[str, CullWarning] = field(default_factory=dict)
+    # refusals for lack of capacity, newest last (pressure signal for culling)
+    capacity_refusals: list[datetime] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.prices: PriceTable = self.settings.price_table()
+        self.prices.check_models(self.pool_models())
+        self._debit_lock = threading.Lock()
+
+    # ------------------------------------------------------------ inventory
+
+    def pool_models(self) -> set[str]:
+        return {g.model for ns in self.pool.nodes for g in ns.node.gpus}
+
+    def resolve_models(self, names: Iterable[str] | None) -> frozenset[str] | None:
+        """Turn profile names ("RTX 3090") into the pool's reported model strings."""
+        if names is None:
+            return None
+        models = self.pool_models()
+        out = {m for m in models for name in names if model_matches(name, m) or name.lower() == m.lower()}
+        if not out:
+            raise Refused(
+                "model_unavailable",
+                f"No GPU of model {' or '.join(sorted(names))} exists in this pool; "
+                f"available models: {', '.join(sorted(models)) or 'none'}.",
+                details={"requested": sorted(names), "available": sorted(models)},
+            )
+        return frozenset(out)
+
+    def restore(self) -> int:
+        """Rebuild the placement pool from the allocations the ledger says are held."""
+        restored = 0
+        for record in self.ledger.active_allocations():
+            placement = Placement(
+                node=record.node,
+                gpus=tuple(GPUShare(g["index"], g["uuid"], g["model"], g["milli"], g.get("mig_uuid")) for g in record.gpus),
+                cpu_milli=record.request.get("cpu_milli", 0),
+                memory_mib=record.request.get("memory_mib", 0),
+            )
+            try:
+                self.pool.restore(record.id, placement)
+                restored += 1
+            except Exception as e:  # the node left the inventory, or a conflict: release, loudly
+                log.error("Releasing allocation %s of %s: cannot restore it (%s)", record.id, record.user, e)
+                self.ledger.release_allocation(record.id, at=self.clock(), reason=f"not restorable: {e}")
+        return restored
+
+    # ------------------------------------------------------------- accounts
+
+    def ensure_account(self, user: str, groups: Iterable[str] = ()) -> None:
+        """Open the account and post the credits due (the initial grant for a new user)."""
+        now = self.clock()
+        rules = self.settings.rules_for(set(groups))
+        try:
+            through = self.ledger.account(user).credits_through
+        except UnknownAccount:
+            through = None
+        today = now.astimezone(self.settings.tz).date()
+        if through is not None and through >= today:
+            return
+        due = due_credits(user, rules, through, now, self.settings.tz)
+        self.ledger.apply_credits(user, due, through=today, max_balance=rules.max_balance, now=now)
+
+    def replenish(self, users: Iterable[tuple[str, Iterable[str]]]) -> int:
+        """Credits for every (user, groups) pair; returns how many users were looked at."""
+        n = 0
+        for user, groups in users:
+            self.ensure_account(user, groups)
+            n += 1
+        return n
+
+    def grant(self, user: str, amount: Decimal, reason: str, actor: str, idempotency_key: str | None) -> tuple[Any, bool]:
+        kind = "grant" if amount > 0 else "adjustment"
+        key = entry_key("api-grant", user, idempotency_key) if idempotency_key else entry_key("api-grant", user, uuid.uuid4().hex)
+        posted = self.ledger.post(Posting(user, kind, amount, key, reason=reason, actor=actor))
+        return posted.entry, posted.created
+
+    # ----------------------------------------------------------- admission
+
+    def price_of(self, placement: Placement) -> Decimal:
+        return sum((self.prices.price_per_gpu_hour(g.model) * Decimal(g.milli) / 1000 for g in placement.gpus), Decimal(0))
+
+    def admit(self, user: str, groups: Iterable[str], server: str, request: Request,
+              requested_models: list[str] | None = None) -> AllocationRecord:
+        """Place a server's GPUs if the user can pay and the pool has room; else ``Refused``.
+
+        A second request for the same (user, server) while one is held returns
+        the held allocation: spawners retry, and a retry must not take more GPUs.
+        """
+        for record in self.ledger.active_allocations(user):
+            if record.server == server:
+                return record
+        if request.total_gpu_milli == 0:
+            raise BadRequest("a request without GPUs needs no allocation")
+        groups = set(groups)
+        self.ensure_account(user, groups)
+        rules = self.settings.rules_for(groups)
+        balance = self.ledger.balance(user)
+        allowed = self.resolve_models(requested_models) if requested_models else frozenset(self.pool_models())
+        gpus = Decimal(request.total_gpu_milli) / 1000
+        price = {m: self.prices.price_per_hour(m, gpus) for m in allowed}
+        affordable = frozenset(m for m in allowed if can_start(balance, price[m], rules, self.settings.min_start_hours))
+        if not affordable:
+            cheapest = min(price.values())
+            when = affordable_at(balance, cheapest, rules, self.clock(), self.settings.tz, self.settings.min_start_hours)
+            need = cheapest * self.settings.min_start_hours
+            msg = (
+                f"Not enough tokens: your balance is {balance:.1f} and this server costs {cheapest:g} tokens/h; "
+                f"starting needs {need:g} tokens for {self.settings.min_start_hours:g} h without going below "
+                f"the floor of {rules.floor:g}."
+            )
+            msg += (f" With the daily credits you can start it from {when:%Y-%m-%d %H:%M %Z}." if when
+                    else " No scheduled credit makes it affordable; ask an admin for a grant.")
+            raise Refused("insufficient_balance", msg, retry_at=when, details={
+                "balance": format_tokens(balance), "price_per_hour": format_tokens(cheapest),
+                "floor": format_tokens(rules.floor)})
+        req = Request(cpu_milli=request.cpu_milli, memory_mib=request.memory_mib, gpus=request.gpus,
+                      gpu_milli=request.gpu_milli, models=affordable)
+        alloc_id = uuid.uuid4().hex
+        try:
+            placement = self.pool.allocate(alloc_id, req)
+        except ModelUnavailable as e:
+            raise Refused("model_unavailable", f"This pool can never place {request.describe()}: {e}",
+                          details={"available": sorted(self.pool_models())}) from None
+        except NoCapacity:
+            self.capacity_refusals.append(self.clock())
+            free = self.pool.free_summary()
+            raise Refused("no_capacity",
+                          f"No capacity for {request.describe()} right now. Free now: {free}. "
+                          "Try again when other servers stop, or pick a smaller profile.",
+                          details={"free": free.as_dict()}) from None
+        record = AllocationRecord(
+            id=alloc_id, user=user, server=server, node=placement.node,
+            gpus=tuple({"index": g.index, "uuid": g.uuid, "model": g.model, "milli": g.milli, "mig_uuid": g.mig_uuid}
+                       for g in placement.gpus),
+            request={"cpu_milli": request.cpu_milli, "memory_mib": request.memory_mib, "gpus": request.gpus,
+                     "gpu_milli": request.gpu_milli, "models": sorted(requested_models or [])},
+            price_per_hour=round_milli(self.price_of(placement)), borrowed=False, created_at=self.clock(),
+        )
+        try:
+            self.ledger.add_allocation(record)
+        except Exception:
+            self.pool.release(alloc_id)
+            raise
+        log.info("Allocated %s to %s/%s: %s", alloc_id, user, server, self.pool.describe(placement))
+        return record
+
+    def release(self, alloc_id: str, reason: str) -> AllocationRecord | None:
+        record = self.ledger.release_allocation(alloc_id, at=self.clock(), reason=reason)
+        if alloc_id in self.pool:
+            self.pool.release(alloc_id)
+        return record
+
+    def describe(self, record: AllocationRecord) -> str:
+        placement = Placement(record.node, tuple(GPUShare(g["index"], g["uuid"], g["model"], g["milli"], g.get("mig_uuid"))
+                                                 for g in record.gpus))
+        return f"{self.pool.describe(placement)}, {record.price_per_hour:g} tokens/h"
+
+    def allocation_json(self, record: AllocationRecord) -> dict[str, Any]:
+        return {
+            "id": record.id, "user": record.user, "server": record.server, "node": record.node,
+            "gpus": [{"index": g["index"], "uuid": g["uuid"], "model": g["model"],
+                      "fraction": format_tokens(Decimal(g["milli"]) / 1000)} for g in record.gpus],
+            "price_per_hour": format_tokens(record.price_per_hour), "borrowed": record.borrowed,
+            "started_at": _iso(record.created_at), "released_at": _iso(record.released_at),
+            "description": self.describe(record),
+        }
+
+    # ------------------------------------------------------------------ me
+
+    def accounting_status(self) -> dict[str, Any]:
+        status = self.debit_status
+        now = self.clock()
+        behind = self.next_interval_start() + timedelta(seconds=self.debit_interval + self.debit_delay_tolerance) < now
+        if status.last_error and (behind or status.failing_since):
+            return {"status": "delayed", "message": f"{status.last_error}; usage will be charged when it answers"}
+        if behind:
+            return {"status": "delayed", "message": "usage for past intervals has not been charged yet"}
+        return {"status": "ok", "message": None}
+
+    def me(self, user: str, groups: Iterable[str] = ()) -> dict[str, Any]:
+        groups = set(groups)
+        self.ensure_account(user, groups)
+        rules = self.settings.rules_for(groups)
+        balance = self.ledger.balance(user)
+        held = self.ledger.active_allocations(user)
+        burn = sum((r.price_per_hour for r in held), Decimal(0))
+        if burn > 0:
+            to_floor = max(Decimal(0), balance - rules.floor) / burn * 3600
+            time_to_floor: int | None = int(to_floor)
+        else:
+            time_to_floor = None
+        daily_at, monthly_at = next_credit_times(self.clock(), self.settings.tz)
+        last = self.ledger.last_interval(DEBIT_JOB)
+        warning = self.cull_warnings.get(user)
+        return {
+            "user": user,
+            "balance": format_tokens(balance),
+            "floor": format_tokens(rules.floor),
+            "unit": "tokens",
+            "status": balance_status(balance, rules, self.settings.low_balance),
+            "credits": {
+                "daily": format_tokens(rules.daily), "monthly": format_tokens(rules.monthly),
+                "next_daily_at": _iso(daily_at), "next_monthly_at": _iso(monthly_at),
+                "max_balance": None if rules.max_balance is None else format_tokens(rules.max_balance),
+            },
+            "allocations": [self.allocation_json(r) for r in held],
+            "burn_rate_per_hour": format_tokens(burn),
+            "time_to_floor_seconds": time_to_floor,
+            "last_debit_at": _iso(last[1]) if last else None,
+            "accounting": self.accounting_status(),
+            "cull_warning": warning.as_dict() if warning else None,
+        }
+
+    # --------------------------------------------------------------- debit
+
+    def next_interval_start(self) -> datetime:
+        last = self.ledger.last_interval(DEBIT_JOB)
+        if last is not None:
+            return last[1]
+        return _align_down(self.ledger.epoch(self.clock()), self.debit_interval)
+
+    def debit_due(self, *, max_intervals: int | None = None) -> int:
+        """Charge every closed interval not yet charged, oldest first; stop at the first
+        that the usage source cannot answer (it is retried on the next run).
+        Returns the number of intervals charged.
+        """
+        with self._debit_lock:
+            charged = 0
+            while max_intervals is None or charged < max_intervals:
+                start = self.next_interval_start()
+                end = start + timedelta(seconds=self.debit_interval)
+                now = self.clock()
+                if end > now:
+                    break
+                self.debit_status.last_attempt = now
+                try:
+                    usage = self.usage_source.usage(start, end)
+                    postings = self._debit_postings(usage, start, end)
+                except (UsageUnavailable, PricingError) as e:
+                    if self.debit_status.failing_since is None:
+                        self.debit_status.failing_since = now
+                    self.debit_status.last_error = f"usage for {_iso(start)}–{_iso(end)} unavailable: {e}"
+                    log.warning("Debit delayed: %s", self.debit_status.last_error)
+                    break
+                self.ledger.post_many(postings, complete_interval=(DEBIT_JOB, start, end))
+                self.debit_status.last_error = None
+                self.debit_status.failing_since = None
+                charged += 1
+                log.info("Charged %s–%s: %d debit(s)", _iso(start), _iso(end), len(postings))
+            return charged
+
+    def _debit_postings(self, usage: Iterable[Any], start: datetime, end: datetime) -> list[Posting]:
+        postings = []
+        for u in usage:
+            cost = round_milli(self.prices.cost(u.model, u.gpu_seconds))
+            if cost <= 0:
+                continue
+            hours = u.gpu_seconds / 3600
+            postings.append(Posting(
+                u.user, "debit", -cost, entry_key(DEBIT_JOB, u.user, u.model, start),
+                reason=f"{hours.quantize(Decimal('0.001'))} GPU-h of {u.model}",
+                interval_start=start, interval_end=end, model=u.model,
+                gpu_seconds=u.gpu_seconds.quantize(Decimal("0.001")),
+            ))
+        return postings

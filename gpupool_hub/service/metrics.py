@@ -1,0 +1,74 @@
+"""Prometheus metrics of the service, in a registry of its own.
+
+Balances and allocations are collected at scrape time from the ledger and the
+pool, so they can never drift from the truth between scrapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from .manager import PoolManager
+
+
+class PoolCollector(Collector):
+    def __init__(self, manager: PoolManager) -> None:
+        self.manager = manager
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        balance = GaugeMetricFamily("gpupool_balance_tokens", "Token balance per user", labels=["user"])
+        after = None
+        while True:
+            page = self.manager.ledger.accounts(limit=1000, after=after)
+            for acct in page:
+                balance.add_metric([acct.name], float(acct.balance))
+            if len(page) < 1000:
+                break
+            after = page[-1].name
+        yield balance
+        held = GaugeMetricFamily(
+            "gpupool_allocated_gpus", "GPUs held by an allocation (fractions as shares)",
+            labels=["user", "server", "model", "node", "allocation"],
+        )
+        per_model: dict[str, float] = {}
+        for record in self.manager.ledger.active_allocations():
+            shares: dict[str, float] = {}
+            for g in record.gpus:
+                shares[g["model"]] = shares.get(g["model"], 0.0) + g["milli"] / 1000
+            for model, share in shares.items():
+                held.add_metric([record.user, record.server, model, record.node, record.id], share)
+                per_model[model] = per_model.get(model, 0.0) + share
+        yield held
+        by_model = GaugeMetricFamily("gpupool_allocated_gpus_by_model", "GPUs allocated per model", labels=["model"])
+        capacity = GaugeMetricFamily("gpupool_capacity_gpus", "GPUs in the pool per model", labels=["model"])
+        cap: dict[str, int] = {}
+        for ns in self.manager.pool.nodes:
+            for g in ns.node.gpus:
+                cap[g.model] = cap.get(g.model, 0) + 1
+        for model, n in sorted(cap.items()):
+            capacity.add_metric([model], n)
+            by_model.add_metric([model], per_model.get(model, 0.0))
+        yield by_model
+        yield capacity
+
+
+class ServiceMetrics:
+    def __init__(self, manager: PoolManager) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(PoolCollector(manager))
+        self.job_duration = Histogram(
+            "gpupool_job_duration_seconds", "Duration of a scheduled job run", ["job"], registry=self.registry,
+        )
+        self.job_failures = Counter(
+            "gpupool_job_failures", "Scheduled job runs that failed", ["job"], registry=self.registry,
+        )
+        self.api_latency = Histogram(
+            "gpupool_api_request_duration_seconds", "API request latency", ["handler", "method", "code"],
+            registry=self.registry, buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+        )

@@ -1,0 +1,6 @@
+"""Usage sources: who used how many GPU-seconds on which GPU model, per interval."""
+
+from gpupool_hub.usage.base import Usage, UsageSource, UsageUnavailable
+from gpupool_hub.usage.prometheus import PrometheusUsageSource
+
+__all__ = ["PrometheusUsageSource", "Usage", "UsageSource", "UsageUnavailable"]

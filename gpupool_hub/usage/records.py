@@ -1,0 +1,35 @@
+"""The embedded usage source: charge from the service's own allocation records.
+
+Needs no Prometheus, so a small install works out of the box. What it charges
+is what was *allocated* (a server holding two GPUs pays for two, busy or not),
+exactly to the microsecond of the allocation's start and release.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import datetime
+from decimal import Decimal
+
+from ..ledger import Ledger
+from .base import Usage
+
+
+class AllocationRecordsSource:
+    name = "records"
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+
+    def usage(self, start: datetime, end: datetime) -> list[Usage]:
+        totals: dict[tuple[str, str], Decimal] = defaultdict(Decimal)
+        for record in self.ledger.allocations_overlapping(start, end):
+            held_from = max(start, record.created_at)
+            held_to = min(end, record.released_at or end)
+            if held_to <= held_from:
+                continue
+            delta = held_to - held_from
+            seconds = Decimal(delta.days * 86400 + delta.seconds) + Decimal(delta.microseconds) / 1_000_000
+            for gpu in record.gpus:
+                totals[(record.user, gpu["model"])] += seconds * Decimal(gpu["milli"]) / 1000
+        return [Usage(user, model, secs) for (user, model), secs in sorted(totals.items())]
