@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, timezone
 from decimal import Decimal
@@ -106,6 +106,18 @@ allocations = sa.Table(
     sa.Column("released_at", sa.DateTime, nullable=True),
     sa.Column("release_reason", sa.UnicodeText, nullable=True),
     sa.Index("ix_gpupool_allocations_active", "released_at", "user"),
+)
+
+# Sub-milli-token remainders of debits, per account and model. Each debit is
+# rounded to the milli-token and the remainder carried into the next one, so
+# that the total charged never drifts from the exact cost, however short the
+# debit interval (minute intervals would otherwise round 1/60 up 60 times).
+carries = sa.Table(
+    "gpupool_carries",
+    metadata,
+    sa.Column("account", sa.Unicode(255), primary_key=True),
+    sa.Column("model", sa.Unicode(255), primary_key=True),
+    sa.Column("residual", sa.String(64), nullable=False),  # a Decimal, exactly as computed
 )
 
 
@@ -292,7 +304,7 @@ def _migrate_to_1(conn: Connection) -> None:
 #: version -> step that upgrades from version-1. Add a step (and bump
 #: SCHEMA_VERSION) for every schema change; never edit a released step.
 def _migrate_to_2(conn: Connection) -> None:
-    metadata.create_all(conn, tables=[allocations])
+    metadata.create_all(conn, tables=[allocations, carries])
 
 
 MIGRATIONS = {1: _migrate_to_1, 2: _migrate_to_2}
@@ -373,13 +385,15 @@ class Ledger:
         *,
         now: datetime | None = None,
         complete_interval: tuple[str, datetime, datetime] | None = None,
+        carry: Mapping[tuple[str, str], Decimal] | None = None,
     ) -> list[Posted]:
         """Record entries in one transaction: all of them or none.
 
         Replayed keys are not recorded again; a key reused for a different
         entry raises ``IdempotencyConflict`` and nothing of the batch is kept.
         ``complete_interval=(job, start, end)`` marks that job interval done in
-        the same transaction.
+        the same transaction; ``carry`` stores debit remainders (see ``carries``)
+        in it too.
         """
         now = now or utcnow()
         with self.engine.begin() as conn:
@@ -391,7 +405,23 @@ class Ledger:
                     dict(job=job, start=_db_time(start), end=_db_time(end), completed_at=_db_time(now),
                          entries=sum(r.created for r in results)),
                 )
+            if carry:
+                self._store_carry(conn, carry)
         return results
+
+    def _store_carry(self, conn: Connection, carry: Mapping[tuple[str, str], Decimal]) -> None:
+        keys = list(carry)
+        for chunk in _chunks(keys):
+            conn.execute(carries.delete().where(
+                sa.tuple_(carries.c.account, carries.c.model).in_([tuple(k) for k in chunk])))
+        rows = [dict(account=a, model=m, residual=str(v)) for (a, m), v in carry.items() if v]
+        for chunk in _chunks(rows):
+            conn.execute(carries.insert(), list(chunk))
+
+    def carries(self) -> dict[tuple[str, str], Decimal]:
+        """Every stored debit remainder (small: one row per user and model that had one)."""
+        with self.engine.connect() as conn:
+            return {(r.account, r.model): Decimal(r.residual) for r in conn.execute(sa.select(carries))}
 
     def _ensure_accounts(self, conn: Connection, names: Iterable[str], now: datetime) -> None:
         rows = [dict(name=n, balance_milli=0, created_at=_db_time(now), credits_through=None) for n in set(names)]

@@ -219,7 +219,7 @@ class UsersHandler(APIHandler):
 
 class UserHandler(APIHandler):
     async def get(self, name: str) -> None:
-        self.require_admin()
+        self.require_spawner_or_admin()  # the spawner shows the balance on the options form
         user = url_unescape(name)
         if not await self.known_user(user):
             raise web.HTTPError(404, f"no such user {user!r}")

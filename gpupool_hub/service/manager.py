@@ -370,24 +370,31 @@ class PoolManager:
                 self.debit_status.last_attempt = now
                 try:
                     usage = self.usage_source.usage(start, end)
-                    postings = self._debit_postings(usage, start, end)
+                    postings, carry = self._debit_postings(usage, start, end)
                 except (UsageUnavailable, PricingError) as e:
                     if self.debit_status.failing_since is None:
                         self.debit_status.failing_since = now
                     self.debit_status.last_error = f"usage for {_iso(start)}–{_iso(end)} unavailable: {e}"
                     log.warning("Debit delayed: %s", self.debit_status.last_error)
                     break
-                self.ledger.post_many(postings, complete_interval=(DEBIT_JOB, start, end))
+                self.ledger.post_many(postings, complete_interval=(DEBIT_JOB, start, end), carry=carry)
                 self.debit_status.last_error = None
                 self.debit_status.failing_since = None
                 charged += 1
                 log.info("Charged %s–%s: %d debit(s)", _iso(start), _iso(end), len(postings))
             return charged
 
-    def _debit_postings(self, usage: Iterable[Any], start: datetime, end: datetime) -> list[Posting]:
-        postings = []
+    def _debit_postings(
+        self, usage: Iterable[Any], start: datetime, end: datetime
+    ) -> tuple[list[Posting], dict[tuple[str, str], Decimal]]:
+        """Debits for one interval: each rounded to the milli-token with the remainder
+        carried to the same user's next debit on that model, so totals stay exact."""
+        carried = self.ledger.carries()
+        postings, carry = [], {}
         for u in usage:
-            cost = round_milli(self.prices.cost(u.model, u.gpu_seconds))
+            exact = self.prices.cost(u.model, u.gpu_seconds) + carried.get((u.user, u.model), Decimal(0))
+            cost = round_milli(exact)
+            carry[(u.user, u.model)] = exact - cost
             if cost <= 0:
                 continue
             hours = u.gpu_seconds / 3600
@@ -397,4 +404,4 @@ class PoolManager:
                 interval_start=start, interval_end=end, model=u.model,
                 gpu_seconds=u.gpu_seconds.quantize(Decimal("0.001")),
             ))
-        return postings
+        return postings, carry

@@ -55,7 +55,7 @@ def _matrix_cases():
         ("GET", "/me", {U, A}),
         ("GET", "/me/history", {U, A}),
         ("GET", "/users", {A}),
-        ("GET", "/users/alice", {A}),
+        ("GET", "/users/alice", {S, A}),
         ("GET", "/users/alice/history", {A}),
         ("GET", "/pool", {A}),
         ("GET", "/ledger/verify", {A}),
