@@ -77,8 +77,17 @@ class PriceTable:
                 raise PricingError(f"c.GPUPool.default_price = {default_price!r}: {e}") from None
         return cls(prices=parsed, default_price=default)
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_matches", {})  # model -> entry; a pool has few models, debits many rows
+
     def match(self, model: str) -> str | None:
         """The configured name that prices ``model``: the entry with the most words found in it."""
+        cache: dict[str, str | None] = self._matches  # type: ignore[attr-defined]
+        if model not in cache:
+            cache[model] = self._match(model)
+        return cache[model]
+
+    def _match(self, model: str) -> str | None:
         words = _words(model)
         best: tuple[int, int, str] | None = None
         for name in self.prices:

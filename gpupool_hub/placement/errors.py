@@ -23,13 +23,25 @@ class InventoryError(ValueError):
 class NoCapacity(PlacementError):
     """The request would fit an empty pool, but not the pool as it is now.
 
-    ``free`` carries :meth:`Pool.free_summary` at the time of the refusal so the
-    message shown to the user can say what *is* free.
+    ``free`` is :meth:`Pool.free_summary` at the time of the refusal, so the
+    message shown to the user can say what *is* free. It is computed on first
+    access (a full pool refuses often, and a summary walks every GPU).
     """
 
     def __init__(self, message: str, free: object = None) -> None:
         super().__init__(message)
-        self.free = free
+        self._free = free
+        self._message = message
+
+    @property
+    def free(self) -> object:
+        if callable(self._free):
+            self._free = self._free()
+        return self._free
+
+    def __str__(self) -> str:
+        free = self.free
+        return f"{self._message}; free now: {free}" if free is not None else self._message
 
 
 class ModelUnavailable(PlacementError):

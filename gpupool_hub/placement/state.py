@@ -142,6 +142,7 @@ class Pool:
             ns.refresh()
             self._resign(ns)
         self._allocs: Dict[str, Tuple[NodeState, Tuple[int, ...], Tuple[int, ...], Placement]] = {}
+        self._ever_fits: Dict[tuple, bool] = {}
         self._model_nodes: Dict[Optional[FrozenSet[str]], Tuple[List[NodeState], List[NodeState]]] = {}
         self.all_model_keys = frozenset(k for ns in self.nodes for k in ns.models)
         self.max_cpu = max((n.cpu_milli for n in node_list), default=1) or 1
@@ -246,10 +247,13 @@ class Pool:
             have = ", ".join(sorted({g.model for ns in self.nodes for g in ns.node.gpus})) or "none"
             raise ModelUnavailable(
                 f"no node in this pool has GPU model {' or '.join(sorted(req.models))} (available: {have})")
-        if not self.could_ever_fit(req):
+        key = (req.cpu_milli, req.memory_mib, req.gpus, req.gpu_milli, req.models)
+        ever = self._ever_fits.get(key)
+        if ever is None:
+            ever = self._ever_fits[key] = self.could_ever_fit(req)
+        if not ever:
             raise ModelUnavailable(f"no node in this pool could ever fit {req.describe()}")
-        summary = self.free_summary()
-        raise NoCapacity(f"no room right now for {req.describe()}; free now: {summary}", free=summary)
+        raise NoCapacity(f"no room right now for {req.describe()}", free=self.free_summary)
 
     def _apply(self, alloc_id: str, req: Request, ns: NodeState, slots: Tuple[int, ...]) -> Placement:
         node = ns.node

@@ -185,7 +185,11 @@ class GPUPoolService(Application):
 
     def _log_request(self, handler: web.RequestHandler) -> None:
         status = handler.get_status()
-        level = logging.INFO if status < 400 else logging.WARNING if status < 500 else logging.ERROR
+        # Successful reads are routine (every lab tab polls GET me): debug, not info.
+        if status < 400:
+            level = logging.DEBUG if handler.request.method == "GET" else logging.INFO
+        else:
+            level = logging.WARNING if status < 500 else logging.ERROR
         self.log.log(level, "%d %s %s %.1fms", status, handler.request.method, handler.request.path,
                      1000 * handler.request.request_time())
 

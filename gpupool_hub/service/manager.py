@@ -140,6 +140,9 @@ class PoolManager:
         self.prices: PriceTable = self.settings.price_table()
         self.prices.check_models(self.pool_models())
         self._debit_lock = threading.Lock()
+        self._me_cache: dict[str, tuple[tuple[frozenset[str], Any], dict[str, Any]]] = {}
+        self._generation = 0
+        self._last_debit: tuple[tuple[datetime, datetime] | None] | None = None
 
     # ------------------------------------------------------------ inventory
 
@@ -181,8 +184,10 @@ class PoolManager:
 
     # ------------------------------------------------------------- accounts
 
-    def ensure_account(self, user: str, groups: Iterable[str] = ()) -> None:
-        """Open the account and post the credits due (the initial grant for a new user)."""
+    def ensure_account(self, user: str, groups: Iterable[str] = ()) -> bool:
+        """Open the account and post the credits due (the initial grant for a new user).
+
+        Returns whether anything was posted."""
         now = self.clock()
         rules = self.settings.rules_for(set(groups))
         try:
@@ -191,22 +196,41 @@ class PoolManager:
             through = None
         today = now.astimezone(self.settings.tz).date()
         if through is not None and through >= today:
-            return
+            return False
         due = due_credits(user, rules, through, now, self.settings.tz)
         self.ledger.apply_credits(user, due, through=today, max_balance=rules.max_balance, now=now)
+        self.forget(user)
+        return True
+
+    # The "me" view is read far more often than it changes (every lab tab polls
+    # it), so its ledger-derived part is cached per user and dropped whenever
+    # this service, the ledger's only writer, changes that user's account.
+    # Writers in the job thread bump the generation, so a view computed while
+    # they committed is never stored.
+
+    def forget(self, user: str | None = None) -> None:
+        if user is None:
+            self._generation += 1
+            self._me_cache.clear()
+        else:
+            self._me_cache.pop(user, None)
 
     def replenish(self, users: Iterable[tuple[str, Iterable[str]]]) -> int:
         """Credits for every (user, groups) pair; returns how many users were looked at."""
         n = 0
+        posted = False
         for user, groups in users:
-            self.ensure_account(user, groups)
+            posted |= self.ensure_account(user, groups)
             n += 1
+        if posted:
+            self.forget()
         return n
 
     def grant(self, user: str, amount: Decimal, reason: str, actor: str, idempotency_key: str | None) -> tuple[Any, bool]:
         kind = "grant" if amount > 0 else "adjustment"
         key = entry_key("api-grant", user, idempotency_key) if idempotency_key else entry_key("api-grant", user, uuid.uuid4().hex)
         posted = self.ledger.post(Posting(user, kind, amount, key, reason=reason, actor=actor))
+        self.forget(user)
         return posted.entry, posted.created
 
     # ----------------------------------------------------------- admission
@@ -276,6 +300,7 @@ class PoolManager:
         except Exception:
             self.pool.release(alloc_id)
             raise
+        self.forget(user)
         log.info("Allocated %s to %s/%s: %s", alloc_id, user, server, self.pool.describe(placement))
         return record
 
@@ -283,6 +308,8 @@ class PoolManager:
         record = self.ledger.release_allocation(alloc_id, at=self.clock(), reason=reason)
         if alloc_id in self.pool:
             self.pool.release(alloc_id)
+        if record is not None:
+            self.forget(record.user)
         return record
 
     def describe(self, record: AllocationRecord) -> str:
@@ -313,20 +340,35 @@ class PoolManager:
         return {"status": "ok", "message": None}
 
     def me(self, user: str, groups: Iterable[str] = ()) -> dict[str, Any]:
-        groups = set(groups)
-        self.ensure_account(user, groups)
+        groups = frozenset(groups)
+        today = self.clock().astimezone(self.settings.tz).date()
+        cached = self._me_cache.get(user)
+        if cached is None or cached[0] != (groups, today):
+            generation = self._generation
+            self.ensure_account(user, groups)
+            view = self._account_view(user, groups)
+            if generation == self._generation:
+                self._me_cache[user] = ((groups, today), view)
+        else:
+            view = cached[1]
+        daily_at, monthly_at = next_credit_times(self.clock(), self.settings.tz)
+        last = self.last_debit()
+        warning = self.cull_warnings.get(user)
+        return {
+            **view,
+            "credits": {**view["credits"], "next_daily_at": _iso(daily_at), "next_monthly_at": _iso(monthly_at)},
+            "last_debit_at": _iso(last[1]) if last else None,
+            "accounting": self.accounting_status(),
+            "cull_warning": warning.as_dict() if warning else None,
+        }
+
+    def _account_view(self, user: str, groups: frozenset[str]) -> dict[str, Any]:
+        """The part of ``me`` that only changes when the user's account does."""
         rules = self.settings.rules_for(groups)
         balance = self.ledger.balance(user)
         held = self.ledger.active_allocations(user)
         burn = sum((r.price_per_hour for r in held), Decimal(0))
-        if burn > 0:
-            to_floor = max(Decimal(0), balance - rules.floor) / burn * 3600
-            time_to_floor: int | None = int(to_floor)
-        else:
-            time_to_floor = None
-        daily_at, monthly_at = next_credit_times(self.clock(), self.settings.tz)
-        last = self.ledger.last_interval(DEBIT_JOB)
-        warning = self.cull_warnings.get(user)
+        time_to_floor = int(max(Decimal(0), balance - rules.floor) / burn * 3600) if burn > 0 else None
         return {
             "user": user,
             "balance": format_tokens(balance),
@@ -335,21 +377,23 @@ class PoolManager:
             "status": balance_status(balance, rules, self.settings.low_balance),
             "credits": {
                 "daily": format_tokens(rules.daily), "monthly": format_tokens(rules.monthly),
-                "next_daily_at": _iso(daily_at), "next_monthly_at": _iso(monthly_at),
                 "max_balance": None if rules.max_balance is None else format_tokens(rules.max_balance),
             },
             "allocations": [self.allocation_json(r) for r in held],
             "burn_rate_per_hour": format_tokens(burn),
             "time_to_floor_seconds": time_to_floor,
-            "last_debit_at": _iso(last[1]) if last else None,
-            "accounting": self.accounting_status(),
-            "cull_warning": warning.as_dict() if warning else None,
         }
+
+    def last_debit(self) -> tuple[datetime, datetime] | None:
+        """The last charged interval, kept in memory (the debit job is its only writer)."""
+        if self._last_debit is None:
+            self._last_debit = (self.ledger.last_interval(DEBIT_JOB),)
+        return self._last_debit[0]
 
     # --------------------------------------------------------------- debit
 
     def next_interval_start(self) -> datetime:
-        last = self.ledger.last_interval(DEBIT_JOB)
+        last = self.last_debit()
         if last is not None:
             return last[1]
         return _align_down(self.ledger.epoch(self.clock()), self.debit_interval)
@@ -378,6 +422,8 @@ class PoolManager:
                     log.warning("Debit delayed: %s", self.debit_status.last_error)
                     break
                 self.ledger.post_many(postings, complete_interval=(DEBIT_JOB, start, end), carry=carry)
+                self._last_debit = ((start, end),)
+                self.forget()
                 self.debit_status.last_error = None
                 self.debit_status.failing_since = None
                 charged += 1

@@ -13,6 +13,7 @@ for the staleness/lookback analysis these queries rely on.
 from __future__ import annotations
 
 import json
+from collections import Counter
 import logging
 import re
 import time
@@ -346,6 +347,7 @@ class PrometheusUsageSource:
     def _sum_chunk(self, a: int, b: int) -> dict[tuple[str, str], Decimal]:
         """Sum of the per-step values of every (user, model) series in ``[a, b)``."""
         result = self._query_range(self.query, a, b)
+        grid = frozenset(range(a, b, self.step_seconds))
         sums: dict[tuple[str, str], Decimal] = {}
         for series in result:
             labels = series["metric"]
@@ -368,11 +370,41 @@ class PrometheusUsageSource:
                     ) from None
             if (user, model) in sums:
                 raise UsageUnavailable(f"{self.name}: duplicate series for user={user!r} model={model!r}")
-            total = Decimal(0)
-            for ts, value in self._points(series, a, b):
-                total += value
+            total = self._fast_sum(series, grid)
+            if total is None:  # something is off: the strict path names it (or sums it)
+                total = sum((value for _ts, value in self._points(series, a, b)), Decimal(0))
             sums[(user, model)] = total
         return sums
+
+    @staticmethod
+    def _fast_sum(series: Mapping[str, Any], grid: frozenset[int]) -> Decimal | None:
+        """Sum a well-formed series with few Python-level steps per point, or None.
+
+        Exporters repeat the same few values ("1", "0.25") over and over, so each
+        distinct value string is parsed and checked once and multiplied by its
+        count: exact, and ~10x faster than checking point by point. Anything
+        unusual returns None and the strict path (``_points``) judges it.
+        """
+        values = series.get("values")
+        if type(values) is not list or not all(type(p) is list and len(p) == 2 for p in values):
+            return None
+        stamps = [p[0] for p in values]
+        if len(set(stamps)) != len(stamps) or not grid.issuperset(stamps):
+            return None
+        if any(type(t) is not int for t in stamps):
+            return None
+        total = Decimal(0)
+        for raw, count in Counter(p[1] for p in values).items():
+            if type(raw) is not str:
+                return None
+            try:
+                value = Decimal(raw)
+            except InvalidOperation:
+                return None
+            if not value.is_finite() or value < 0:
+                return None
+            total += value * count
+        return total
 
     def _points(self, series: Mapping[str, Any], a: int, b: int) -> list[tuple[int, Decimal]]:
         """Validated ``(timestamp, value)`` points of one series.

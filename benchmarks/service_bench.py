@@ -1,0 +1,157 @@
+"""Service benchmark: a debit cycle from a real Prometheus, and GET me under load.
+
+Targets (issue #4):
+- one debit cycle for 10,000 users holding 2,000 GPUs (0.2 GPU each, two
+  models), reading usage from a real Prometheus: <= 2 s (median of 5 runs,
+  each on a fresh ledger of 10,000 accounts);
+- GET me with 50 concurrent clients on loopback, against the service run by
+  a real JupyterHub (tokens checked by the hub): p99 <= 20 ms.
+
+Needs `prometheus`, `promtool` and configurable-http-proxy (scripts/setup-env.sh).
+The last line printed is one JSON object.
+
+    .venv/bin/python benchmarks/service_bench.py [--requests 4000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from decimal import Decimal
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from traitlets.config import Config  # noqa: E402
+
+from gpupool_hub.config import GPUPool  # noqa: E402
+from gpupool_hub.ledger import Ledger, accounts  # noqa: E402
+from gpupool_hub.service.manager import PoolManager  # noqa: E402
+from gpupool_hub.usage.prometheus import PrometheusUsageSource  # noqa: E402
+
+USERS = 10_000
+MODELS = ("NVIDIA GeForce RTX 3090", "NVIDIA RTX A6000")
+PRICES = {"RTX 3090": 1, "RTX A6000": 4}
+
+
+def p99(samples: list[float]) -> float:
+    s = sorted(samples)
+    return s[min(len(s) - 1, int(round(0.99 * (len(s) - 1))))]
+
+
+def history_text(base_ts: int) -> str:
+    lines = ["# TYPE gpupool_allocated_gpus gauge"]
+    for i in range(USERS):
+        labels = f'allocation="a{i}",model="{MODELS[i % 2]}",node="n{i % 250}",server="",user="user{i:05d}"'
+        for t in range(base_ts, base_ts + 3600, 60):
+            lines.append(f"gpupool_allocated_gpus{{{labels}}} 0.2 {t}")
+        lines.append(f"gpupool_allocated_gpus{{{labels}}} 0 {base_ts + 3600}")
+    lines.append("# EOF")
+    return "\n".join(lines) + "\n"
+
+
+def bench_debit(tmp: Path, runs: int) -> float:
+    from tests.fixtures.prometheus import PrometheusServer, _backfill, _binaries, _free_port, history_base
+
+    prometheus, promtool = _binaries()
+    base = history_base(2)
+    t0 = time.perf_counter()
+    (tmp / "prom").mkdir()
+    server = PrometheusServer(prometheus, tmp / "prom", _free_port())
+    _backfill(promtool, history_text(int(base.timestamp())), tmp / "prom", server.data_dir)
+    server.start()
+    print(f"setup: Prometheus with {USERS:,} series x 60 samples in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    c = Config()
+    c.GPUPool.prices = PRICES
+    settings = GPUPool(config=c)
+    times = []
+    try:
+        for run in range(runs):
+            ledger = Ledger(f"sqlite:///{tmp}/ledger{run}.sqlite")
+            with ledger.engine.begin() as conn:
+                conn.execute(accounts.insert(), [
+                    dict(name=f"user{i:05d}", balance_milli=100_000, created_at=base.replace(tzinfo=None),
+                         credits_through=None) for i in range(USERS)])
+            ledger.epoch(base)
+            clock = lambda: base + timedelta(hours=1, minutes=5)  # noqa: E731
+            source = PrometheusUsageSource(server.url, "gpupool", settle_seconds=120, clock=clock, timeout=60)
+            manager = PoolManager(settings=settings, ledger=ledger, pool=settings.make_pool(),
+                                  usage_source=source, clock=clock)
+            t = time.perf_counter()
+            charged = manager.debit_due()
+            times.append(time.perf_counter() - t)
+            assert charged == 1
+            total = sum(a.balance for a in ledger.accounts(limit=USERS))
+            expected = USERS * Decimal(100) - Decimal(USERS // 2) * (Decimal("0.2") + Decimal("0.8"))
+            assert total == expected, (total, expected)
+            ledger.close()
+    finally:
+        server.stop()
+    return statistics.median(times)
+
+
+async def bench_me(tmp: Path, n_requests: int, concurrency: int) -> tuple[float, float]:
+    from tornado.httpclient import AsyncHTTPClient
+
+    from tests.fixtures.hub import Hub, find_chp
+
+    if find_chp() is None:
+        raise SystemExit("configurable-http-proxy is missing: run scripts/setup-env.sh")
+    hub = Hub(tmp / "hub")
+    (tmp / "hub").mkdir()
+    hub.start()
+    try:
+        tokens = []
+        for i in range(concurrency):
+            hub.create_user(f"client{i}")
+            tokens.append(hub.token_for(f"client{i}"))
+        url = f"http://127.0.0.1:{hub.service_port}/services/gpupool/api/v1/me"
+        client = AsyncHTTPClient(max_clients=concurrency)
+        for token in tokens:  # warm: accounts opened, tokens checked once by the hub
+            await client.fetch(url, headers={"Authorization": f"token {token}"})
+        latencies: list[float] = []
+        remaining = n_requests
+
+        async def worker(token: str) -> None:
+            nonlocal remaining
+            while remaining > 0:
+                remaining -= 1
+                t = time.perf_counter()
+                r = await client.fetch(url, headers={"Authorization": f"token {token}"})
+                latencies.append((time.perf_counter() - t) * 1000)
+                assert r.code == 200
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(t) for t in tokens))
+        elapsed = time.perf_counter() - started
+        return p99(latencies), len(latencies) / elapsed
+    finally:
+        hub.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--requests", type=int, default=4000)
+    ap.add_argument("--concurrency", type=int, default=50)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        debit_s = bench_debit(Path(tmp), args.runs)
+        me_p99, me_rps = asyncio.run(bench_me(Path(tmp), args.requests, args.concurrency))
+    result = {"debit_cycle_10k_s": round(debit_s, 3), "me_p99_ms": round(me_p99, 2), "me_rps": round(me_rps, 1)}
+    print(f"{'figure':<20} {'measured':>10} {'target':>10}")
+    print(f"{'debit_cycle_10k_s':<20} {result['debit_cycle_10k_s']:>10} {'<= 2':>10}")
+    print(f"{'me_p99_ms':<20} {result['me_p99_ms']:>10} {'<= 20':>10}  ({args.concurrency} concurrent clients)")
+    print(f"{'me_rps':<20} {result['me_rps']:>10} {'-':>10}")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

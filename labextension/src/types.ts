@@ -1,0 +1,70 @@
+/**
+ * The JSON answered by the gpupool service's `GET /services/gpupool/api/v1/me`
+ * (and forwarded unchanged by the server extension at `{base_url}gpupool/me`).
+ *
+ * Amounts are decimal strings ("46.000"), times ISO-8601 UTC strings.
+ */
+
+/** Server-computed balance state. */
+export type BalanceStatus = 'fine' | 'low' | 'negative' | 'floor';
+
+export interface IGpu {
+  index: number;
+  uuid: string;
+  model: string;
+  /** Share of the GPU held, "1.000" for a whole GPU. */
+  fraction: string;
+}
+
+export interface IAllocation {
+  id: string;
+  /** Named server ("" for the default server). */
+  server: string;
+  node: string;
+  gpus: IGpu[];
+  price_per_hour: string;
+  /** Held on a GPU lent from another group/user. */
+  borrowed: boolean;
+  started_at: string | null;
+  description: string | null;
+}
+
+export interface ICredits {
+  daily: string | null;
+  monthly: string | null;
+  next_daily_at: string | null;
+  next_monthly_at: string | null;
+  max_balance: string | null;
+}
+
+export interface IAccounting {
+  status: 'ok' | 'delayed';
+  message: string | null;
+}
+
+export interface ICullWarning {
+  action: 'kernels' | 'server';
+  reason: string;
+  deadline: string;
+}
+
+export interface IMe {
+  user: string;
+  balance: string;
+  floor: string;
+  unit: string;
+  status: BalanceStatus;
+  credits: ICredits | null;
+  allocations: IAllocation[];
+  burn_rate_per_hour: string;
+  time_to_floor_seconds: number | null;
+  last_debit_at: string | null;
+  accounting: IAccounting | null;
+  cull_warning: ICullWarning | null;
+}
+
+/** What the server extension answers when it cannot get the balance. */
+export interface IUnavailable {
+  error: string;
+  reason?: string;
+}

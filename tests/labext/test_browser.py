@@ -1,0 +1,130 @@
+"""The balance widget in a real JupyterLab, in headless Debian Chromium.
+
+A real ``jupyter lab`` (subprocess, token auth, free loopback port) has the
+installed gpupool_hub extensions (nothing enabled by hand) and
+``GPUPOOL_API_URL`` pointing at the stand-in service, whose answers the test
+changes while the page polls every second (set through the user settings of
+``@gpupool/hub-balance:plugin``).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from .browser import open_lab, open_panel, screenshot_widget, status_item, wait_for_status_item
+from .servers import PLUGIN_ID, JupyterProcess
+from .standin import SERVER_TOKEN, StandInService, cull_in, example_me, iso
+
+pytestmark = pytest.mark.integration
+
+SCREENSHOT = Path(__file__).parents[2] / "docs" / "images" / "widget.png"
+MINUS = "\u2212"
+#: One poll (1 s) plus slack for two busy cores.
+ONE_POLL_MS = 8_000
+
+
+@pytest.fixture
+def standin():
+    with StandInService() as service:
+        yield service
+
+
+@pytest.fixture
+def lab(tmp_path, standin):
+    env = {"GPUPOOL_API_URL": standin.api_url, "JUPYTERHUB_API_TOKEN": SERVER_TOKEN}
+    proc = JupyterProcess(tmp_path / "lab", app="lab", env=env, settings={
+        PLUGIN_ID: {"pollInterval": 1},
+        # No "get notified about Jupyter news?" toast over the page.
+        "@jupyterlab/apputils-extension:notification": {"fetchNews": "false"},
+    })
+    with proc:
+        yield proc
+
+
+def test_status_bar_widget(lab, standin, browser_page):
+    from playwright.sync_api import expect
+
+    page = browser_page
+    try:
+        open_lab(page, lab.url, lab.token)
+        item = wait_for_status_item(page, "46.0 tokens", state="fine")
+        expect(item).to_contain_text(f"{MINUS}2.0/h")
+        expect(item).to_contain_text("~28 h")
+
+        # The widget follows the service within one poll.
+        standin.set_me(balance="12.500", status="low", time_to_floor_seconds=2700)
+        wait_for_status_item(page, "12.5 tokens", state="low", timeout_ms=ONE_POLL_MS)
+        expect(item).to_contain_text("~45 min")
+
+        # Negative: the negative state, and a clear cull warning with a countdown.
+        now = datetime.now(timezone.utc)
+        base = {**example_me()["allocations"][0], "started_at": iso(now - timedelta(hours=2, minutes=10))}
+        borrowed = {
+            **base,
+            "id": "c3d4",
+            "server": "big",
+            "node": "node-b",
+            "gpus": [{"index": 0, "uuid": "GPU-9a1e", "model": "NVIDIA A100-SXM4-80GB", "fraction": "0.500"}],
+            "price_per_hour": "1.500",
+            "borrowed": True,
+            "description": "node-b, half of an A100 lent by group vision",
+            "started_at": iso(now - timedelta(minutes=25)),
+        }
+        standin.set_me(
+            balance="-3.250",
+            status="negative",
+            allocations=[base, borrowed],
+            burn_rate_per_hour="3.500",
+            time_to_floor_seconds=6943,
+            last_debit_at=iso(now - timedelta(minutes=4)),
+            accounting={"status": "delayed",
+                        "message": "Prometheus unreachable since 10:00; usage will be charged when it answers"},
+            cull_warning=cull_in(10),
+        )
+        wait_for_status_item(page, f"{MINUS}3.3 tokens", state="negative", timeout_ms=ONE_POLL_MS)
+        expect(item).to_contain_text(f"{MINUS}3.5/h")
+        expect(item).to_contain_text("borrowed")
+        cull = item.locator(".gp-Balance-cull")
+        expect(cull).to_contain_text("server stops in 9:")
+        first = cull.text_content()
+        expect(cull).not_to_have_text(first, timeout=3_000)  # it counts down on its own
+        page.screenshot(path=str(lab.tmp_path / "statusbar.png"))
+
+        # Click: the panel with the GPUs held, their price, debits, credits, warnings.
+        panel = open_panel(page)
+        gpus = panel.locator("[data-gpupool='gpus']")
+        expect(gpus).to_contain_text("NVIDIA GeForce RTX 3090 #2")
+        expect(gpus).to_contain_text("2.0 tokens/h")
+        expect(gpus).to_contain_text("NVIDIA A100-SXM4-80GB #0 (0.50 GPU)")
+        expect(gpus).to_contain_text("1.5 tokens/h")
+        expect(gpus.locator(".gp-BalancePanel-borrowed")).to_have_count(1)
+        expect(panel.locator("[data-gpupool='delayed']")).to_contain_text("Accounting delayed")
+        expect(panel.locator("[data-gpupool='cull']")).to_contain_text("Server stops in")
+        expect(panel).to_contain_text("Last debit")
+        expect(panel).to_contain_text("Next daily credit")
+        expect(panel).to_contain_text("+30.0 tokens")
+        page.wait_for_timeout(300)  # let the popup settle before the picture
+        screenshot_widget(page, SCREENSHOT)
+
+        # Second click closes the panel.
+        status_item(page).click()
+        expect(page.locator("[data-gpupool='panel']")).to_have_count(0)
+
+        # Service down: a quiet "balance unavailable", not a broken status bar.
+        standin.mode = "error"
+        wait_for_status_item(page, "balance unavailable", state="unavailable", timeout_ms=ONE_POLL_MS)
+        expect(item).to_have_attribute("title", "balance unavailable: gpupool service answered HTTP 500")
+        expect(page.locator("#jp-main-statusbar")).to_be_visible()
+
+        # ... and back (after the poll's back-off).
+        standin.mode = "ok"
+        standin.me = example_me()
+        wait_for_status_item(page, "46.0 tokens", state="fine", timeout_ms=30_000)
+    except Exception:
+        console = "\n".join(getattr(page, "gpupool_console", []))
+        print(f"--- browser console ---\n{console}\n--- jupyter lab log ---\n{lab.log()}")
+        page.screenshot(path=str(lab.tmp_path / "failure.png"))
+        raise
