@@ -1,0 +1,134 @@
+# jupyterhub_config.example.py — a JupyterHub with a gpupool: token balances,
+# priced GPU profiles, packed placement and usage debits.
+#
+# The hub and the gpupool service both read this one file: the hub for its own
+# settings and the spawner, the service (started below as a managed service)
+# for c.GPUPool and c.GPUPoolService. Copy it to jupyterhub_config.py and
+# adapt the marked parts. `scripts/demo.sh` runs it as is, with a simulated
+# pool (no GPU needed).
+
+import os
+import secrets
+import sys
+
+c = get_config()  # noqa: F821  (provided by JupyterHub's config loader)
+
+# This file's path, so the service reads the same configuration. The demo
+# points it at its own wrapper file through GPUPOOL_CONFIG_FILE.
+CONFIG_FILE = os.environ.get("GPUPOOL_CONFIG_FILE", os.path.abspath(__file__))
+
+# One secret shared by the hub's spawner and the service: the service's API
+# token. Set GPUPOOL_API_TOKEN in production so it survives restarts; random
+# per start is fine too, since the hub restarts its managed services with it.
+GPUPOOL_API_TOKEN = os.environ.get("GPUPOOL_API_TOKEN") or secrets.token_hex(32)
+
+# ----------------------------------------------------------------- the hub
+c.JupyterHub.bind_url = "http://127.0.0.1:8000"         # where users connect (CHANGE in production)
+c.JupyterHub.authenticator_class = "dummy"               # demo only: any password works (CHANGE)
+c.Authenticator.allow_all = True                         # demo only: anyone may log in (CHANGE)
+c.Authenticator.admin_users = {"admin"}                  # hub admins (also gpupool admins, see roles)
+
+# Spawners that ask the gpupool before starting a server. Others:
+# "gpupool-localprocess" (real Unix users), "gpupool-systemd",
+# "gpupool-kubernetes" (see the Kubernetes section at the end).
+c.JupyterHub.spawner_class = "gpupool-simple"
+c.Spawner.default_url = "/lab"                           # open JupyterLab, where the balance widget lives
+c.JupyterHub.allow_named_servers = True                  # each named server holds its own GPUs
+c.JupyterHub.cleanup_servers = False                     # a hub restart keeps servers and their GPUs
+
+# --------------------------------------------------- the gpupool service
+c.JupyterHub.services = [
+    {
+        "name": "gpupool",
+        "url": "http://127.0.0.1:10101",                   # where the service listens (loopback)
+        "command": [sys.executable, "-m", "gpupool_hub.service", "--config", CONFIG_FILE],
+        "api_token": GPUPOOL_API_TOKEN,                  # the spawner authenticates with this token
+        "display": False,
+    },
+]
+
+# Admin endpoints (grants, every balance, the pool map) need this scope.
+c.JupyterHub.custom_scopes = {
+    "custom:gpupool:admin": {"description": "Administer the gpupool: balances, grants, the pool map."},
+}
+c.JupyterHub.load_roles = [
+    {
+        # What the service itself may do at the hub: list users and their groups
+        # (credit rules per group), see servers (reconcile), stop servers and
+        # reach their Jupyter API (culling).
+        "name": "gpupool-service",
+        "scopes": ["list:users", "read:users", "read:users:groups", "read:servers",
+                   "admin:server_state", "admin:servers", "access:servers"],
+        "services": ["gpupool"],
+    },
+    {
+        # gpupool admins: grants and pool-wide views. Give it to people, not to the spawner.
+        "name": "gpupool-admins",
+        "scopes": ["custom:gpupool:admin", "access:services!service=gpupool"],
+        "users": ["admin"],
+    },
+    {
+        # Every user may call the service for their own balance (GET me).
+        "name": "user",
+        "scopes": ["self", "access:services!service=gpupool"],
+    },
+    {
+        # Single-user servers forward the lab widget's requests with their own token.
+        "name": "server",
+        "scopes": ["users:activity!user", "access:servers!server",
+                   "access:services!service=gpupool"],
+    },
+]
+
+# ------------------------------------------------------ prices and credits
+# Tokens per GPU-hour. Names match what NVML/DCGM report ("NVIDIA GeForce RTX
+# 3090") by whole words; the most specific entry wins ("RTX 3090 Ti" > "RTX 3090").
+c.GPUPool.prices = {"RTX 2080": 0.5, "RTX 3090": 1, "RTX A6000": 4}
+c.GPUPool.initial_grant = 100      # tokens a new user starts with
+c.GPUPool.monthly_credit = 30      # added on the first of each month
+c.GPUPool.daily_credit = 1         # added every day
+c.GPUPool.floor = -10              # overdraft floor: at the floor GPU servers are stopped
+# c.GPUPool.max_balance = 200      # optional cap for scheduled credits
+# c.GPUPool.group_credits = {"faculty": {"initial": 500, "monthly": 100}}   # per JupyterHub group
+c.GPUPool.db_url = os.environ.get("GPUPOOL_DB_URL", "sqlite:///gpupool.sqlite")   # or postgresql://user:pw@host/db
+
+# ----------------------------------------------------------------- the pool
+# The GPU nodes. Real deployments list their nodes (the node agent reports
+# UUIDs and NVLink topology: see docs/agent.md); this is the demo's simulated
+# pool: 8 × RTX 2080, 4 × RTX 3090 (NVLink pairs 0–3 and 1–2), 2 × RTX A6000.
+c.GPUPool.nodes = [
+    {"name": "node-2080", "cpu_milli": 32000, "memory_mib": 131072,
+     "gpus": {"count": 8, "model": "NVIDIA GeForce RTX 2080"}},
+    {"name": "node-3090", "cpu_milli": 32000, "memory_mib": 131072,
+     "gpus": {"count": 4, "model": "NVIDIA GeForce RTX 3090"},
+     "links": [{"gpus": [0, 3], "nvlinks": 4}, {"gpus": [1, 2], "nvlinks": 4}]},
+    {"name": "node-a6000", "cpu_milli": 32000, "memory_mib": 131072,
+     "gpus": {"count": 2, "model": "NVIDIA RTX A6000"}},
+]
+c.GPUPool.placement_policy = "fgd"   # fragmentation-aware packing (docs/placement.md)
+
+# --------------------------------------------------------------- profiles
+# What users pick on the spawn page; each shows its price per hour.
+c.GPUPoolSpawner.profiles = [
+    {"slug": "cpu", "display_name": "CPU only", "cpu": 2, "memory": "4G", "default": True},
+    {"slug": "1x2080", "display_name": "1 × RTX 2080", "gpus": 1, "models": ["RTX 2080"], "cpu": 4, "memory": "16G"},
+    {"slug": "2x3090", "display_name": "2 × RTX 3090 (NVLink)", "gpus": 2, "models": ["RTX 3090"],
+     "cpu": 8, "memory": "32G"},
+    {"slug": "1xa6000", "display_name": "1 × RTX A6000", "gpus": 1, "models": ["RTX A6000"], "cpu": 8, "memory": "32G"},
+    {"slug": "half-a6000", "display_name": "½ RTX A6000 (shared)", "gpu_fraction": 0.5, "models": ["RTX A6000"],
+     "cpu": 4, "memory": "16G"},
+]
+
+# ------------------------------------------------------ usage and debits
+c.GPUPoolService.debit_interval = 3600         # charge closed hours
+# With no Prometheus URL, usage comes from the service's own allocation records.
+# c.GPUPoolService.prometheus_url = "http://127.0.0.1:9090"
+# c.GPUPoolService.usage_preset = "gpupool"    # or "agent" (node agent), "dcgm", "custom"
+# c.GPUPoolService.usage_query = ""            # PromQL for usage_preset = "custom"
+
+# ------------------------------------------------------------- Kubernetes
+# With KubeSpawner (pip install gpupool_hub[kubernetes]) the pool picks the
+# node and GPU count; the NVIDIA device plugin binds the devices:
+# c.JupyterHub.spawner_class = "gpupool-kubernetes"
+# c.GPUPoolKubeSpawner.node_label = "kubernetes.io/hostname"   # affinity key for the chosen node
+# c.GPUPool.nodes = [...]   # one entry per GPU node, names = the node label's values
