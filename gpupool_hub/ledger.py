@@ -30,7 +30,7 @@ from .units import from_milli, to_milli
 log = logging.getLogger(__name__)
 
 #: Current schema version; see ``MIGRATIONS`` and docs/ledger.md for the upgrade path.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 KINDS = ("grant", "monthly", "daily", "debit", "adjustment", "refund")
 #: Kinds whose amount must be positive (credits) or negative (charges).
@@ -120,6 +120,21 @@ carries = sa.Table(
     sa.Column("residual", sa.String(64), nullable=False),  # a Decimal, exactly as computed
 )
 
+# Every cull action (warning, kernels shut down, server stopped), with its
+# reason, whether it was a dry run, and who decided: the admins' audit trail.
+audit = sa.Table(
+    "gpupool_audit",
+    metadata,
+    sa.Column("id", _ID, primary_key=True, autoincrement=True),
+    sa.Column("at", sa.DateTime, nullable=False),
+    sa.Column("user", sa.Unicode(255), nullable=False),
+    sa.Column("server", sa.Unicode(255), nullable=False, default=""),
+    sa.Column("action", sa.String(32), nullable=False),
+    sa.Column("reason", sa.UnicodeText, nullable=False),
+    sa.Column("dry_run", sa.Boolean, nullable=False, default=False),
+    sa.Column("detail", sa.JSON, nullable=True),
+)
+
 
 class LedgerError(RuntimeError):
     """The ledger cannot be used (schema too new, database unreachable)."""
@@ -207,6 +222,18 @@ class AllocationRecord:
     created_at: datetime
     released_at: datetime | None = None
     release_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class AuditEvent:
+    at: datetime
+    user: str
+    server: str
+    action: str  # "warn" | "clear_warning" | "cull_kernels" | "stop_server" | "failed"
+    reason: str
+    dry_run: bool = False
+    detail: dict | None = None  # type: ignore[type-arg]
+    id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -307,7 +334,11 @@ def _migrate_to_2(conn: Connection) -> None:
     metadata.create_all(conn, tables=[allocations, carries])
 
 
-MIGRATIONS = {1: _migrate_to_1, 2: _migrate_to_2}
+def _migrate_to_3(conn: Connection) -> None:
+    metadata.create_all(conn, tables=[audit])
+
+
+MIGRATIONS = {1: _migrate_to_1, 2: _migrate_to_2, 3: _migrate_to_3}
 
 
 def schema_version(conn: Connection) -> int:
@@ -655,6 +686,30 @@ class Ledger:
         )
         with self.engine.connect() as conn:
             return [_allocation(r) for r in conn.execute(q)]
+
+    # ---- audit
+
+    def add_audit(self, event: AuditEvent) -> AuditEvent:
+        with self.engine.begin() as conn:
+            new_id = conn.execute(audit.insert().values(
+                at=_db_time(event.at), user=event.user, server=event.server, action=event.action,
+                reason=event.reason, dry_run=event.dry_run, detail=event.detail,
+            )).inserted_primary_key[0]
+        return AuditEvent(**{**event.__dict__, "id": new_id})
+
+    def audit_log(self, *, limit: int = 100, before: int | None = None, user: str | None = None) -> list[AuditEvent]:
+        """Audit events, newest first; ``before`` = the last id of the previous page."""
+        q = sa.select(audit).order_by(audit.c.id.desc()).limit(limit)
+        if before is not None:
+            q = q.where(audit.c.id < before)
+        if user is not None:
+            q = q.where(audit.c.user == user)
+        with self.engine.connect() as conn:
+            return [
+                AuditEvent(id=r.id, at=_aware(r.at), user=r.user, server=r.server, action=r.action,  # type: ignore[arg-type]
+                           reason=r.reason, dry_run=bool(r.dry_run), detail=r.detail)
+                for r in conn.execute(q)
+            ]
 
     def verify(self) -> VerifyReport:
         """Recompute every balance from its entries; report accounts whose stored balance differs."""

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import quote, urlparse
 
 from jupyterhub.services.auth import HubAuth
 from tornado import web
@@ -30,6 +30,7 @@ from .. import __version__
 from ..config import GPUPool
 from ..ledger import Ledger
 from ..usage.records import AllocationRecordsSource
+from .cull import Culler, Decision, UserState, decide, pressure, server_api_url
 from .handlers import routes
 from .hubapi import HubClient, HubError
 from .manager import PoolManager
@@ -44,7 +45,7 @@ class GPUPoolService(Application):
     name = "gpupool-service"
     version = __version__
     description = "Token balances, GPU placement, usage debits and culling for a JupyterHub GPU pool."
-    classes = [GPUPool]  # type: ignore[assignment]
+    classes = [GPUPool, Culler]  # type: ignore[assignment]
 
     aliases = {  # type: ignore[assignment]
         "config": "GPUPoolService.config_file",
@@ -146,6 +147,12 @@ class GPUPoolService(Application):
         self._groups: dict[str, tuple[float, list[str]]] = {}
         self.reconcile_findings: list[dict[str, Any]] = []
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="gpupool-job")
+        self.culler = Culler(parent=self)
+        if not self.culler.hub_public_url:
+            hub_cfg = self.config.get("JupyterHub", {})
+            self.culler.hub_public_url = hub_cfg.get("bind_url") or (
+                f"http://{hub_cfg.get('ip') or '127.0.0.1'}:{hub_cfg.get('port', 8000)}")
+        self._dry_warnings: dict[str, Any] = {}
 
     def make_usage_source(self) -> Any:
         if not self.prometheus_url:
@@ -242,6 +249,104 @@ class GPUPoolService(Application):
                 self.log.error("Server %s/%s holds allocation %s the pool does not know", user, server_name, alloc)
         self.reconcile_findings = findings
 
+    async def cull(self) -> None:
+        """Warn, shut down kernels, stop servers: see cull.py for the rules."""
+        from decimal import Decimal
+
+        now = datetime.now(timezone.utc)
+        m, culler = self.manager, self.culler
+        servers: dict[str, set[str]] = {}
+        allocated = Decimal(0)
+        for record in self.ledger.active_allocations():
+            servers.setdefault(record.user, set()).add(record.server)
+            allocated += sum((Decimal(g["milli"]) / 1000 for g in record.gpus), Decimal(0))
+        for user, server in m.revoked:
+            servers.setdefault(user, set()).add(server)
+        capacity = Decimal(sum(len(ns.node.gpus) for ns in m.pool.nodes))
+        last_refusal = m.capacity_refusals[-1] if m.capacity_refusals else None
+        del m.capacity_refusals[:-1]  # only the newest matters
+        why = pressure(allocated, capacity, last_refusal, now, culler, await self._utilization())
+        warnings = self._dry_warnings if culler.dry_run else m.cull_warnings
+        states = []
+        for user in set(servers) | set(warnings):
+            groups = set(await self.groups_of(user))
+            rules = self.settings_.rules_for(groups)
+            try:
+                balance = self.ledger.balance(user)
+            except Exception:
+                continue
+            exempt = user in culler.exempt_users or bool(groups & culler.exempt_groups)
+            states.append(UserState(user, balance, rules.floor, tuple(sorted(servers.get(user, ()))), exempt))
+            if balance >= 0:
+                m.enforce_users.discard(user)
+                for key in [k for k in m.revoked if k[0] == user]:
+                    del m.revoked[key]
+        for d in decide(states, warnings, why, now, timedelta(seconds=culler.grace_period)):
+            await self._carry_out(d, warnings)
+
+    async def _utilization(self) -> float | None:
+        if not (self.culler.pressure_utilization and self.prometheus_url):
+            return None
+        try:
+            data = await self.hub.request("GET", "", url=f"{self.prometheus_url.rstrip('/')}/api/v1/query",
+                                          params={"query": self.culler.utilization_query})
+            return float(data["data"]["result"][0]["value"][1])
+        except Exception as e:  # pressure from allocation and refusals still works
+            self.log.warning("GPU utilization unavailable for the pressure check: %s", e)
+            return None
+
+    async def _carry_out(self, d: Decision, warnings: dict[str, Any]) -> None:
+        from ..ledger import AuditEvent
+        from .manager import CullWarning
+
+        dry = self.culler.dry_run
+        now = datetime.now(timezone.utc)
+        detail: dict[str, Any] = {}
+        if dry:
+            self.log.warning("[dry run] would %s for %s/%s: %s", d.action, d.user, d.server, d.reason)
+        if d.action == "warn":
+            warnings[d.user] = CullWarning("kernels", d.reason, d.deadline)  # type: ignore[arg-type]
+            self.manager.forget(d.user)
+            self.log.warning("Cull warning for %s until %s: %s", d.user, d.deadline, d.reason)
+        elif d.action == "clear_warning":
+            warnings.pop(d.user, None)
+            self.manager.forget(d.user)
+        elif not dry:
+            try:
+                if d.action == "cull_kernels":
+                    detail["kernels"] = await self._shutdown_kernels(d.user, d.server)
+                    self.manager.revoked[(d.user, d.server)] = now
+                    self.manager.enforce_users.add(d.user)
+                    if not detail["kernels"] and not self._holds(d.user, d.server):
+                        return  # a revoked server with nothing new to shut down: nothing to record
+                elif d.action == "stop_server":
+                    await self.hub.stop_server(d.user, d.server)
+                    self.manager.revoked.pop((d.user, d.server), None)
+                    self.manager.enforce_users.add(d.user)
+                released = [r.id for r in self.ledger.active_allocations(d.user) if r.server == d.server]
+                for alloc in released:
+                    self.manager.release(alloc, f"{d.action}: {d.reason}")
+                detail["released"] = released
+                self.log.warning("%s for %s/%s: %s", d.action, d.user, d.server, d.reason)
+            except HubError as e:
+                self.log.error("Could not %s for %s/%s: %s", d.action, d.user, d.server, e)
+                self.ledger.add_audit(AuditEvent(now, d.user, d.server, "failed", f"{d.action}: {e}", dry))
+                return
+        self.ledger.add_audit(AuditEvent(now, d.user, d.server, d.action, d.reason, dry, detail or None))
+
+    def _holds(self, user: str, server: str) -> bool:
+        return any(r.server == server for r in self.ledger.active_allocations(user))
+
+    async def _shutdown_kernels(self, user: str, server: str) -> list[str]:
+        """Shut down every kernel of the server; notebooks and files stay as they are."""
+        api = server_api_url(self.culler.hub_public_url, user, server)
+        kernels = await self.hub.request("GET", "", url=api + "kernels", allow_404=True) or []
+        done = []
+        for kernel in kernels:
+            await self.hub.request("DELETE", "", url=api + f"kernels/{quote(kernel['id'], safe='')}", allow_404=True)
+            done.append(kernel["id"])
+        return done
+
     async def _every(self, seconds: float, job: str, fn: Callable[[], Awaitable[Any]]) -> None:
         while True:
             await self._timed(job, fn)
@@ -254,6 +359,8 @@ class GPUPoolService(Application):
             loop.create_task(self._every(self.debit_check_interval, "debit", self.debit)),
             loop.create_task(self._every(self.reconcile_interval, "reconcile", self.reconcile)),
         ]
+        if self.culler.enabled:
+            self._tasks.append(loop.create_task(self._every(self.culler.interval, "cull", self.cull)))
 
     def start(self) -> None:
         app = self.make_app()

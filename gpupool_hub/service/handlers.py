@@ -374,6 +374,22 @@ class AllocationHandler(APIHandler):
         self.write_json({"allocation": self.manager.allocation_json(record)})
 
 
+class AuditHandler(APIHandler):
+    """Every cull action with its reason (admins)."""
+
+    def get(self) -> None:
+        self.require_admin()
+        limit = self.int_arg("limit", 100, minimum=1, maximum=MAX_PAGE)
+        before = self.int_arg("before", None, minimum=1)
+        user = self.get_argument("user", None)
+        events = self.manager.ledger.audit_log(limit=limit, before=before, user=user)  # type: ignore[arg-type]
+        self.write_json({
+            "events": [{"id": e.id, "at": _iso(e.at), "user": e.user, "server": e.server, "action": e.action,
+                        "reason": e.reason, "dry_run": e.dry_run, "detail": e.detail} for e in events],
+            "next_before": events[-1].id if len(events) == limit else None,
+        })
+
+
 class MetricsHandler(APIHandler):
     def set_default_headers(self) -> None:
         self.set_header("Cache-Control", "no-store")
@@ -403,6 +419,7 @@ def routes(prefix: str) -> list[tuple[str, type[web.RequestHandler]]]:
         (rf"{api}/pool", PoolHandler),
         (rf"{api}/ledger/verify", VerifyHandler),
         (rf"{api}/ledger/export", ExportHandler),
+        (rf"{api}/audit", AuditHandler),
         (rf"{api}/allocations", AllocationsHandler),
         (rf"{api}/allocations/{name}", AllocationHandler),
         (rf"{prefix.rstrip('/')}/metrics", MetricsHandler),

@@ -135,6 +135,9 @@ class PoolManager:
     cull_warnings: dict[str, CullWarning] = field(default_factory=dict)
     # refusals for lack of capacity, newest last (pressure signal for culling)
     capacity_refusals: list[datetime] = field(default_factory=list)
+    # users whose GPU processes the node agents stop, and servers whose GPUs were taken back
+    enforce_users: set[str] = field(default_factory=set)
+    revoked: dict[tuple[str, str], datetime] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.prices: PriceTable = self.settings.price_table()

@@ -60,6 +60,7 @@ def _matrix_cases():
         ("GET", "/pool", {A}),
         ("GET", "/ledger/verify", {A}),
         ("GET", "/ledger/export", {A}),
+        ("GET", "/audit", {A}),
         ("GET", "/allocations", {S, A}),
         ("GET", "/metrics", {S, A}),
     ]

@@ -1,0 +1,137 @@
+"""Taking GPUs back from users who ran out of tokens.
+
+Two rules, decided by a pure function (``decide``) and carried out by the
+service's cull job:
+
+- balance below zero **and** the pool under pressure → a warning first
+  (visible in ``GET me`` and the lab widget, with a deadline), then, after a
+  grace period, the user's kernels on their GPU servers are shut down through
+  the Jupyter Server REST API (reached via the hub's proxy with the service's
+  ``access:servers`` token) and the GPUs go back to the pool. Notebooks and
+  files are untouched: only kernel processes end.
+- balance at or below the floor → the GPU server is stopped through the hub
+  API, pressure or not, and its GPUs released.
+
+Exempt users and groups are never touched; a dry run only logs and audits.
+Every action lands in the audit log that admins read at ``GET audit``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any
+from urllib.parse import quote
+
+from traitlets import Bool, Float, Set, Unicode
+from traitlets.config import Configurable
+
+log = logging.getLogger("gpupool.cull")
+
+
+class Culler(Configurable):
+    """When and how GPUs are taken back (``c.Culler``)."""
+
+    enabled = Bool(True, help="Run the cull job at all.").tag(config=True)
+    dry_run = Bool(
+        False, help="Only log and audit what would be done; warn, cull and stop nothing.",
+    ).tag(config=True)
+    interval = Float(60, help="Seconds between cull runs.").tag(config=True)
+    grace_period = Float(
+        600, help="Seconds between the warning and the shutdown of a negative-balance user's kernels.",
+    ).tag(config=True)
+    pressure_allocated_fraction = Float(
+        0.8, help="The pool is under pressure when more than this fraction of its GPU capacity is allocated.",
+    ).tag(config=True)
+    pressure_refusal_window = Float(
+        600, help="…or when a GPU spawn was refused for lack of capacity within this many seconds.",
+    ).tag(config=True)
+    pressure_utilization = Float(
+        0, help="Optional: …or when measured GPU utilization (0–1, from utilization_query) exceeds this. 0 = off.",
+    ).tag(config=True)
+    utilization_query = Unicode(
+        "avg(DCGM_FI_DEV_GPU_UTIL) / 100",
+        help="PromQL giving the pool's GPU utilization as a 0–1 scalar (used only with pressure_utilization).",
+    ).tag(config=True)
+    exempt_users = Set(help="Users never culled or stopped.").tag(config=True)
+    exempt_groups = Set(help="Members of these JupyterHub groups are never culled or stopped.").tag(config=True)
+    hub_public_url = Unicode(
+        help="""The proxy's URL, through which the service reaches users' servers
+        (their Jupyter API for kernels). Default: c.JupyterHub.bind_url from the
+        same configuration file, else http://127.0.0.1:8000.""",
+    ).tag(config=True)
+
+
+@dataclass(frozen=True)
+class UserState:
+    """What the decision needs to know about one user holding GPUs."""
+
+    user: str
+    balance: Decimal
+    floor: Decimal
+    servers: tuple[str, ...]  # servers with an active allocation
+    exempt: bool = False
+
+
+@dataclass(frozen=True)
+class Decision:
+    user: str
+    action: str  # "warn" | "clear_warning" | "cull_kernels" | "stop_server"
+    reason: str
+    server: str = ""
+    deadline: datetime | None = None
+
+
+def pressure(allocated: Decimal, capacity: Decimal, last_refusal: datetime | None, now: datetime,
+             culler: Culler, utilization: float | None = None) -> str | None:
+    """Why the pool is under pressure, or None. Pure: the job gathers the inputs."""
+    if capacity > 0 and allocated / capacity > Decimal(str(culler.pressure_allocated_fraction)):
+        return f"{allocated:g} of {capacity:g} GPUs allocated (over {culler.pressure_allocated_fraction:.0%})"
+    if last_refusal is not None and now - last_refusal <= timedelta(seconds=culler.pressure_refusal_window):
+        return f"a GPU spawn was refused for lack of capacity at {last_refusal:%H:%M:%S} UTC"
+    if culler.pressure_utilization and utilization is not None and utilization > culler.pressure_utilization:
+        return f"GPU utilization {utilization:.0%} is over {culler.pressure_utilization:.0%}"
+    return None
+
+
+def decide(users: Sequence[UserState], warnings: Mapping[str, Any], pressure_reason: str | None,
+           now: datetime, grace: timedelta) -> list[Decision]:
+    """Every action due now. ``warnings`` maps users to their current warning (with ``deadline``)."""
+    out: list[Decision] = []
+    for u in users:
+        if u.exempt:
+            if u.user in warnings:
+                out.append(Decision(u.user, "clear_warning", "user is exempt from culling"))
+            continue
+        if u.balance <= u.floor:
+            for server in u.servers:
+                out.append(Decision(u.user, "stop_server",
+                                    f"balance {u.balance:.3f} is at or below the floor {u.floor:g}", server))
+            continue
+        warning = warnings.get(u.user)
+        if u.balance < 0 and pressure_reason:
+            if warning is None:
+                out.append(Decision(u.user, "warn",
+                                    f"balance {u.balance:.3f} is below zero and the pool is under pressure "
+                                    f"({pressure_reason}); GPU kernels will be shut down",
+                                    deadline=now + grace))
+            elif now >= warning.deadline:
+                for server in u.servers:
+                    out.append(Decision(u.user, "cull_kernels",
+                                        f"balance {u.balance:.3f} below zero past the grace period, "
+                                        f"pool under pressure ({pressure_reason})", server))
+        elif warning is not None:
+            why = "balance is no longer negative" if u.balance >= 0 else "the pool is no longer under pressure"
+            out.append(Decision(u.user, "clear_warning", why))
+    return out
+
+
+def server_api_url(hub_public_url: str, user: str, server: str) -> str:
+    """The Jupyter Server API of a user's server, through the proxy; names are URL-quoted."""
+    base = hub_public_url.rstrip("/") + f"/user/{quote(user, safe='')}/"
+    if server:
+        base += f"{quote(server, safe='')}/"
+    return base + "api/"
