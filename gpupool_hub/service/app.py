@@ -131,6 +131,7 @@ class GPUPoolService(Application):
             self.update_config(self.cli_config)  # command line wins over the file
         elif explicit or "GPUPOOL_CONFIG_FILE" in os.environ:
             raise SystemExit(f"gpupool: config file {path!r} not found")
+        self._check_profiles()
         self.settings_ = GPUPool(parent=self)
         self.ledger = Ledger(self.settings_.db_url)
         self.manager = PoolManager(
@@ -153,6 +154,20 @@ class GPUPoolService(Application):
             self.culler.hub_public_url = hub_cfg.get("bind_url") or (
                 f"http://{hub_cfg.get('ip') or '127.0.0.1'}:{hub_cfg.get('port', 8000)}")
         self._dry_warnings: dict[str, Any] = {}
+
+    def _check_profiles(self) -> None:
+        """The hub only validates spawner profiles at the first spawn; the service,
+        reading the same file at start-up, reports a bad profile at once."""
+        profiles = self.config.get("GPUPoolSpawner", {}).get("profiles")
+        if profiles is None:
+            return
+        from ..spawner import parse_profiles
+
+        try:
+            parse_profiles(profiles)
+        except Exception as e:
+            self.log.critical("Invalid spawner profiles in %s: %s", self.config_file, e)
+            raise SystemExit(f"gpupool: invalid c.GPUPoolSpawner.profiles: {e}") from None
 
     def make_usage_source(self) -> Any:
         if not self.prometheus_url:

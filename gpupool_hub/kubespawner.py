@@ -1,0 +1,134 @@
+"""GPUPoolKubeSpawner: KubeSpawner with gpupool profiles (``pip install gpupool_hub[kubernetes]``).
+
+The gpupool service chooses the node; the pod gets
+
+* a *required* node affinity to that node (``kubernetes.io/hostname`` In
+  [node], or the label in ``gpupool_node_label``), added to every
+  node-selector term the admin configured (terms are ORed by Kubernetes,
+  expressions inside a term ANDed, so the node is required in each);
+* the GPU resource limit: ``nvidia.com/gpu: N`` for whole GPUs; for a
+  fraction, the resource in ``gpu_fraction_resources`` for that fraction
+  (e.g. a MIG profile such as ``nvidia.com/mig-3g.40gb``) or else one unit of
+  ``gpu_shared_resource`` (``nvidia.com/gpu.shared``, what the NVIDIA device
+  plugin advertises for time-sliced GPUs with ``renameByDefault: true``).
+
+On the node, the NVIDIA device plugin picks which physical GPUs the pod gets;
+the pool never places more GPUs on a node than it has, so GPUs are never
+shared, but the exact indices (and NVLink pairing) are the plugin's choice.
+``CUDA_VISIBLE_DEVICES`` is therefore not set in pods (the plugin sets
+``NVIDIA_VISIBLE_DEVICES``); a CPU-only pod gets ``NVIDIA_VISIBLE_DEVICES=void``
+so CUDA base images do not see the node's GPUs.
+"""
+
+from __future__ import annotations
+
+import copy
+from decimal import Decimal
+from typing import Any
+
+from traitlets import Dict, Unicode
+
+from .spawner import GPUPoolSpawner
+
+try:
+    from kubespawner import KubeSpawner
+except ImportError as e:  # pragma: no cover - depends on the extra
+    raise ImportError(
+        "GPUPoolKubeSpawner needs KubeSpawner: pip install 'gpupool_hub[kubernetes]' "
+        "(jupyterhub-kubespawner>=7)"
+    ) from e
+
+__all__ = ["GPUPoolKubeSpawner"]
+
+
+class GPUPoolKubeSpawner(GPUPoolSpawner, KubeSpawner):
+    """KubeSpawner whose pods land on the node the gpupool service chose, with its GPU limit.
+
+    Use ``c.GPUPoolSpawner.profiles`` (with ``spawner_override`` for per-profile
+    KubeSpawner settings such as ``image``) instead of KubeSpawner's ``profile_list``.
+    """
+
+    gpupool_node_label = Unicode(
+        "kubernetes.io/hostname",
+        help="Node label whose value is the pool's node name (c.GPUPool.nodes[*].name); "
+             "the pod requires it via node affinity.",
+    ).tag(config=True)
+
+    gpu_resource = Unicode("nvidia.com/gpu", help="Extended resource for whole GPUs.").tag(config=True)
+
+    gpu_shared_resource = Unicode(
+        "nvidia.com/gpu.shared",
+        help="""Resource requested (one unit) for a GPU fraction with no entry in
+        gpu_fraction_resources: the NVIDIA device plugin's time-sliced GPU
+        ('nvidia.com/gpu.shared' with renameByDefault, or 'nvidia.com/gpu' without).""",
+    ).tag(config=True)
+
+    gpu_fraction_resources = Dict(
+        {},
+        help="""Resources for particular fractions, e.g. MIG slices::
+
+            c.GPUPoolKubeSpawner.gpu_fraction_resources = {
+                "0.5": {"nvidia.com/mig-3g.40gb": 1},
+                "0.25": {"nvidia.com/mig-2g.20gb": 1},
+            }
+
+        Keys are the profile's gpu_fraction as a string; values map resource
+        names to quantities.""",
+    ).tag(config=True)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.profile_list:
+            self.log.warning("GPUPoolKubeSpawner ignores c.KubeSpawner.profile_list; "
+                             "use c.GPUPoolSpawner.profiles with 'spawner_override'")
+        self._gpupool_kube_base: dict[str, Any] | None = None
+
+    async def load_user_options(self) -> None:
+        """Profiles were applied by GPUPoolSpawner before start; KubeSpawner's profile_list is not used."""
+
+    def gpupool_env(self, allocation: dict[str, Any] | None) -> dict[str, str]:
+        env = {"GPUPOOL_API_URL": self.gpupool_server_api_url}
+        if self.gpupool_profile is not None:
+            env["GPUPOOL_PROFILE"] = self.gpupool_profile.slug
+        if allocation:
+            env["GPUPOOL_ALLOCATION"] = allocation["id"]
+            env["GPUPOOL_NODE"] = allocation.get("node", "")
+        else:
+            env["NVIDIA_VISIBLE_DEVICES"] = "void"
+        return env
+
+    def gpu_limits(self, allocation: dict[str, Any]) -> dict[str, str]:
+        gpus = allocation.get("gpus", [])
+        fractions = [Decimal(str(g.get("fraction", "1"))) for g in gpus]
+        if len(fractions) == 1 and fractions[0] < 1:
+            key = format(fractions[0].normalize(), "f")
+            mapped = self.gpu_fraction_resources.get(key)
+            if mapped:
+                return {str(k): str(v) for k, v in mapped.items()}
+            return {self.gpu_shared_resource: "1"}
+        return {self.gpu_resource: str(len(gpus))} if gpus else {}
+
+    def apply_gpupool_allocation(self, allocation: dict[str, Any] | None) -> None:
+        super().apply_gpupool_allocation(allocation)
+        if self._gpupool_kube_base is None:
+            self._gpupool_kube_base = {
+                "node_affinity_required": copy.deepcopy(self.node_affinity_required),
+                "extra_resource_limits": dict(self.extra_resource_limits),
+                "extra_resource_guarantees": dict(self.extra_resource_guarantees),
+            }
+        base = copy.deepcopy(self._gpupool_kube_base)
+        if allocation:
+            expr = {"key": self.gpupool_node_label, "operator": "In", "values": [allocation["node"]]}
+            terms = base["node_affinity_required"]
+            items = list(terms.values()) if isinstance(terms, dict) else list(terms)
+            if not items:
+                items = [{}]
+            for term in items:
+                term.setdefault("matchExpressions", []).append(expr)
+            base["node_affinity_required"] = (dict(zip(terms.keys(), items)) if isinstance(terms, dict) and terms
+                                              else items)
+            limits = self.gpu_limits(allocation)
+            base["extra_resource_limits"].update(limits)
+            base["extra_resource_guarantees"].update(limits)  # extended resources: request == limit
+        for name, value in base.items():
+            setattr(self, name, value)
