@@ -150,25 +150,29 @@ class BestFit(Policy):
 # ---------------------------------------------------------------------------
 
 class FGD(Policy):
-    """Fragmentation Gradient Descent (Weng et al., ATC'23), exact and cached.
+    """Fragmentation Gradient Descent (Weng et al., ATC'23), memory-aware and cached.
 
     A node's *fragmentation* is the free GPU share that the typical requests
     could not use: for each typical request type t (weight w_t), the free
     milli-GPU on GPUs too small for t, or all of the node's free GPU if t does
-    not fit the node at all (too little CPU, too few suitable GPUs, wrong model,
-    or t wants no GPU). Equivalently F = W·free − Useful, where
+    not fit the node at all (too little CPU or memory, too few suitable GPUs,
+    wrong model, or t wants no GPU). Equivalently F = W·free − Useful, with
 
         Useful = Σ_t w_t · [t fits] · (free milli on GPUs with ≥ t's share).
 
-    Placing a request removes its GPU share from ``free`` on every node alike,
-    so the node (and device) to pick is the one whose ``Useful`` drops least:
-    the request goes where it spoils the fewest future placements. Ties go to
-    the tightest fit (least weighted free CPU and GPU left), then to the
-    seeded node order.
+    Placing a request lowers ``free`` by its size on any node, so the best
+    node and device are those where ``Useful`` drops least: the request goes
+    where it spoils the fewest future placements. Differences from the paper:
+    types carry memory as well as CPU (the paper ignores memory, yet memory
+    strands GPUs on the openb trace), and CPU-only requests prefer, among equal
+    grades, nodes with the fewest free GPUs. Gains are graded coarsely as in
+    the paper (see :meth:`_grade`); equal grades go to the seeded node order.
 
-    The typical types come from the workload given at construction and/or
-    from the requests observed (``learn=True``): the most common request
-    shapes that together make up ``coverage`` of all requests.
+    The typical types come from ``workload`` (an expected request mix) and/or
+    the requests observed (``learn=True``): the most common request shapes
+    that together make up ``coverage`` of all requests. Scores are cached per
+    node-state signature and request shape, so a decision costs one dict
+    lookup per fitting node plus a few evaluations for states not seen yet.
     """
 
     name = "fgd"
@@ -188,22 +192,21 @@ class FGD(Policy):
 
     @staticmethod
     def _type_key(r: Request) -> tuple:
-        return (r.cpu_milli, r.gpus if r.gpus else (1 if r.gpu_milli else 0),
+        return (r.cpu_milli, r.memory_mib, r.gpus if r.gpus else (1 if r.gpu_milli else 0),
                 r.gpu_milli if r.gpu_milli else (MILLI if r.gpus else 0), r.models)
 
     def _reset_tables(self) -> None:
         self._types: List[tuple] = self._typical()
         self._model_tables: Dict[str, tuple] = {}
         self._useful: Dict[tuple, float] = {}
-        self._before: Dict[int, float] = {}
-        self._scores: Dict[tuple, Dict[int, tuple]] = {}
+        self._scores: Dict[tuple, Dict[int, int]] = {}
         self._epoch = self.pool.sig_epoch if self.pool is not None else 0
 
     def _typical(self) -> List[tuple]:
         total = sum(self.counts.values())
         if not total:
             return []
-        ranked = sorted(self.counts.items(), key=lambda kv: (-kv[1], kv[0][:3]))
+        ranked = sorted(self.counts.items(), key=lambda kv: (-kv[1], kv[0][:4]))
         chosen = []
         cum = 0
         for key, n in ranked:
@@ -211,7 +214,7 @@ class FGD(Policy):
             cum += n
             if cum >= self.coverage * total:
                 break
-        return [(c, k, m, n / cum, models) for (c, k, m, models), n in chosen]
+        return [(c, mem, k, m, n / cum, models) for (c, mem, k, m, models), n in chosen]
 
     def observe(self, req: Request) -> None:
         if not self.learn:
@@ -225,20 +228,27 @@ class FGD(Policy):
 
     # -- fragmentation model ------------------------------------------------
     def _table(self, model_key: str) -> tuple:
-        """Per-model: CPU thresholds and, per (count, share) group, cumulative weights."""
+        """Per model: CPU and memory thresholds, and per (count, share) group the
+        weight of the types that fit at each (CPU level, memory level)."""
         tab = self._model_tables.get(model_key)
         if tab is None:
-            types = [t for t in self._types if t[1] > 0 and (t[4] is None or model_key in t[4])]
-            thresholds = sorted({t[0] for t in types})
+            types = [t for t in self._types if t[2] > 0 and (t[5] is None or model_key in t[5])]
+            cpu_thr = sorted({t[0] for t in types})
+            mem_thr = sorted({t[1] for t in types})
+            width = len(mem_thr) + 1
+            size = (len(cpu_thr) + 1) * width
             groups: Dict[Tuple[int, int], List[float]] = {}
-            for c, k, m, w, _ in types:
-                cw = groups.setdefault((k, m), [0.0] * (len(thresholds) + 1))
-                lvl = bisect_right(thresholds, c)  # level at which t becomes CPU-feasible
-                for j in range(lvl, len(thresholds) + 1):
-                    cw[j] += w
+            for c, mem, k, m, w, _ in types:
+                table = groups.setdefault((k, m), [0.0] * size)
+                lc = bisect_right(cpu_thr, c)  # first CPU level at which t fits
+                lm = bisect_right(mem_thr, mem)
+                for i in range(lc, len(cpu_thr) + 1):
+                    row = i * width
+                    for j in range(lm, width):
+                        table[row + j] += w
             # sort groups by share, descending, so one pass over sorted free values serves all
-            glist = tuple(sorted(((m, k, tuple(cw)) for (k, m), cw in groups.items()), reverse=True))
-            tab = (thresholds, glist)
+            glist = tuple(sorted(((m, k, tuple(t)) for (k, m), t in groups.items()), reverse=True))
+            tab = (cpu_thr, mem_thr, width, glist)
             self._model_tables[model_key] = tab
         return tab
 
@@ -246,19 +256,19 @@ class FGD(Policy):
         key = (model_key, level, free_desc)
         u = self._useful.get(key)
         if u is None:
-            _, glist = self._table(model_key)
+            glist = self._table(model_key)[3]
             u = 0.0
             n = len(free_desc)
             i = 0
             cnt = 0
             acc = 0
-            for m, k, cw in glist:  # m descending
+            for m, k, weights in glist:  # m descending
                 while i < n and free_desc[i] >= m:
                     acc += free_desc[i]
                     cnt += 1
                     i += 1
                 if cnt >= k and acc:
-                    u += cw[level] * acc
+                    u += weights[level] * acc
             u = round(u, 6)
             if len(self._useful) > 400_000:
                 self._useful.clear()
@@ -266,12 +276,13 @@ class FGD(Policy):
         return u
 
     def _evaluate(self, ns, req: Request) -> tuple:
-        """(score, share value to take from) for a node state; cached by signature."""
-        model_key, cpu, free_desc = ns.sig
-        thresholds, _ = self._table(model_key)
-        lvl0 = bisect_right(thresholds, cpu)
+        """(change of Useful, share value to take from) for a node state."""
+        model_key, cpu, mem, free_desc = ns.sig
+        cpu_thr, mem_thr, width, _ = self._table(model_key)
+        lvl0 = bisect_right(cpu_thr, cpu) * width + bisect_right(mem_thr, mem)
         before = self._useful_of(model_key, lvl0, free_desc)
-        lvl1 = bisect_right(thresholds, cpu - req.cpu_milli)
+        lvl1 = (bisect_right(cpu_thr, cpu - req.cpu_milli) * width
+                + bisect_right(mem_thr, mem - req.memory_mib))
         if req.gpu_milli:
             f = req.gpu_milli
             best = None
@@ -285,13 +296,12 @@ class FGD(Policy):
                 last = v
                 after = free_desc[:j] + free_desc[j + 1:]
                 nv = v - f
-                # re-insert nv keeping descending order
-                p = j
+                p = j  # re-insert nv keeping descending order
                 while p < len(after) and after[p] > nv:
                     p += 1
                 after = after[:p] + (nv,) + after[p:]
                 u = self._useful_of(model_key, lvl1, after)
-                if best is None or u >= best:  # ties: tighter device (smaller v, later in desc order)
+                if best is None or u >= best:  # ties: tighter device (smaller v)
                     best, best_v = u, v
             return (round(best - before, 6), best_v)
         if req.gpus:
@@ -320,7 +330,7 @@ class FGD(Policy):
         pool = self.pool
         if pool.sig_epoch != self._epoch:
             self._reset_tables()
-        shape = req.shape
+        shape = (req.cpu_milli, req.memory_mib, req.gpus, req.gpu_milli, req.models)
         cache = self._scores.get(shape)
         if cache is None:
             if len(self._scores) > 4096:
@@ -332,13 +342,24 @@ class FGD(Policy):
         evaluate = self._evaluate
         best = None
         best_key = None
-        for ns in candidates:
-            q = cache.get(ns.sig_id)
-            if q is None:
-                q = cache[ns.sig_id] = grade(g + evaluate(ns, req)[0]) * span
-            k = q - ns.rank
-            if best_key is None or k > best_key:
-                best, best_key = ns, k
+        if g:
+            for ns in candidates:
+                q = cache.get(ns.sig_id)
+                if q is None:
+                    q = cache[ns.sig_id] = grade(g + evaluate(ns, req)[0]) * span
+                k = q - ns.rank
+                if best_key is None or k > best_key:
+                    best, best_key = ns, k
+        else:
+            # A CPU-only request strands GPUs by eating CPU: among equal grades,
+            # send it where the fewest GPUs are left to strand.
+            for ns in candidates:
+                q = cache.get(ns.sig_id)
+                if q is None:
+                    q = cache[ns.sig_id] = grade(evaluate(ns, req)[0]) * span
+                k = (q, -ns.total_free, -ns.rank)
+                if best_key is None or k > best_key:
+                    best, best_key = ns, k
         if req.gpu_milli:
             v = evaluate(best, req)[1]
             f = req.gpu_milli

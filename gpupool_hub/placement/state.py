@@ -156,7 +156,7 @@ class Pool:
 
     # -- signatures -------------------------------------------------------
     def _resign(self, ns: NodeState) -> None:
-        sig = (ns.model_key, ns.cpu_free, tuple(sorted(ns.free, reverse=True)))
+        sig = (ns.model_key, ns.cpu_free, ns.mem_free, tuple(sorted(ns.free, reverse=True)))
         ns.sig = sig
         sid = self._sig_ids.get(sig)
         if sid is None:
@@ -205,7 +205,7 @@ class Pool:
                     continue
                 v = n.masked(req.models)  # type: ignore[arg-type]
                 if (req.gpu_milli and v.max_free >= req.gpu_milli) or (req.gpus and v.n_full >= req.gpus):
-                    v.sig = (v.model_key, v.cpu_free, tuple(sorted(v.free, reverse=True)))
+                    v.sig = (v.model_key, v.cpu_free, v.mem_free, tuple(sorted(v.free, reverse=True)))
                     v.sig_id = self.sig_id_of(v.sig)
                     out.append(v)
         return out
@@ -417,7 +417,8 @@ class Pool:
                 e["free_milli"] += ns.free[s]
                 if ns.whole[s] and ns.free[s] == MILLI:
                     e["whole_free"] += 1
-                e["largest_share_milli"] = max(e["largest_share_milli"], ns.free[s])
+                if 0 < ns.free[s] < ns.cap[s]:  # the biggest piece of an already shared device
+                    e["largest_share_milli"] = max(e["largest_share_milli"], ns.free[s])
             for model in seen:
                 block = sum(1 for s, pos in enumerate(ns.slot_gpu)
                             if ns.node.gpus[pos].model == model and ns.whole[s] and ns.free[s] == MILLI)
@@ -462,7 +463,7 @@ class FreeSummary:
             share = e["largest_share_milli"]
             parts.append(
                 f"{model}: {e['whole_free']} whole GPU(s) free, at most {e['largest_whole_block']} on one node"
-                + (f", largest share {share / 10:g}%" if share and share < MILLI else "")
+                + (f", largest share {share / 10:g}% of a shared GPU" if share else "")
             )
         return "; ".join(parts)
 

@@ -75,7 +75,7 @@ class AgentHandler(APIHandler):
 
     async def prepare(self) -> None:  # type: ignore[override]
         self._started = time.perf_counter()
-        self.node = url_unescape(self.path_args[0]) if self.path_args else ""
+        self.node = url_unescape(self.path_args[0], plus=False) if self.path_args else ""
         token = self._token()
         tokens = self.settings.get("agent_tokens") or {}
         if token is not None:

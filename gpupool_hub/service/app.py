@@ -30,6 +30,7 @@ from .. import __version__
 from ..config import GPUPool
 from ..ledger import Ledger
 from ..usage.records import AllocationRecordsSource
+from .agents import agent_routes
 from .cull import Culler, Decision, UserState, decide, pressure, server_api_url
 from .handlers import routes
 from .hubapi import HubClient, HubError
@@ -119,6 +120,12 @@ class GPUPoolService(Application):
     prometheus_token = Unicode("", help="Bearer token for Prometheus, if it needs one.").tag(config=True)
     prometheus_options = Dict(help="More keyword arguments for PrometheusUsageSource.").tag(config=True)
 
+    agent_tokens = Dict(
+        help="""Per-node tokens for node agents, e.g. ``{"node-a": "<secret>"}``; an agent
+        authenticates with its node's token and may only report for that node.""",
+    ).tag(config=True)
+    agent_dry_run = Bool(False, help="Tell node agents to only log the GPU processes they would stop.").tag(config=True)
+
     run_jobs = Bool(True, help="Run the scheduled jobs (turn off for a read-only replica or some tests).").tag(config=True)
 
     @catch_config_error
@@ -197,10 +204,11 @@ class GPUPoolService(Application):
     def make_app(self) -> web.Application:
         access = {f"access:services!service={os.environ.get('JUPYTERHUB_SERVICE_NAME', 'gpupool')}", "access:services"}
         return web.Application(
-            routes(self.prefix),
+            routes(self.prefix) + agent_routes(self.prefix),
             manager=self.manager, hub_auth=self.hub_auth, hub=self.hub, metrics=self.metrics,
             spawner_token=self.api_token, admin_scope=self.admin_scope, access_scopes=access,
             groups=self.groups_of, max_grant=self.max_grant,
+            agent_tokens=self.agent_tokens, agent_dry_run=self.agent_dry_run,
             reconcile_report=lambda: list(self.reconcile_findings),
             log_function=self._log_request,
         )

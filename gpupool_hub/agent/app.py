@@ -1,0 +1,375 @@
+"""``gpupool-agent``: one per GPU node; discovers, attributes, exports, enforces.
+
+Each tick (``interval`` seconds):
+
+1. snapshot: GPUs and their processes from NVML, owners from psutil;
+2. export: the snapshot becomes the ``/metrics`` series (served in a thread,
+   so a slow tick never delays a scrape);
+3. report: the node's inventory goes to the service (``PUT nodes/{node}/inventory``)
+   when it changed or every ``inventory_interval`` seconds;
+4. pull: ``GET nodes/{node}/enforce`` names the users whose GPU processes
+   must stop;
+5. enforce: see :mod:`.enforce`.
+
+The service being down never stops 1-2: the node keeps exporting usage (which
+is what bills users), and while the service cannot be asked the agent enforces
+nothing: it never acts on a stale list, since a user may have been topped up
+in the meantime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from tornado.escape import url_escape
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+from traitlets import Any as AnyTrait
+from traitlets import Bool, Dict, Float, Integer, TraitError, Unicode, default, validate
+from traitlets.config import Application, catch_config_error
+
+from .. import __version__
+from .attribution import Snapshot, take_snapshot
+from .enforce import Action, Enforcer
+from .metrics import AgentMetrics
+from .nvml import GpuInfo, build_inventory, default_nvml, discover_links, list_gpus
+
+log = logging.getLogger("gpupool.agent")
+
+
+class ServiceError(Exception):
+    """The service could not be asked (down, timed out, refused the token, answered nonsense)."""
+
+
+@dataclass
+class EnforceList:
+    users: frozenset[str]
+    kernels: frozenset[str] = frozenset()
+    dry_run: bool = False
+
+
+@dataclass
+class TickResult:
+    """What one tick saw and did; returned for tests and for ``--once``."""
+
+    nvml_ok: bool = False
+    nvml_error: str | None = None
+    inventory: dict[str, Any] | None = None
+    inventory_reported: bool = False
+    snapshot: Snapshot | None = None
+    service_ok: bool | None = None  # None: no service configured
+    service_error: str | None = None
+    enforce: EnforceList | None = None
+    actions: list[Action] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        snap = self.snapshot
+        return {
+            "nvml_ok": self.nvml_ok, "nvml_error": self.nvml_error, "inventory": self.inventory,
+            "inventory_reported": self.inventory_reported,
+            "gpus": [vars(g) for g in snap.gpus] if snap else [],
+            "processes": [p.as_dict() for p in snap.processes] if snap else [],
+            "service_ok": self.service_ok, "service_error": self.service_error,
+            "enforce": None if self.enforce is None else {
+                "users": sorted(self.enforce.users), "kernels": sorted(self.enforce.kernels),
+                "dry_run": self.enforce.dry_run},
+            "actions": [vars(a) | {"gpu_uuids": list(a.gpu_uuids)} for a in self.actions],
+        }
+
+
+class ServiceClient:
+    """The two calls the agent makes, authenticated with the node's token."""
+
+    def __init__(self, base_url: str, node: str, token: str, timeout: float = 10.0) -> None:
+        self.api = base_url.rstrip("/") + "/api/v1/nodes/" + url_escape(node, plus=False)
+        self.token = token
+        self.timeout = timeout
+
+    async def _call(self, method: str, path: str, body: Any = None) -> Any:
+        req = HTTPRequest(
+            self.api + path, method=method,
+            headers={"Authorization": f"token {self.token}", "Content-Type": "application/json",
+                     "User-Agent": f"gpupool-agent/{__version__}"},
+            body=None if body is None else json.dumps(body),
+            connect_timeout=self.timeout, request_timeout=self.timeout,
+        )
+        try:
+            # One client per event loop (tornado caches it); created here, inside the running loop.
+            resp = await AsyncHTTPClient().fetch(req, raise_error=False)
+        except (OSError, HTTPClientError, asyncio.TimeoutError) as e:
+            raise ServiceError(f"{method} {req.url}: {e}") from None
+        if resp.code >= 300:  # 599: no connection / timeout
+            message = ""
+            try:
+                message = json.loads(resp.body or b"{}").get("message", "")
+            except (ValueError, AttributeError):
+                pass
+            raise ServiceError(f"{method} {req.url}: HTTP {resp.code} {message or resp.error or ''}".strip())
+        try:
+            return json.loads(resp.body or b"{}")
+        except ValueError as e:
+            raise ServiceError(f"{method} {req.url}: answer is not JSON: {e}") from None
+
+    async def report_inventory(self, inventory: dict[str, Any]) -> Any:
+        return await self._call("PUT", "/inventory", inventory)
+
+    async def enforcement(self) -> EnforceList:
+        data = await self._call("GET", "/enforce")
+        users, kernels = data.get("users"), data.get("kernels", [])
+        if not isinstance(users, list) or not all(isinstance(u, str) for u in users) or \
+                not isinstance(kernels, list) or not all(isinstance(u, str) for u in kernels):
+            raise ServiceError(f"enforcement answer is malformed: {data!r:.200}")
+        return EnforceList(frozenset(users), frozenset(kernels), bool(data.get("dry_run", False)))
+
+
+class GPUPoolAgent(Application):
+    """The gpupool node agent."""
+
+    name = "gpupool-agent"
+    version = __version__
+    description = ("GPU node agent for gpupool_hub: reports this node's GPUs to the gpupool service, exports "
+                   "per-user GPU usage for Prometheus, and stops GPU processes of users the service names.")
+
+    aliases = {  # type: ignore[assignment]
+        "config": "GPUPoolAgent.config_file",
+        "f": "GPUPoolAgent.config_file",
+        "service-url": "GPUPoolAgent.service_url",
+        "node": "GPUPoolAgent.node_name",
+        "port": "GPUPoolAgent.metrics_port",
+        "interval": "GPUPoolAgent.interval",
+        "min-uid": "GPUPoolAgent.min_uid",
+        "log-level": "Application.log_level",
+    }
+    flags = {  # type: ignore[assignment]
+        "dry-run": ({"GPUPoolAgent": {"dry_run": True}}, "Only log what enforcement would stop."),
+        "once": ({"GPUPoolAgent": {"once": True}},
+                 "Run one tick, print its report as JSON and exit (no metrics server)."),
+    }
+
+    config_file = Unicode("", help="Python config file (c.GPUPoolAgent.…); empty: none.").tag(config=True)
+
+    service_url = Unicode(
+        help="Base URL of the gpupool service, e.g. http://hub:10101/services/gpupool/ (the agent adds "
+             "api/v1/nodes/<node>/…). Default: $GPUPOOL_SERVICE_URL. Empty: run without a service "
+             "(export metrics only, enforce nothing).",
+    ).tag(config=True)
+
+    @default("service_url")
+    def _service_url(self) -> str:
+        return os.environ.get("GPUPOOL_SERVICE_URL", "")
+
+    token = Unicode(
+        help="This node's token for the service (c.GPUPoolService.agent_tokens[node]). "
+             "Default: $GPUPOOL_AGENT_TOKEN; prefer the environment over a config file.",
+    ).tag(config=True)
+
+    @default("token")
+    def _token(self) -> str:
+        return os.environ.get("GPUPOOL_AGENT_TOKEN", "")
+
+    node_name = Unicode(help="Node name as the pool knows it (default: the short host name).").tag(config=True)
+
+    @default("node_name")
+    def _node_name(self) -> str:
+        return socket.gethostname().split(".")[0]
+
+    labels = Dict(help="Labels reported with the inventory (strings to strings), e.g. {'rack': 'r1'}.").tag(config=True)
+    cpu_milli = Integer(0, help="CPU capacity to report, in milli-CPUs; 0: the CPUs this process may use.").tag(config=True)
+    memory_mib = Integer(0, help="Memory to report, in MiB; 0: physical memory.").tag(config=True)
+
+    metrics_port = Integer(9445, help="Port of the /metrics endpoint; 0 picks a free one.").tag(config=True)
+    metrics_address = Unicode("0.0.0.0", help="Address the /metrics endpoint listens on.").tag(config=True)
+    metrics_min_uid = Integer(
+        1000, help="Processes of uids below this count as system processes in metrics, not as a user's usage "
+                   "(keeps e.g. Xorg's root out of billing with usage_preset='agent').",
+    ).tag(config=True)
+
+    interval = Float(15.0, help="Seconds between ticks (snapshot, export, enforcement).").tag(config=True)
+    inventory_interval = Float(
+        300.0, help="Seconds between inventory reports when nothing changed (a change is reported at once).",
+    ).tag(config=True)
+    request_timeout = Float(10.0, help="Seconds before a call to the service counts as failed.").tag(config=True)
+
+    dry_run = Bool(False, help="Only log what enforcement would stop; signal nothing.").tag(config=True)
+    grace = Float(10.0, help="Seconds between SIGTERM and SIGKILL.").tag(config=True)
+    min_uid = Integer(
+        1000, help="Never stop processes of uids below this (system accounts). Root (0) is never touched, "
+                   "whatever this says; the minimum is 1.",
+    ).tag(config=True)
+
+    @validate("min_uid")
+    def _check_min_uid(self, proposal: Any) -> int:
+        if proposal["value"] < 1:
+            raise TraitError("min_uid must be at least 1: the agent never touches root")
+        return proposal["value"]
+
+    once = Bool(False, help="Run one tick, print its report as JSON and exit.").tag(config=True)
+
+    nvml = AnyTrait(None, help="The NVML module (pynvml); tests inject a fake. Not configurable.")
+
+    # ------------------------------------------------------------------ setup
+
+    @catch_config_error
+    def initialize(self, argv: list[str] | None = None) -> None:
+        super().initialize(argv)
+        if self.config_file:
+            if not os.path.exists(self.config_file):
+                raise SystemExit(f"gpupool-agent: config file {self.config_file!r} not found")
+            self.load_config_file(self.config_file)
+            self.update_config(self.cli_config)  # command line wins over the file
+        self.setup()
+
+    def setup(self) -> None:
+        """Objects the loop needs; callable without ``initialize`` (tests build agents directly)."""
+        if self.nvml is None:
+            try:
+                self.nvml = default_nvml()
+            except ImportError as e:
+                raise SystemExit(f"gpupool-agent: pynvml is missing ({e}); install nvidia-ml-py") from None
+        self.metrics = AgentMetrics(self.node_name, metrics_min_uid=self.metrics_min_uid)
+        self.enforcer = Enforcer(min_uid=self.min_uid, grace=self.grace, dry_run=self.dry_run)
+        self.client = (ServiceClient(self.service_url, self.node_name, self.token, self.request_timeout)
+                       if self.service_url else None)
+        if self.client is not None and not self.token:
+            self.log.warning("No agent token (set GPUPOOL_AGENT_TOKEN): the service will refuse this agent")
+        self._nvml_open = False
+        self._inventory: dict[str, Any] | None = None
+        self._gpu_key: Any = None
+        self._reported: tuple[float, str] | None = None  # (when, json) of the last accepted report
+        self._stopping: asyncio.Event | None = None
+
+    # ------------------------------------------------------------------ steps
+
+    def _open_nvml(self) -> None:
+        if not self._nvml_open:
+            self.nvml.nvmlInit()
+            self._nvml_open = True
+
+    def _close_nvml(self) -> None:
+        if self._nvml_open:
+            self._nvml_open = False
+            try:
+                self.nvml.nvmlShutdown()
+            except Exception as e:
+                self.log.debug("nvmlShutdown: %s", e)
+
+    def sample(self) -> tuple[list[GpuInfo], dict[str, Any], Snapshot]:
+        """NVML part of a tick (blocking; runs in a thread). Re-initialises NVML after a failure."""
+        try:
+            self._open_nvml()
+            gpus = list_gpus(self.nvml)
+            key = [(g.index, g.uuid, g.model, g.memory_mib, [(m.uuid, m.profile) for m in g.mig]) for g in gpus]
+            if self._inventory is None or key != self._gpu_key:
+                # Links are only needed for the inventory, and only change with the hardware.
+                self._inventory = build_inventory(
+                    self.node_name, gpus, discover_links(self.nvml, gpus), cpu_milli=self.cpu_milli or None,
+                    memory_mib=self.memory_mib or None, labels=self.labels)
+                self._gpu_key = key
+            return gpus, self._inventory, take_snapshot(self.nvml, gpus)
+        except Exception:
+            self._close_nvml()
+            raise
+
+    async def tick(self) -> TickResult:
+        """One pass of the loop; never raises (each failure is logged, counted and reported)."""
+        result = TickResult()
+        loop = asyncio.get_running_loop()
+        try:
+            _gpus, result.inventory, result.snapshot = await loop.run_in_executor(None, self.sample)
+            result.nvml_ok = True
+        except Exception as e:
+            result.nvml_error = f"{type(e).__name__}: {e}"
+            self.log.error("GPU discovery failed (no usage exported until it works again): %s", result.nvml_error)
+            self.metrics.loop_errors.labels("nvml").inc()
+        self.metrics.nvml_up.set(1 if result.nvml_ok else 0)
+        self.metrics.update(result.snapshot)
+
+        if self.client is None:
+            return result
+        try:
+            if result.inventory is not None:
+                result.inventory_reported = await self._maybe_report(result.inventory)
+            result.enforce = await self.client.enforcement()
+            result.service_ok = True
+        except ServiceError as e:
+            result.service_ok, result.service_error = False, str(e)
+            self.log.warning("gpupool service unavailable, enforcing nothing this tick: %s", e)
+            self.metrics.loop_errors.labels("service").inc()
+        self.metrics.service_up.set(1 if result.service_ok else 0)
+        if result.enforce is not None:
+            self.metrics.enforcement_users.set(len(result.enforce.users))
+        if result.enforce is not None and result.snapshot is not None and result.enforce.users:
+            enforce = result.enforce
+            try:
+                result.actions = await loop.run_in_executor(
+                    None, lambda: self.enforcer.enforce(result.snapshot, enforce.users, enforce.kernels,
+                                                        dry_run=enforce.dry_run))
+            except Exception:
+                self.log.exception("Enforcement failed")
+                self.metrics.loop_errors.labels("enforce").inc()
+            for a in result.actions:
+                self.metrics.enforcement_actions.labels(a.user, a.action).inc()
+        return result
+
+    async def _maybe_report(self, inventory: dict[str, Any]) -> bool:
+        text = json.dumps(inventory, sort_keys=True)
+        now = time.monotonic()
+        if self._reported and self._reported[1] == text and now - self._reported[0] < self.inventory_interval:
+            return False
+        await self.client.report_inventory(inventory)  # type: ignore[union-attr]
+        self._reported = (now, text)
+        self.log.info("Reported inventory: %d GPU(s)", len(inventory["gpus"]))
+        return True
+
+    # ------------------------------------------------------------------ running
+
+    async def run(self) -> None:
+        """Tick until :meth:`stop`; a tick's duration is not added to the interval."""
+        self._stopping = asyncio.Event()
+        while not self._stopping.is_set():
+            started = time.monotonic()
+            await self.tick()
+            try:
+                await asyncio.wait_for(self._stopping.wait(), max(0.0, self.interval - (time.monotonic() - started)))
+            except asyncio.TimeoutError:
+                pass
+        self._close_nvml()
+
+    def stop(self) -> None:
+        if self._stopping is not None:
+            self._stopping.set()
+
+    def start(self) -> None:
+        if self.once:
+            result = asyncio.run(self.tick())
+            self._close_nvml()
+            print(json.dumps(result.as_dict(), indent=2, default=str))
+            if not result.nvml_ok:
+                raise SystemExit(1)
+            return
+        server = self.metrics.serve(self.metrics_port, self.metrics_address)
+        self.log.info("gpupool-agent %s on node %s: metrics on http://%s:%d/metrics, service %s%s",
+                      __version__, self.node_name, self.metrics_address, server.server_port,
+                      self.service_url or "(none: metrics only)", ", DRY RUN" if self.dry_run else "")
+
+        async def main() -> None:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.stop)
+            await self.run()
+
+        asyncio.run(main())
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="[%(levelname)1.1s %(asctime)s %(name)s] %(message)s")
+    app = GPUPoolAgent.instance()
+    app.initialize(argv)
+    app.start()

@@ -1,0 +1,246 @@
+"""Who uses which GPU: NVML's process lists, turned into Unix users with psutil.
+
+NVML knows pids and memory per GPU, nothing about people. The owner of a pid
+is its real uid (what the spawner started the server as; an effective uid can
+be changed by setuid helpers). Jupyter kernels are recognised by their command
+line, because the enforcement rules treat "a kernel of a running server"
+differently from any other process: stopping those is the hub's business
+(culling through the server), not the node's.
+
+NVML reports host pids. The agent must therefore run in the host pid namespace
+(``hostPID: true`` in a pod); otherwise pids do not resolve and processes are
+reported as unattributed rather than guessed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pwd
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+import psutil
+
+from .nvml import GpuInfo
+
+log = logging.getLogger("gpupool.agent.attribution")
+
+_KERNEL_FILE = re.compile(r"^kernel-(?P<id>[A-Za-z0-9_.\-]+)\.json$")
+_KERNEL_MODULES = {"ipykernel_launcher", "ipykernel", "ipykernel_launcher.py"}
+_SERVER_SCRIPTS = {
+    "jupyterhub-singleuser", "jupyter-lab", "jupyter-labhub", "jupyter-server", "jupyter-notebook",
+    "jupyter-singleuser", "jupyter-nbclassic",
+}
+_SERVER_MODULES = {"jupyterhub.singleuser", "jupyter_server", "jupyterlab", "notebook", "nbclassic"}
+_SERVER_SUBCOMMANDS = {"lab", "server", "notebook", "labhub", "nbclassic"}
+
+
+def user_name(uid: int) -> str:
+    """Account name of a uid; the number itself when the account is unknown (e.g. a container's)."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def kernel_id(cmdline: Sequence[str]) -> str | None:
+    """Kernel id when ``cmdline`` is a Jupyter kernel, else ``None``.
+
+    Every kernel gets its connection file as ``-f …/kernel-<id>.json`` (or
+    ``--f=``/``--connection-file``), whatever its language; ipykernel is also
+    recognised by ``ipykernel_launcher`` alone (then the id is ``""``).
+    """
+    args = list(cmdline)
+    for i, arg in enumerate(args):
+        value = None
+        if arg in ("-f", "--f", "--connection-file") and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(("--f=", "-f=", "--connection-file=")):
+            value = arg.split("=", 1)[1]
+        if value:
+            hit = _KERNEL_FILE.match(os.path.basename(value))
+            if hit:
+                return hit.group("id")
+    for i, arg in enumerate(args):
+        base = os.path.basename(arg)
+        if base in ("ipykernel_launcher", "ipykernel_launcher.py"):
+            return ""
+        if arg == "-m" and i + 1 < len(args) and args[i + 1] in _KERNEL_MODULES:
+            return ""
+    return None
+
+
+def is_jupyter_server(cmdline: Sequence[str]) -> bool:
+    """Whether a command line is a Jupyter (single-user) server that owns kernels.
+
+    Looks at the program, or a Python interpreter's script / ``-m`` module;
+    never at arbitrary arguments (``bash -c jupyter-lab`` is a shell, and the
+    real server, if any, is its child).
+    """
+    args = list(cmdline)
+    if not args:
+        return False
+
+    def program(i: int) -> bool:
+        base = os.path.basename(args[i])
+        if base in _SERVER_SCRIPTS:
+            return True
+        return base == "jupyter" and i + 1 < len(args) and args[i + 1] in _SERVER_SUBCOMMANDS
+
+    if program(0):
+        return True
+    if os.path.basename(args[0]).startswith("python"):
+        rest = [i for i in range(1, len(args)) if args[i] not in ("-u", "-E", "-s", "-I", "-B", "-O", "-OO")]
+        if rest:
+            i = rest[0]
+            if args[i] == "-m":
+                return i + 1 < len(args) and args[i + 1] in _SERVER_MODULES
+            return not args[i].startswith("-") and program(i)
+    return False
+
+
+def running_server_of(proc: psutil.Process) -> int | None:
+    """Pid of the live Jupyter server a kernel descends from, if any.
+
+    A kernel whose server died is re-parented to init (or a subreaper) and has
+    no server ancestor: nobody will cull it through Jupyter, so it is fair game.
+    """
+    try:
+        parents = proc.parents()
+    except psutil.Error:
+        return None
+    for parent in parents:
+        try:
+            if parent.status() != psutil.STATUS_ZOMBIE and is_jupyter_server(parent.cmdline()):
+                return parent.pid
+        except psutil.Error:
+            continue
+    return None
+
+
+@dataclass
+class GpuProcess:
+    """One process on one GPU, as NVML and psutil describe it."""
+
+    pid: int
+    gpu_index: int
+    gpu_uuid: str
+    model: str
+    memory_bytes: int = 0
+    kinds: tuple[str, ...] = ("compute",)
+    mig_uuid: str | None = None
+    uid: int | None = None  # None: the pid is not visible here (other pid namespace, or gone)
+    user: str | None = None
+    create_time: float | None = None
+    cmdline: list[str] = field(default_factory=list)
+    kernel_id: str | None = None
+    server_pid: int | None = None
+
+    @property
+    def is_kernel(self) -> bool:
+        return self.kernel_id is not None
+
+    @property
+    def is_kernel_of_running_server(self) -> bool:
+        return self.kernel_id is not None and self.server_pid is not None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "pid": self.pid, "gpu_index": self.gpu_index, "gpu_uuid": self.gpu_uuid, "model": self.model,
+            "mig_uuid": self.mig_uuid, "memory_bytes": self.memory_bytes, "kinds": list(self.kinds),
+            "uid": self.uid, "user": self.user, "kernel_id": self.kernel_id, "server_pid": self.server_pid,
+            "cmdline": " ".join(self.cmdline)[:300],
+        }
+
+
+@dataclass
+class GpuStatus:
+    """Per-GPU gauges; ``None`` where NVML cannot say (utilization of a MIG-enabled GPU)."""
+
+    index: int
+    uuid: str
+    model: str
+    memory_total_bytes: int
+    memory_used_bytes: int | None
+    utilization: float | None  # 0..1
+
+
+@dataclass
+class Snapshot:
+    taken_at: float
+    gpus: list[GpuStatus]
+    processes: list[GpuProcess]
+
+
+def _nvml_processes(nvml: Any, gpu: GpuInfo) -> list[GpuProcess]:
+    """Compute and graphics processes of one GPU; a pid in both lists is one process."""
+    by_pid: dict[int, GpuProcess] = {}
+    mig_by_gi = {m.gpu_instance_id: m.uuid for m in gpu.mig if m.gpu_instance_id is not None}
+    for kind, fn in (("compute", nvml.nvmlDeviceGetComputeRunningProcesses),
+                     ("graphics", nvml.nvmlDeviceGetGraphicsRunningProcesses)):
+        try:
+            procs = fn(gpu.handle)
+        except nvml.NVMLError as e:
+            log.debug("GPU %d: %s processes unavailable: %s", gpu.index, kind, e)
+            continue
+        for p in procs:
+            pid = int(p.pid)
+            mem = int(getattr(p, "usedGpuMemory", None) or 0)
+            mig = mig_by_gi.get(getattr(p, "gpuInstanceId", None))
+            if pid in by_pid:
+                known = by_pid[pid]
+                known.kinds = tuple(sorted({*known.kinds, kind}))
+                known.memory_bytes = max(known.memory_bytes, mem)  # same allocation, seen twice
+                known.mig_uuid = known.mig_uuid or mig
+            else:
+                by_pid[pid] = GpuProcess(pid=pid, gpu_index=gpu.index, gpu_uuid=gpu.uuid, model=gpu.model,
+                                         memory_bytes=mem, kinds=(kind,), mig_uuid=mig)
+    return list(by_pid.values())
+
+
+def attribute(proc: GpuProcess) -> GpuProcess:
+    """Fill owner, start time and kernel facts from psutil; a vanished pid stays unattributed."""
+    try:
+        p = psutil.Process(proc.pid)
+        with p.oneshot():
+            proc.uid = p.uids().real
+            proc.create_time = p.create_time()
+            proc.cmdline = p.cmdline()
+        proc.user = user_name(proc.uid)
+        proc.kernel_id = kernel_id(proc.cmdline)
+        if proc.kernel_id is not None:
+            proc.server_pid = running_server_of(p)
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        proc.uid = proc.user = None
+    except psutil.AccessDenied:
+        # uids are always readable on Linux; the cmdline may not be (hidepid). Keep what we have.
+        log.debug("pid %d: partial information (access denied)", proc.pid)
+        if proc.uid is not None:
+            proc.user = user_name(proc.uid)
+    return proc
+
+
+def gpu_status(nvml: Any, gpu: GpuInfo) -> GpuStatus:
+    try:
+        mem = nvml.nvmlDeviceGetMemoryInfo(gpu.handle)
+        total, used = int(mem.total), int(mem.used)
+    except nvml.NVMLError:
+        total, used = gpu.memory_mib << 20, None
+    try:
+        util: float | None = float(nvml.nvmlDeviceGetUtilizationRates(gpu.handle).gpu) / 100.0
+    except nvml.NVMLError:
+        util = None
+    return GpuStatus(index=gpu.index, uuid=gpu.uuid, model=gpu.model, memory_total_bytes=total,
+                     memory_used_bytes=used, utilization=util)
+
+
+def take_snapshot(nvml: Any, gpus: Iterable[GpuInfo]) -> Snapshot:
+    """Every GPU's gauges and every GPU process with its owner, at one moment."""
+    statuses, processes = [], []
+    for gpu in gpus:
+        statuses.append(gpu_status(nvml, gpu))
+        processes.extend(attribute(p) for p in _nvml_processes(nvml, gpu))
+    return Snapshot(taken_at=time.time(), gpus=statuses, processes=processes)

@@ -1,0 +1,225 @@
+"""Agent <-> the real gpupool service (in-process tornado app, real PoolManager over SQLite)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import urllib.request
+
+import pytest
+from prometheus_client import generate_latest
+from tornado import web
+from tornado.httpclient import AsyncHTTPClient
+from tornado.httpserver import HTTPServer
+from tornado.testing import bind_unused_port
+from traitlets.config import Config
+
+from gpupool_hub.agent.app import GPUPoolAgent
+from gpupool_hub.agent.enforce import SKIPPED_KERNEL, TERMINATED, WOULD_TERMINATE
+from gpupool_hub.config import GPUPool
+from gpupool_hub.ledger import Ledger
+from gpupool_hub.service.agents import agent_routes
+from gpupool_hub.service.handlers import routes
+from gpupool_hub.service.manager import PoolManager
+from gpupool_hub.usage.records import AllocationRecordsSource
+from tests.agent.conftest import A100, alive, gpu
+
+PREFIX = "/services/gpupool/"
+ADMIN_SCOPE = "custom:gpupool:admin"
+TOKENS = {"n1": "secret-n1", "n2": "secret-n2"}
+NODES = [{"name": "n1", "cpu_milli": 8000, "memory_mib": 32768,
+          "gpus": [{"index": 0, "uuid": "GPU-0000-fake", "model": A100},
+                   {"index": 1, "uuid": "GPU-0001-fake", "model": A100}]}]
+
+
+class StubHubAuth:
+    """Stands in for HubAuth on the admin path: two known hub tokens."""
+
+    async def user_for_token(self, token, sync=False):
+        return {"admin-token": {"kind": "user", "name": "ada", "scopes": [ADMIN_SCOPE]},
+                "user-token": {"kind": "user", "name": "bob", "scopes": []}}.get(token)
+
+
+def make_manager(tmp_path) -> PoolManager:
+    c = Config()
+    c.GPUPool.prices = {"A100": 2}
+    c.GPUPool.nodes = NODES
+    settings = GPUPool(config=c)
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    return PoolManager(settings=settings, ledger=ledger, pool=settings.make_pool(),
+                       usage_source=AllocationRecordsSource(ledger))
+
+
+class Service:
+    def __init__(self, tmp_path, **settings):
+        self.manager = make_manager(tmp_path)
+        self.app = web.Application(
+            routes(PREFIX) + agent_routes(PREFIX), manager=self.manager, hub_auth=StubHubAuth(),
+            admin_scope=ADMIN_SCOPE, access_scopes=set(), agent_tokens=dict(TOKENS), **settings)
+        sock, self.port = bind_unused_port()
+        self.server = HTTPServer(self.app)
+        self.server.add_sockets([sock])
+        self.url = f"http://127.0.0.1:{self.port}{PREFIX}"
+
+    async def call(self, method, path, token=None, body=None):
+        headers = {"Authorization": f"token {token}"} if token else {}
+        resp = await AsyncHTTPClient().fetch(
+            self.url + "api/v1/" + path, method=method, headers=headers, raise_error=False,
+            body=None if body is None else (body if isinstance(body, str) else json.dumps(body)))
+        return resp.code, json.loads(resp.body or b"{}")
+
+    def stop(self):
+        self.server.stop()
+
+
+@pytest.fixture
+async def service(tmp_path):
+    s = Service(tmp_path)
+    yield s
+    s.stop()
+
+
+def make_agent(nv, url, node="n1", token=TOKENS["n1"], **kw) -> GPUPoolAgent:
+    agent = GPUPoolAgent(nvml=nv, service_url=url, node_name=node, token=token,
+                         min_uid=100, metrics_min_uid=100, grace=1.0, **kw)
+    agent.setup()
+    return agent
+
+
+def two_gpus(*pids_per_gpu):
+    return [gpu(i, processes=[{"pid": p, "memory": 1 << 20} for p in pids]) for i, pids in enumerate(pids_per_gpu)]
+
+
+async def test_agent_reports_its_inventory_and_the_service_validates_and_stores_it(service, make_nvml):
+    nv = make_nvml(two_gpus((), ()), topology={(0, 1): 10})
+    agent = make_agent(nv, service.url, labels={"rack": "r1"})
+    result = await agent.tick()
+    assert result.nvml_ok and result.service_ok and result.inventory_reported
+    report = service.manager.node_reports["n1"]
+    assert report["inventory"] == result.inventory
+    assert [g.uuid for g in report["node"].gpus] == ["GPU-0000-fake", "GPU-0001-fake"]
+    assert report["differences"] == []  # matches the configured pool
+    assert report["last_seen"] is not None
+
+    # unchanged hardware is not re-sent every tick, a change is sent at once
+    assert (await agent.tick()).inventory_reported is False
+    nv.table["gpus"].append(gpu(2))
+    result = await agent.tick()
+    assert result.inventory_reported
+    assert service.manager.node_reports["n1"]["differences"] == [f"GPU 2 ({A100}) is present but not configured"]
+
+    code, body = await service.call("GET", "nodes/n1/inventory", "admin-token")
+    assert code == 200 and len(body["inventory"]["gpus"]) == 3 and body["differences"]
+
+
+@pytest.mark.parametrize("body,message", [
+    ({"cpu_milli": 1000, "memory_mib": 1024, "gpus": [{"index": 0}]}, "inventory.gpus[0].model is missing"),
+    ({"cpu_milli": 1000, "memory_mib": 1024, "gpus": [{"model": "A100"}],
+      "links": [{"gpus": [0, 3], "nvlinks": 2}]}, "names GPU index 3"),
+    ({"cpu_milli": 1000, "memory_mib": 1024, "bogus": 1}, "unknown key(s) 'bogus'"),
+    ({"name": "n2", "cpu_milli": 1000, "memory_mib": 1024}, "names node 'n2' but was sent for 'n1'"),
+    ("[1, 2]", "request body must be a JSON object"),
+    ("{not json", "not valid JSON"),
+])
+async def test_a_bad_inventory_is_refused_with_a_message(service, body, message):
+    code, answer = await service.call("PUT", "nodes/n1/inventory", TOKENS["n1"], body)
+    assert code == 400 and message in answer["message"], answer
+    assert "n1" not in getattr(service.manager, "node_reports", {}) or \
+        "inventory" not in service.manager.node_reports["n1"]
+
+
+@pytest.mark.parametrize("token,status", [
+    (None, 401), ("wrong", 401), ("user-token", 403),       # no token / unknown / a hub user without admin
+    (TOKENS["n2"], 403),                                      # another node's agent token
+    (TOKENS["n1"], 200), ("admin-token", 200),
+])
+async def test_agent_endpoints_need_the_nodes_token_or_admin(service, token, status):
+    code, body = await service.call("GET", "nodes/n1/enforce", token)
+    assert code == status, body
+    if status == 200:
+        assert body == {"users": [], "kernels": [], "dry_run": False}
+    else:
+        assert body["status"] == status and body["message"]
+    inv = {"cpu_milli": 1000, "memory_mib": 1024}
+    assert (await service.call("PUT", "nodes/n1/inventory", token, inv))[0] == status
+
+
+async def test_agent_stops_what_the_service_names(service, procs, test_users, make_nvml):
+    t1 = procs.sleeper("gpupool-t1")
+    t2 = procs.sleeper("gpupool-t2")
+    server, kernel = procs.server_with_kernel("gpupool-t1")
+    nv = make_nvml(two_gpus((t1.pid, t2.pid), (kernel,)))
+    agent = make_agent(nv, service.url)
+
+    result = await agent.tick()  # nobody named yet
+    assert result.enforce.users == frozenset() and result.actions == []
+
+    service.manager.enforce_users = {"gpupool-t1"}
+    result = await agent.tick()
+    assert {a.pid: a.action for a in result.actions} == {t1.pid: TERMINATED, kernel: SKIPPED_KERNEL}
+    t1.wait(5)
+    assert alive(t2.pid) and alive(kernel)
+
+    nv.table["gpus"][0]["processes"] = [{"pid": t2.pid}]
+    service.manager.enforce_kernel_users = {"gpupool-t1"}  # the service says: kernels too
+    result = await agent.tick()
+    assert {a.pid: a.action for a in result.actions} == {kernel: TERMINATED}
+    assert alive(t2.pid) and alive(server.pid)
+    text = generate_latest(agent.metrics.registry).decode()
+    assert 'gpupool_agent_enforcement_actions_total{action="terminated",user="gpupool-t1"} 2.0' in text
+
+
+async def test_the_service_can_ask_for_a_dry_run(tmp_path, procs, make_nvml):
+    svc = Service(tmp_path, agent_dry_run=True)
+    try:
+        p = procs.sleeper("gpupool-t1")
+        svc.manager.enforce_users = {"gpupool-t1"}
+        result = await make_agent(make_nvml(two_gpus((p.pid,), ())), svc.url).tick()
+        assert result.enforce.dry_run and [a.action for a in result.actions] == [WOULD_TERMINATE]
+        assert alive(p.pid)
+    finally:
+        svc.stop()
+
+
+async def test_service_down_keeps_exporting_and_enforces_nothing(service, procs, make_nvml):
+    p = procs.sleeper("gpupool-t1")
+    nv = make_nvml(two_gpus((p.pid,), ()))
+    agent = make_agent(nv, service.url, dry_run=False)
+    assert (await agent.tick()).service_ok
+
+    service.manager.enforce_users = {"gpupool-t1"}
+    service.stop()  # the service goes away before the agent could learn the new list
+    server = agent.metrics.serve(0, "127.0.0.1")
+    try:
+        result = await agent.tick()
+        assert result.nvml_ok and result.service_ok is False and "Connection refused" in result.service_error
+        assert result.actions == [] and alive(p.pid)
+        body = await asyncio.get_running_loop().run_in_executor(
+            None, lambda: urllib.request.urlopen(f"http://127.0.0.1:{server.server_port}/metrics", timeout=5).read())
+        text = body.decode()
+        assert 'gpupool_agent_user_gpu_active{gpu_uuid="GPU-0000-fake",model="' + A100 + '",node="n1",user="gpupool-t1"} 1.0' in text
+        assert "gpupool_agent_service_up 0.0" in text and "gpupool_agent_nvml_up 1.0" in text
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+async def test_the_loop_keeps_running_through_nvml_and_service_failures(make_nvml):
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead_url = f"http://127.0.0.1:{s.getsockname()[1]}{PREFIX}"
+    nv = make_nvml(two_gpus((), ()), init_error=12)  # NVML_ERROR_LIBRARY_NOT_FOUND at first
+    agent = make_agent(nv, dead_url, interval=0.05, request_timeout=1)
+    task = asyncio.create_task(agent.run())
+    await asyncio.sleep(0.3)
+    assert agent.metrics.nvml_up._value.get() == 0
+    nv.table["init_error"] = None  # the driver comes back: the agent recovers by itself
+    for _ in range(100):
+        await asyncio.sleep(0.05)
+        if agent.metrics.nvml_up._value.get() == 1:
+            break
+    assert agent.metrics.nvml_up._value.get() == 1 and agent.metrics.service_up._value.get() == 0
+    agent.stop()
+    await asyncio.wait_for(task, 5)
+    assert not task.exception() and nv.initialized == 0
