@@ -26,6 +26,9 @@ c.GPUPool.db_url = "sqlite:///$state/gpupool.sqlite"
 c.GPUPoolService.debit_interval = 60         # charge every minute, so balances visibly move
 c.GPUPoolService.debit_check_interval = 5
 c.SimpleLocalProcessSpawner.home_dir_template = "$state/home/{username}"
+import os
+if os.geteuid() == 0:  # Jupyter Server refuses to run as root unless told
+    c.Spawner.args = ["--allow-root"]
 PY
 export GPUPOOL_CONFIG_FILE="$state/jupyterhub_config.py"
 
