@@ -18,6 +18,7 @@ c.GPUPoolService.replenish_interval = 0.5
 c.GPUPoolService.reconcile_interval = 0.5
 c.GPUPoolService.reconcile_grace = 5
 c.GPUPool.group_credits = {"faculty": {"initial": 500}}
+c.JupyterHub.load_groups = {"faculty": {"users": ["prof"]}}
 """
 
 
@@ -51,8 +52,7 @@ def wait_for(check, timeout=20):
 
 
 def test_replenish_gives_new_hub_users_their_grant_by_group(hub):
-    hub.create_user("dana")
-    hub.create_user("prof", groups=["faculty"])
+    hub.create_user("dana")  # prof exists from the start, in faculty (load_groups)
 
     def balances():
         users = {u["name"]: u["balance"] for u in hub.service("GET", "/users", hub.admin_token).json()["users"]}
