@@ -38,6 +38,11 @@ log = logging.getLogger(__name__)
 
 Preset = Literal["gpupool", "agent", "dcgm", "custom"]
 PRESETS: tuple[str, ...] = ("gpupool", "agent", "dcgm", "custom")
+#: Labels that identify one series of a preset whose per-user sum is done client-side.
+_SERIES_IDENTITY: dict[str, tuple[str, ...]] = {
+    "gpupool": ("user", "model", "node", "server", "allocation"),
+    "agent": ("user", "model", "node", "gpu_uuid"),
+}
 
 #: Prometheus refuses range queries with more than 11,000 points per series;
 #: stay below it and split long intervals into several queries.
@@ -297,6 +302,15 @@ class PrometheusUsageSource:
             dcgm_namespace_label=dcgm_namespace_label,
             dcgm_user_source=dcgm_user_source,
         )
+        # For the gpupool and agent presets Prometheus only de-duplicates (max by
+        # the series' identity) and the per-(user, model) sum happens here: the
+        # same numbers, but a second aggregation over 10,000 series at every step
+        # was the slowest part of a debit cycle.
+        self._identity = _SERIES_IDENTITY.get(preset)
+        if self._identity is not None:
+            prefix = "sum by (user, model) ("
+            assert self.query.startswith(prefix) and self.query.endswith(")")
+            self.query = self.query[len(prefix):-1]
         self._decode_user: Callable[[str], str] | None = (
             decode_kubespawner_escaped if preset == "dcgm" and dcgm_user_source == "label" else None
         )
@@ -349,6 +363,7 @@ class PrometheusUsageSource:
         result = self._query_range(self.query, a, b)
         grid = frozenset(range(a, b, self.step_seconds))
         sums: dict[tuple[str, str], Decimal] = {}
+        seen: set[tuple[Any, ...]] = set()
         for series in result:
             labels = series["metric"]
             missing = [k for k in ("user", "model") if not labels.get(k)]
@@ -368,12 +383,14 @@ class PrometheusUsageSource:
                         f"{self.name}: cannot recover the JupyterHub username from the pod label: {e}; "
                         "use dcgm_user_source='annotation' with KubeSpawner's 'safe' slug scheme"
                     ) from None
-            if (user, model) in sums:
+            identity = (user, model) if self._identity is None else tuple(labels.get(k) for k in self._identity)
+            if identity in seen:
                 raise UsageUnavailable(f"{self.name}: duplicate series for user={user!r} model={model!r}")
+            seen.add(identity)
             total = self._fast_sum(series, grid)
             if total is None:  # something is off: the strict path names it (or sums it)
                 total = sum((value for _ts, value in self._points(series, a, b)), Decimal(0))
-            sums[(user, model)] = total
+            sums[(user, model)] = sums.get((user, model), Decimal(0)) + total
         return sums
 
     @staticmethod

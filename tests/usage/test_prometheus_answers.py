@@ -110,7 +110,7 @@ def test_request_shape_and_decimal_sum(fake: FakePrometheus) -> None:
     assert form["start"] == [str(T0)]
     assert form["end"] == [str(T0 + 3600 - 60)]  # last step starts 60 s before the end
     assert form["step"] == ["60"]
-    assert form["query"][0].startswith("sum by (user, model)")
+    assert form["query"][0].startswith("max by (user, model, node, server, allocation)")  # summed client-side
     assert headers["Authorization"] == "Bearer s3cret"
     assert headers["X-Scope-OrgID"] == "lab"
 
