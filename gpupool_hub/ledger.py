@@ -389,6 +389,16 @@ def _entry(row: sa.Row) -> Entry:  # type: ignore[type-arg]
     )
 
 
+def _entry_from_posting(entry_id: int, p: Posting, now: datetime) -> Entry:
+    """The entry just inserted, built from what was written (no second read)."""
+    return Entry(
+        id=entry_id, account=p.account, kind=p.kind, amount=from_milli(to_milli(p.amount)), key=p.key,
+        reason=p.reason, actor=p.actor, created_at=_aware(_db_time(now)),  # type: ignore[arg-type]
+        interval_start=_aware(_db_time(p.interval_start)), interval_end=_aware(_db_time(p.interval_end)),
+        model=p.model, gpu_seconds=p.gpu_seconds,
+    )
+
+
 def _same(entry: Entry, posting: Posting) -> bool:
     return (entry.account, entry.kind, entry.amount) == (posting.account, posting.kind, posting.amount)
 
@@ -476,15 +486,17 @@ class Ledger:
             )
             for p in postings
         ]
-        stmt = _insert(conn, entries).returning(*entries.c)
-        inserted: dict[str, Entry] = {}
+        stmt = _insert(conn, entries).returning(entries.c.id, entries.c.idempotency_key)
+        new_ids: dict[str, int] = {}
         for chunk in _chunks(rows):
-            for row in conn.execute(stmt, list(chunk)):
-                entry = _entry(row)
-                inserted[entry.key] = entry
+            for new_id, key in conn.execute(stmt, list(chunk)):
+                new_ids[key] = new_id
+        inserted: dict[str, Entry] = {}
         deltas: dict[str, int] = defaultdict(int)
-        for entry in inserted.values():
-            deltas[entry.account] += to_milli(entry.amount)
+        for p in postings:
+            if p.key in new_ids:
+                inserted[p.key] = _entry_from_posting(new_ids[p.key], p, now)
+                deltas[p.account] += to_milli(p.amount)
         changes = [dict(n=n, d=d) for n, d in deltas.items() if d]
         if changes:
             conn.execute(
