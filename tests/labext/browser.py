@@ -9,6 +9,7 @@ Fixtures (imported by tests/labext/conftest.py):
 * ``browser_page``: a fresh persistent context (new user-data-dir) and page.
 
 Helpers: :func:`launch_chromium`, :func:`open_lab` (token login),
+:func:`hub_login` (JupyterHub's login form), :func:`write_lab_settings`,
 :func:`wait_for_status_item`, :func:`status_item`, :func:`open_panel`,
 :func:`screenshot_widget`.
 
@@ -110,6 +111,33 @@ def open_lab(page: Page, lab_url: str, token: str) -> None:
     """Log in with the server's token and open JupyterLab (``{lab_url}lab``)."""
     page.goto(f"{lab_url}lab?token={token}", wait_until="domcontentloaded")
     page.wait_for_selector("#jp-main-statusbar", timeout=LAB_TIMEOUT_MS)
+
+
+def hub_login(page: Page, hub_url: str, name: str, password: str = "any") -> None:
+    """Log in through JupyterHub's ``/hub/login`` form (DummyAuthenticator takes any password).
+
+    Returns once the browser has left the login page (JupyterHub then goes on to
+    the spawn page, or to the running server).
+    """
+    page.goto(f"{hub_url.rstrip('/')}/hub/login", wait_until="domcontentloaded")
+    page.fill("#username_input", name)
+    page.fill("#password_input", password)
+    with page.expect_navigation(wait_until="domcontentloaded"):
+        page.click("#login_submit")
+    if "/hub/login" in page.url:
+        raise AssertionError(f"login as {name!r} failed: still on {page.url}")
+
+
+def write_lab_settings(settings_dir: Path, settings: dict[str, dict[str, Any]]) -> None:
+    """Write JupyterLab user settings (``{plugin_id: values}``) into a
+    ``JUPYTERLAB_SETTINGS_DIR``, e.g. ``{"@gpupool/hub-balance:plugin": {"pollInterval": 1}}``."""
+    import json
+
+    for plugin_id, values in settings.items():
+        package, _, plugin = plugin_id.partition(":")
+        target = settings_dir.joinpath(*package.split("/"), f"{plugin}.jupyterlab-settings")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(values))
 
 
 def status_item(page: Page) -> Locator:

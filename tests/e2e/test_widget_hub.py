@@ -1,0 +1,155 @@
+"""The balance widget end to end, in headless Chromium, against the real thing.
+
+A real JupyterHub (configurable-http-proxy, DummyAuthenticator) with the
+gpupool service and the ``gpupool-simple`` spawner; the user logs in through
+``/hub/login``, picks the GPU profile on the spawn page and lands in a real
+``jupyterhub-singleuser`` JupyterLab, whose server extension forwards the
+widget's polls (every second here) to the service with the server's own token
+(the ``server`` role grants ``access:services!service=gpupool``, as in the
+example config). An admin's grants move the balance; the widget follows
+within one poll, and a negative balance turns it to the negative state. The
+test saves ``docs/images/widget-hub.png``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from decimal import ROUND_HALF_UP, Decimal
+from pathlib import Path
+
+import pytest
+
+from ..labext.browser import hub_login, open_panel, screenshot_widget, wait_for_status_item
+from .conftest import allow_root, lab_environment, q, shut_down, user_model
+
+pytestmark = pytest.mark.integration
+
+SCREENSHOT = Path(__file__).parents[2] / "docs" / "images" / "widget-hub.png"
+MINUS = "\u2212"
+POLL_SECONDS = 1
+#: One poll (1 s) plus slack for two busy cores.
+ONE_POLL_MS = 8_000
+#: Spawning jupyterhub-singleuser and loading JupyterLab (~10 MB of JavaScript) on two shared cores.
+LAB_MS = 90_000
+
+PROFILES = [
+    {"slug": "cpu", "display_name": "CPU only", "cpu": 1, "memory": "1G", "default": True},
+    {"slug": "1x3090", "display_name": "1 × RTX 3090", "gpus": 1, "models": ["RTX 3090"], "cpu": 2, "memory": "4G"},
+]
+
+
+def widget_config(workdir: Path) -> str:
+    singleuser = Path(sys.executable).with_name("jupyterhub-singleuser")
+    return f"""
+c.JupyterHub.spawner_class = "gpupool-simple"
+c.GPUPoolSpawner.profiles = {PROFILES!r}
+c.Spawner.default_url = "/lab"
+c.Spawner.cmd = [{str(singleuser)!r}]
+c.Spawner.http_timeout = 90
+c.Spawner.start_timeout = 90
+c.Spawner.environment = {lab_environment(workdir, POLL_SECONDS)!r}
+{allow_root()}
+c.SimpleLocalProcessSpawner.home_dir_template = {str(workdir / "home") + "/{username}"!r}
+# single-user servers forward the widget's requests with their own token (as in the example config)
+c.JupyterHub.load_roles.append({{
+    "name": "server",
+    "scopes": ["users:activity!user", "access:servers!server", "access:services!service=gpupool"],
+}})
+"""
+
+
+def shown(amount: Decimal) -> str:
+    """What the widget shows: one decimal, half away from zero, U+2212 for negatives."""
+    text = f"{amount.quantize(Decimal('0.1'), rounding=ROUND_HALF_UP)} tokens"
+    return text.replace("-", MINUS)
+
+
+@pytest.fixture
+def widget_hub(chromium_executable, hub_factory):
+    # chromium_executable first: skip before starting anything when there is no browser
+    hub = hub_factory(start=False)
+    hub.extra_config = widget_config(hub.workdir)
+    hub.start()
+    try:
+        yield hub
+    finally:
+        shut_down(hub)
+
+
+def test_widget_follows_the_real_service(widget_hub, browser_page):
+    from playwright.sync_api import expect
+
+    hub, page = widget_hub, browser_page
+    name = "alice"
+    hub.create_user(name)
+    hub.create_user("admin")
+    admin = hub.token_for("admin")  # a gpupool admin through the "gpupool-admins" role
+    user = hub.token_for(name)
+
+    def balance() -> Decimal:
+        r = hub.service("GET", "/me", user)
+        assert r.status_code == 200, r.text
+        return Decimal(r.json()["balance"])
+
+    def grant(amount: Decimal) -> Decimal:
+        r = hub.service("POST", f"/users/{q(name)}/grant", admin,
+                        json={"amount": str(amount), "reason": "e2e widget test"})
+        assert r.status_code == 201, r.text
+        return balance()
+
+    start = balance()
+    timings: dict[str, float] = {}
+    try:
+        # Log in, pick the GPU profile on the spawn page, start.
+        hub_login(page, hub.url, name)
+        if "/hub/spawn" not in page.url:
+            page.goto(f"{hub.url}/hub/spawn", wait_until="domcontentloaded")
+        form = page.locator("#spawn_form")
+        expect(form).to_contain_text("1 × RTX 3090")
+        expect(form.locator("[data-profile='1x3090'] .gpupool-price")).to_contain_text("1 tokens/h")
+        page.check("input[name='profile'][value='1x3090']")
+        t0 = time.monotonic()
+        form.locator("button[type='submit']").click()
+
+        # The progress page hands over to JupyterLab, where the status item shows the balance.
+        page.wait_for_url(f"**/user/{name}/lab**", timeout=LAB_MS)
+        item = wait_for_status_item(page, shown(start), state="fine", timeout_ms=LAB_MS)
+        timings["lab"] = time.monotonic() - t0
+        expect(item).to_contain_text(f"{MINUS}1.0/h")  # one RTX 3090 at 1 token/h
+        server = user_model(hub, name)["servers"][""]
+        assert server["user_options"] == {"profile": "1x3090"}
+        [alloc] = hub.service("GET", "/me", user).json()["allocations"]
+        assert alloc["gpus"][0]["model"] == "NVIDIA GeForce RTX 3090"
+
+        # An admin grant: the widget follows within one poll.
+        after = grant(Decimal("25.5"))
+        assert after == start + Decimal("25.5")
+        t0 = time.monotonic()
+        wait_for_status_item(page, shown(after), state="fine", timeout_ms=ONE_POLL_MS)
+        timings["grant"] = time.monotonic() - t0
+
+        # A large negative grant: below zero (above the floor of -10), the negative state.
+        negative = grant(-(after + Decimal("4.25")))
+        assert negative == Decimal("-4.25")
+        t0 = time.monotonic()
+        wait_for_status_item(page, f"{MINUS}4.3 tokens", state="negative", timeout_ms=ONE_POLL_MS)
+        timings["negative"] = time.monotonic() - t0
+        expect(item).to_contain_text(f"{MINUS}1.0/h")
+        expect(item).to_contain_text("~6 h")  # 5.75 tokens above the floor at 1 token/h
+
+        # The panel: the GPU held, its price, the balance in words.
+        panel = open_panel(page)
+        gpus = panel.locator("[data-gpupool='gpus']")
+        expect(gpus).to_contain_text("NVIDIA GeForce RTX 3090 #")
+        expect(gpus).to_contain_text("1.0 tokens/h")
+        expect(panel).to_contain_text(f"{MINUS}4.3 tokens")
+        page.wait_for_timeout(300)  # let the popup settle before the picture
+        screenshot_widget(page, SCREENSHOT)
+        page.screenshot(path=str(hub.workdir / "lab.png"))
+        print(f"timings (s): {timings}")
+    except Exception:
+        console = "\n".join(getattr(page, "gpupool_console", []))
+        print(f"--- browser console ---\n{console}\n--- hub log ---\n{hub.log_tail(80)}")
+        page.screenshot(path=str(hub.workdir / "failure.png"))
+        raise
