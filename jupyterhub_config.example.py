@@ -44,6 +44,8 @@ c.JupyterHub.services = [
         "command": [sys.executable, "-m", "gpupool_hub.service", "--config", CONFIG_FILE],
         "api_token": GPUPOOL_API_TOKEN,                  # the spawner authenticates with this token
         "display": False,
+        # Managed services do not inherit the hub's environment: pass on what this file reads.
+        "environment": {k: os.environ[k] for k in ("GPUPOOL_DB_URL",) if k in os.environ},
     },
 ]
 
@@ -130,5 +132,5 @@ c.GPUPoolService.debit_interval = 3600         # charge closed hours
 # With KubeSpawner (pip install gpupool_hub[kubernetes]) the pool picks the
 # node and GPU count; the NVIDIA device plugin binds the devices:
 # c.JupyterHub.spawner_class = "gpupool-kubernetes"
-# c.GPUPoolKubeSpawner.node_label = "kubernetes.io/hostname"   # affinity key for the chosen node
+# c.GPUPoolKubeSpawner.gpupool_node_label = "kubernetes.io/hostname"   # affinity key for the chosen node
 # c.GPUPool.nodes = [...]   # one entry per GPU node, names = the node label's values

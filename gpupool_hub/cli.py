@@ -137,6 +137,12 @@ def cmd_pool(client: Client, args: argparse.Namespace) -> int:
             holders = ", ".join(f"{h['user']}/{h['server'] or '-'} ({h['fraction']})" for h in g["holders"])
             rows.append((node["node"], g["index"], g["model"], g["allocated_fraction"], holders or "free"))
     print(table(rows, ["node", "gpu", "model", "allocated", "holders"]))
+    teams = pool.get("teams") or []
+    if teams:
+        print()
+        print(table([(t["team"], f"{t['used_gpus']:g}", f"{t['quota_gpus']:g}", f"{t['borrowed_gpus']:g}",
+                      t["servers"], t.get("cooldown_until") or "")
+                     for t in teams], ["team", "used", "quota", "borrowed", "servers", "no preempting until"]))
     for finding in pool.get("unallocated_servers", []):
         print(f"warning: {finding['user']}/{finding['server']}: {finding['message']}", file=sys.stderr)
     return EXIT_OK

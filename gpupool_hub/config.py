@@ -11,7 +11,7 @@ from decimal import Decimal
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from traitlets import Dict, List, TraitError, TraitType, Unicode, default, validate
+from traitlets import Dict, Float, List, TraitError, TraitType, Unicode, default, validate
 from traitlets.config import Configurable
 
 from .credits import CreditRules, rules_for_groups
@@ -120,6 +120,55 @@ class GPUPool(Configurable):
         PostgreSQL use ``postgresql://user:password@host/dbname`` (psycopg 3).""",
     ).tag(config=True)
 
+    teams = Dict(
+        {},
+        help="""Team fair share (see docs/fairshare.md): a nominal GPU quota per team, where a
+        team is a JupyterHub group, e.g. ``{"vision": {"gpus": 20},
+        "nlp": {"gpus": 20, "models": {"A100": 8}}}``. Within quota a server is
+        guaranteed; above it a team borrows idle GPUs, which are reclaimed (the
+        borrowed servers stopped) when a team under its quota needs them. Users in
+        no team count against `default_team`; a user in several teams against the
+        one with the most headroom left. Empty (default): no quotas, nothing is
+        ever borrowed or preempted.""",
+    ).tag(config=True)
+
+    default_team = Unicode(
+        "default",
+        help="""Team of users in none of `teams`. Its quota is 0 GPUs (everything it
+        runs is borrowed) unless `teams` has an entry of this name.""",
+    ).tag(config=True)
+
+    preempt_grace = Float(
+        30, help="Seconds a borrowed server is warned before it is stopped to reclaim its GPUs.",
+    ).tag(config=True)
+
+    preempt_cooldown = Float(
+        600, help="Seconds after a team was preempted during which it may not preempt anyone itself.",
+    ).tag(config=True)
+
+    @validate("teams")
+    def _check_teams(self, proposal: Any) -> dict:  # type: ignore[type-arg]
+        from .fairshare import Teams
+
+        try:
+            Teams.from_config(proposal["value"])
+        except ValueError as e:
+            raise TraitError(str(e)) from None
+        return proposal["value"]
+
+    @validate("default_team")
+    def _check_default_team(self, proposal: Any) -> str:
+        if not proposal["value"].strip():
+            raise TraitError("c.GPUPool.default_team must be a non-empty group name")
+        return proposal["value"]
+
+    @validate("preempt_grace", "preempt_cooldown")
+    def _check_preempt_times(self, proposal: Any) -> float:
+        name = proposal["trait"].name
+        if not 0 <= proposal["value"] <= 86400:
+            raise TraitError(f"c.GPUPool.{name} must be between 0 and 86400 seconds, got {proposal['value']!r}")
+        return proposal["value"]
+
     @validate("prices")
     def _check_prices(self, proposal: Any) -> dict:  # type: ignore[type-arg]
         try:
@@ -177,6 +226,11 @@ class GPUPool(Configurable):
         from .placement import Pool, get_policy, load_nodes
 
         return Pool(load_nodes(self.nodes), policy=get_policy(self.placement_policy))
+
+    def team_table(self):  # type: ignore[no-untyped-def]
+        from .fairshare import Teams
+
+        return Teams.from_config(self.teams, self.default_team)
 
     def price_table(self) -> PriceTable:
         return PriceTable.from_config(self.prices, self.default_price)

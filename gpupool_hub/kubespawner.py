@@ -68,12 +68,14 @@ class GPUPoolKubeSpawner(GPUPoolSpawner, KubeSpawner):
         help="""Resources for particular fractions, e.g. MIG slices::
 
             c.GPUPoolKubeSpawner.gpu_fraction_resources = {
-                "0.5": {"nvidia.com/mig-3g.40gb": 1},
-                "0.25": {"nvidia.com/mig-2g.20gb": 1},
+                "0.4": {"nvidia.com/mig-3g.40gb": 1},
+                "0.25": {"nvidia.com/mig-1g.10gb": 1},
             }
 
         Keys are the profile's gpu_fraction as a string; values map resource
-        names to quantities.""",
+        names to quantities. A MIG instance counts as its slices out of 7 (a
+        3g.40gb is 3/7 ≈ 0.43 of the GPU), so the profile's fraction must not
+        exceed that.""",
     ).tag(config=True)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

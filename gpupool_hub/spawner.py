@@ -32,6 +32,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from decimal import Decimal, InvalidOperation
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -349,6 +350,11 @@ class GPUPoolSpawner(Spawner):
 
     request_timeout = Float(10, help="Seconds each request to the gpupool service may take.").tag(config=True)
 
+    reclaim_wait = Float(
+        300, help="""Seconds a spawn waits while the pool reclaims borrowed GPUs for it (team fair
+        share, see docs/fairshare.md) before giving up; the spawn page says it is waiting.""",
+    ).tag(config=True)
+
     # --------------------------------------------------------------- state
 
     gpupool_allocation_id: str | None = None
@@ -563,8 +569,9 @@ class GPUPoolSpawner(Spawner):
         if status == 409:
             reason = str(data.get("reason") or "refused")
             message = str(data.get("message") or f"The GPU pool refused {what}.")
-            codes = {"insufficient_balance": 403, "no_capacity": 503, "model_unavailable": 400}
+            codes = {"insufficient_balance": 403, "no_capacity": 503, "model_unavailable": 400, "reclaiming": 503}
             titles = {"insufficient_balance": "Not enough tokens", "no_capacity": "No GPU capacity",
+                      "reclaiming": "Waiting for borrowed GPUs to be reclaimed",
                       "model_unavailable": "GPU model unavailable"}
             html_msg = (f"<strong>{html.escape(titles.get(reason, 'Refused by the GPU pool'))}.</strong> "
                         f"{html.escape(message)}")
@@ -586,6 +593,27 @@ class GPUPoolSpawner(Spawner):
             f"The GPU pool service failed (HTTP {status}); no GPU server can start right now. Try again shortly.",
             reason="gpupool_unreachable", status_code=503,
         )
+
+    async def _gpupool_allocate_waiting(self, profile: Profile, gpus: int) -> dict[str, Any]:
+        """Allocate; while the pool reclaims borrowed GPUs for this server, say so and retry."""
+        loop = asyncio.get_event_loop()
+        give_up = loop.time() + self.reclaim_wait
+        while True:
+            try:
+                return await self.gpupool_allocate(profile, gpus)
+            except GPUPoolRefused as e:
+                if e.reason != "reclaiming" or loop.time() >= give_up:
+                    raise
+                wait = 2.0
+                if e.retry_at:
+                    try:
+                        at = datetime.fromisoformat(e.retry_at.replace("Z", "+00:00"))
+                        wait = (at - datetime.now(timezone.utc)).total_seconds() + 0.5
+                    except ValueError:
+                        pass
+                wait = min(max(wait, 0.5), 10.0, max(give_up - loop.time(), 0.5))
+                self._event(20, f"Waiting for borrowed GPUs to be reclaimed: {e.message}")
+                await asyncio.sleep(wait)
 
     async def gpupool_release(self, reason: str) -> bool:
         """Give the held allocation back; True when the service confirmed (or never knew it)."""
@@ -694,7 +722,7 @@ class GPUPoolSpawner(Spawner):
             if profile is not None and profile.needs_gpu:
                 self._event(10, f"Asking the GPU pool for {profile.describe(gpus)}…")
                 try:
-                    allocation = await self.gpupool_allocate(profile, gpus)
+                    allocation = await self._gpupool_allocate_waiting(profile, gpus)
                 except GPUPoolRefused as e:
                     self._event(100, f"Refused: {e.message}", e.jupyterhub_html_message)
                     raise
@@ -702,7 +730,11 @@ class GPUPoolSpawner(Spawner):
                 self.gpupool_allocation = allocation
                 where = allocation.get("description") or f"{allocation.get('node')}"
                 self.log.info("GPUs for %s: %s (allocation %s)", self._log_name, where, allocation["id"])
-                self._event(40, f"GPUs allocated: {where}")
+                if allocation.get("borrowed"):
+                    self._event(40, f"GPUs allocated (borrowed: your team is over its quota, so they may be "
+                                    f"reclaimed when another team needs them): {where}")
+                else:
+                    self._event(40, f"GPUs allocated: {where}")
                 self.apply_gpupool_allocation(allocation)
             else:
                 if not self.cpu_only_fail_open and not await self.gpupool_check_reachable():

@@ -146,6 +146,7 @@ class GPUPoolService(Application):
             usage_source=self.make_usage_source() or AllocationRecordsSource(self.ledger), debit_interval=self.debit_interval,
             debit_delay_tolerance=self.debit_delay_tolerance,
         )
+        self.manager.on_reclaim = self._schedule_reclaim
         restored = self.manager.restore()
         self.log.info("gpupool %s: %d node(s), %d allocation(s) restored, ledger %s",
                       __version__, len(self.manager.pool.nodes), restored, self.ledger.engine.url.render_as_string())
@@ -291,7 +292,8 @@ class GPUPoolService(Application):
         why = pressure(allocated, capacity, last_refusal, now, culler, await self._utilization())
         warnings = self._dry_warnings if culler.dry_run else m.cull_warnings
         states = []
-        for user in set(servers) | set(warnings):
+        # users the agents enforce against are re-checked too, so a top-up frees them
+        for user in set(servers) | set(warnings) | set(m.enforce_users):
             groups = set(await self.groups_of(user))
             rules = self.settings_.rules_for(groups)
             try:
@@ -310,10 +312,17 @@ class GPUPoolService(Application):
     async def _utilization(self) -> float | None:
         if not (self.culler.pressure_utilization and self.prometheus_url):
             return None
+        from urllib.parse import urlencode
+
+        from tornado.httpclient import AsyncHTTPClient
+
+        url = f"{self.prometheus_url.rstrip('/')}/api/v1/query?" + urlencode({"query": self.culler.utilization_query})
+        headers = {"Authorization": f"Bearer {self.prometheus_token}"} if self.prometheus_token else {}
         try:
-            data = await self.hub.request("GET", "", url=f"{self.prometheus_url.rstrip('/')}/api/v1/query",
-                                          params={"query": self.culler.utilization_query})
-            return float(data["data"]["result"][0]["value"][1])
+            resp = await AsyncHTTPClient().fetch(url, headers=headers, request_timeout=10)
+            import json
+
+            return float(json.loads(resp.body)["data"]["result"][0]["value"][1])
         except Exception as e:  # pressure from allocation and refusals still works
             self.log.warning("GPU utilization unavailable for the pressure check: %s", e)
             return None
@@ -356,6 +365,26 @@ class GPUPoolService(Application):
                 self.ledger.add_audit(AuditEvent(now, d.user, d.server, "failed", f"{d.action}: {e}", dry))
                 return
         self.ledger.add_audit(AuditEvent(now, d.user, d.server, d.action, d.reason, dry, detail or None))
+
+    def _schedule_reclaim(self, reclaim: Any) -> None:
+        IOLoop.current().add_callback(self._reclaim, reclaim)
+
+    async def _reclaim(self, reclaim: Any) -> None:
+        """Fair share: after the grace, stop the borrowed servers a reclaim preempts
+        and release their allocations; the requester's retry then gets the GPUs."""
+        delay = (reclaim.deadline - datetime.now(timezone.utc)).total_seconds()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        for victim in reclaim.victims:
+            if self.manager.reclaims.get((reclaim.user, reclaim.server)) is not reclaim:
+                return  # cancelled meanwhile: the remaining victims keep their GPUs
+            error = None
+            try:
+                await self.hub.stop_server(victim.user, victim.server)
+            except HubError as e:  # released anyway: the GPUs are reassigned as announced
+                error = str(e)
+                self.log.error("Could not stop %s/%s to reclaim its borrowed GPUs: %s", victim.user, victim.server, e)
+            self.manager.preempt(reclaim, victim, stopped=error is None, error=error)
 
     def _holds(self, user: str, server: str) -> bool:
         return any(r.server == server for r in self.ledger.active_allocations(user))

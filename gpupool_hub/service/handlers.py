@@ -282,7 +282,16 @@ class PoolHandler(APIHandler):
                     for a, m in gpu["holders"].items()
                 ]
         self.write_json({"nodes": nodes, "free": self.manager.pool.free_summary().as_dict(),
-                         "unallocated_servers": self.settings["reconcile_report"]()})
+                         "unallocated_servers": self.settings["reconcile_report"](),
+                         "teams": self.manager.team_report()["teams"]})
+
+
+class TeamsHandler(APIHandler):
+    """Fair share: per team quota, usage, borrowed GPUs; reclaims in progress (admins)."""
+
+    def get(self) -> None:
+        self.require_admin()
+        self.write_json(self.manager.team_report())
 
 
 class VerifyHandler(APIHandler):
@@ -417,6 +426,7 @@ def routes(prefix: str) -> list[tuple[str, type[web.RequestHandler]]]:
         (rf"{api}/users/{name}/history", HistoryHandler),
         (rf"{api}/users/{name}/grant", GrantHandler),
         (rf"{api}/pool", PoolHandler),
+        (rf"{api}/teams", TeamsHandler),
         (rf"{api}/ledger/verify", VerifyHandler),
         (rf"{api}/ledger/export", ExportHandler),
         (rf"{api}/audit", AuditHandler),

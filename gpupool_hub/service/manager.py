@@ -18,11 +18,12 @@ from decimal import Decimal
 from typing import Any
 
 from ..config import GPUPool
+from .. import fairshare
 from ..credits import affordable_at, balance_status, can_start, due_credits, next_credit_times
 from ..keys import entry_key
-from ..ledger import AllocationRecord, Ledger, Posting, UnknownAccount, utcnow
+from ..ledger import AllocationRecord, AuditEvent, Ledger, Posting, UnknownAccount, utcnow
 from ..placement.errors import InvalidRequest, ModelUnavailable, NoCapacity
-from ..placement.request import Request
+from ..placement.request import Request, normalize_model
 from ..placement.state import GPUShare, Placement, Pool
 from ..pricing import PriceTable, PricingError, model_matches
 from ..units import format_tokens, round_milli
@@ -123,6 +124,39 @@ class CullWarning:
 
 
 @dataclass
+class Reclaim:
+    """Borrowed servers being preempted so that (user, server) can start within its quota.
+
+    The requester's GPUs are reserved in the placement pool at once (``alloc_id``,
+    ``placement``); the victims' allocations stay in the ledger, and are charged,
+    until they are stopped at ``deadline``. The spawner's retry after that gets
+    the reserved GPUs; unclaimed, the reservation lapses at ``expires``."""
+
+    id: str
+    user: str
+    server: str
+    team: str
+    request: Request
+    requested_models: list[str] | None
+    placement: Placement
+    victims: list[AllocationRecord]
+    created_at: datetime
+    deadline: datetime
+    expires: datetime
+    done: set[str] = field(default_factory=set)
+
+    @property
+    def ready(self) -> bool:
+        return all(v.id in self.done for v in self.victims)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"user": self.user, "server": self.server, "team": self.team, "node": self.placement.node,
+                "deadline": _iso(self.deadline), "ready": self.ready,
+                "victims": [{"allocation": v.id, "user": v.user, "server": v.server,
+                             "team": v.request.get("team"), "released": v.id in self.done} for v in self.victims]}
+
+
+@dataclass
 class PoolManager:
     settings: GPUPool
     ledger: Ledger
@@ -138,8 +172,18 @@ class PoolManager:
     # users whose GPU processes the node agents stop, and servers whose GPUs were taken back
     enforce_users: set[str] = field(default_factory=set)
     revoked: dict[tuple[str, str], datetime] = field(default_factory=dict)
+    # team fair share: reclaims in progress per requesting (user, server), the warnings
+    # their victims see in GET me, and until when a preempted team may not preempt
+    reclaims: dict[tuple[str, str], Reclaim] = field(default_factory=dict)
+    preempt_warnings: dict[str, CullWarning] = field(default_factory=dict)
+    preempt_cooldown_until: dict[str, datetime] = field(default_factory=dict)
+    preemptions: dict[str, int] = field(default_factory=dict)  # per victim team, since start
+    # called with a new Reclaim; the service stops the victims' servers after the grace
+    # and calls preempt() for each (without it, callers do that themselves)
+    on_reclaim: Callable[[Reclaim], None] | None = None
 
     def __post_init__(self) -> None:
+        self.teams = self.settings.team_table()
         self.prices: PriceTable = self.settings.price_table()
         self.prices.check_models(self.pool_models())
         self._debit_lock = threading.Lock()
@@ -251,6 +295,7 @@ class PoolManager:
         for record in self.ledger.active_allocations(user):
             if record.server == server:
                 return record
+        self.expire_reclaims()
         if request.total_gpu_milli == 0:
             raise BadRequest("a request without GPUs needs no allocation")
         groups = set(groups)
@@ -277,6 +322,16 @@ class PoolManager:
                 "floor": format_tokens(rules.floor)})
         req = Request(cpu_milli=request.cpu_milli, memory_mib=request.memory_mib, gpus=request.gpus,
                       gpu_milli=request.gpu_milli, models=affordable)
+        team, usage, holdings = None, None, []
+        if self.teams.enabled:
+            pending = self.reclaims.get((user, server))
+            if pending is not None:
+                if self._same_shape(pending.request, req):
+                    return self._claim(pending, requested_models)
+                self.cancel_reclaim(pending, "the request changed")
+            holdings = self.holdings()
+            usage = self.teams.usage(holdings)
+            team = self.teams.resolve(groups, usage)
         alloc_id = uuid.uuid4().hex
         try:
             placement = self.pool.allocate(alloc_id, req)
@@ -285,18 +340,30 @@ class PoolManager:
                           details={"available": sorted(self.pool_models())}) from None
         except NoCapacity:
             self.capacity_refusals.append(self.clock())
+            if team is not None and usage is not None:
+                self._try_reclaim(user, server, team, usage, holdings, req, requested_models)
             free = self.pool.free_summary()
             raise Refused("no_capacity",
                           f"No capacity for {request.describe()} right now. Free now: {free}. "
                           "Try again when other servers stop, or pick a smaller profile.",
                           details={"free": free.as_dict()}) from None
+        return self._record(alloc_id, user, server, request, requested_models, placement, team, usage)
+
+    def _record(self, alloc_id: str, user: str, server: str, request: Request, requested_models: list[str] | None,
+                placement: Placement, team: str | None, usage: fairshare.Usage | None) -> AllocationRecord:
+        borrowed = False
+        stored = {"cpu_milli": request.cpu_milli, "memory_mib": request.memory_mib, "gpus": request.gpus,
+                  "gpu_milli": request.gpu_milli, "models": sorted(requested_models or [])}
+        if team is not None and usage is not None:
+            model = placement.gpus[0].model if placement.gpus else ""
+            borrowed = self.teams.classify(team, placement.gpu_milli, model, usage) == "borrowed"
+            stored["team"] = team
         record = AllocationRecord(
             id=alloc_id, user=user, server=server, node=placement.node,
             gpus=tuple({"index": g.index, "uuid": g.uuid, "model": g.model, "milli": g.milli, "mig_uuid": g.mig_uuid}
                        for g in placement.gpus),
-            request={"cpu_milli": request.cpu_milli, "memory_mib": request.memory_mib, "gpus": request.gpus,
-                     "gpu_milli": request.gpu_milli, "models": sorted(requested_models or [])},
-            price_per_hour=round_milli(self.price_of(placement)), borrowed=False, created_at=self.clock(),
+            request=stored,
+            price_per_hour=round_milli(self.price_of(placement)), borrowed=borrowed, created_at=self.clock(),
         )
         try:
             self.ledger.add_allocation(record)
@@ -314,6 +381,162 @@ class PoolManager:
         if record is not None:
             self.forget(record.user)
         return record
+
+    # ---------------------------------------------------------- fair share
+
+    def holdings(self, exclude: str | None = None) -> list[fairshare.Holding]:
+        """What each team holds, as admission sees it: active allocations with their team
+        (older ones without a team: the default team), minus servers being preempted,
+        plus GPUs reserved for a reclaim (they count for the team they are reserved for)."""
+        leaving = {v.id for rc in self.reclaims.values() for v in rc.victims}
+        out = []
+        for r in self.ledger.active_allocations():
+            if r.id in leaving:
+                continue
+            out.append(fairshare.Holding(
+                id=r.id, team=r.request.get("team") or self.teams.default_team,
+                milli=sum(g["milli"] for g in r.gpus), model=r.gpus[0]["model"] if r.gpus else "",
+                borrowed=r.borrowed, created_at=r.created_at, node=r.node, user=r.user, server=r.server))
+        for rc in self.reclaims.values():
+            if rc.id != exclude:
+                out.append(fairshare.Holding(
+                    id=rc.id, team=rc.team, milli=rc.placement.gpu_milli,
+                    model=rc.placement.gpus[0].model if rc.placement.gpus else "", borrowed=False,
+                    created_at=rc.created_at, node=rc.placement.node, user=rc.user, server=rc.server))
+        return out
+
+    def team_report(self) -> dict[str, Any]:
+        holdings = self.holdings()
+        now = self.clock()
+        teams = self.teams.report(holdings) if self.teams.enabled else []
+        for t in teams:
+            until = self.preempt_cooldown_until.get(t["team"])
+            t["preempted"] = self.preemptions.get(t["team"], 0)
+            t["cooldown_until"] = _iso(until) if until and until > now else None
+        return {"enabled": self.teams.enabled, "default_team": self.teams.default_team,
+                "preempt_grace_seconds": self.settings.preempt_grace, "teams": teams,
+                "reclaims": [rc.as_dict() for rc in self.reclaims.values()]}
+
+    def _try_reclaim(self, user: str, server: str, team: str, usage: fairshare.Usage,
+                     holdings: list[fairshare.Holding], req: Request, requested_models: list[str] | None) -> None:
+        """No room: if the request is within its team's quota and borrowed GPUs of teams
+        over quota would make it fit, reserve the GPUs, warn the victims and raise
+        ``Refused("reclaiming")``. Returns when there is nothing to reclaim."""
+        now = self.clock()
+        models = {g.model for ns in self.pool.nodes for g in ns.node.gpus
+                  if req.models is None or normalize_model(g.model) in req.models}
+        if not fairshare.may_preempt(self.teams, team, req.total_gpu_milli, usage, now,
+                                     self.preempt_cooldown_until, models):
+            return
+        if self.teams.quota(team).models:  # place only on models still within the team's quota
+            ok = [m for m in models if self.teams.within_quota(team, req.total_gpu_milli, usage, m)]
+            req = Request(cpu_milli=req.cpu_milli, memory_mib=req.memory_mib, gpus=req.gpus,
+                          gpu_milli=req.gpu_milli, models=frozenset(ok))
+        victims = fairshare.choose_victims(self.pool, req, self.teams, team, holdings, usage)
+        if not victims:
+            return
+        released = {h.id: self.pool.release(h.id) for h in victims}
+        reclaim_id = uuid.uuid4().hex
+        try:
+            placement = self.pool.allocate(reclaim_id, req)
+        except Exception:  # cannot happen (choose_victims checked it); never lose the victims' GPUs
+            for alloc_id, p in released.items():
+                self.pool.restore(alloc_id, p)
+            log.exception("Reclaim for %s/%s failed to place after choosing victims", user, server)
+            return
+        grace = timedelta(seconds=self.settings.preempt_grace)
+        records = {r.id: r for r in self.ledger.active_allocations()}
+        rc = Reclaim(id=reclaim_id, user=user, server=server, team=team, request=req,
+                     requested_models=requested_models, placement=placement,
+                     victims=[records[h.id] for h in victims], created_at=now, deadline=now + grace,
+                     expires=now + grace + timedelta(seconds=300))
+        self.reclaims[(user, server)] = rc
+        for v in rc.victims:
+            self.preempt_warnings[v.user] = CullWarning(
+                "server", f"your borrowed GPUs on {v.node} (server {v.server or 'default'}) are reclaimed for "
+                f"team {team}, which is within its quota; the server stops at the deadline", rc.deadline)
+            self.forget(v.user)
+        log.warning("Reclaiming %s for %s/%s (team %s): preempting %s at %s", self.pool.describe(placement), user,
+                    server, team, ", ".join(f"{v.user}/{v.server or '-'}" for v in rc.victims), _iso(rc.deadline))
+        if self.on_reclaim is not None:
+            self.on_reclaim(rc)
+        raise self._reclaiming(rc)
+
+    def _reclaiming(self, rc: Reclaim) -> Refused:
+        n = sum(len(v.gpus) for v in rc.victims)
+        return Refused(
+            "reclaiming",
+            f"Waiting for borrowed GPUs to be reclaimed for your team {rc.team}: {len(rc.victims)} borrowed "
+            f"server(s) of teams over their quota ({n} GPU(s)) are stopped at {_iso(rc.deadline)}, "
+            f"then your server starts on {self.pool.describe(rc.placement)}.",
+            retry_at=max(rc.deadline, self.clock() + timedelta(seconds=1)),
+            details={"team": rc.team, "node": rc.placement.node,
+                     "victims": [{"user": v.user, "server": v.server} for v in rc.victims]})
+
+    @staticmethod
+    def _same_shape(a: Request, b: Request) -> bool:
+        return (a.cpu_milli, a.memory_mib, a.gpus, a.gpu_milli) == (b.cpu_milli, b.memory_mib, b.gpus, b.gpu_milli)
+
+    def _claim(self, rc: Reclaim, requested_models: list[str] | None) -> AllocationRecord:
+        """The spawner's retry of a reclaiming request: the reserved GPUs once the victims are gone."""
+        if not rc.ready:
+            raise self._reclaiming(rc)
+        usage = self.teams.usage(self.holdings(exclude=rc.id))
+        del self.reclaims[(rc.user, rc.server)]
+        return self._record(rc.id, rc.user, rc.server, rc.request, requested_models, rc.placement, rc.team, usage)
+
+    def preempt(self, rc: Reclaim, victim: AllocationRecord, *, stopped: bool = True, error: str | None = None) -> None:
+        """A victim's server was stopped (or could not be): release its allocation, audit it.
+
+        The debit from allocation records stops at the release time, so the victim pays
+        exactly for the time it ran."""
+        if victim.id in rc.done:
+            return
+        now = self.clock()
+        reason = f"preempted: borrowed GPUs reclaimed for team {rc.team} ({rc.user}/{rc.server or '-'})"
+        self.ledger.release_allocation(victim.id, at=now, reason=reason)
+        rc.done.add(victim.id)
+        self.forget(victim.user)
+        vteam = victim.request.get("team") or self.teams.default_team
+        self.preempt_cooldown_until[vteam] = now + timedelta(seconds=self.settings.preempt_cooldown)
+        self.preemptions[vteam] = self.preemptions.get(vteam, 0) + 1
+        if not any(v.user == victim.user and v.id not in r.done for r in self.reclaims.values() for v in r.victims):
+            self.preempt_warnings.pop(victim.user, None)
+        detail = {"allocation": victim.id, "team": vteam, "for_team": rc.team, "for_user": rc.user,
+                  "for_server": rc.server, "node": victim.node, "gpus": len(victim.gpus), "stopped": stopped}
+        if error:
+            detail["error"] = error
+        self.ledger.add_audit(AuditEvent(now, victim.user, victim.server, "preempt", reason, False, detail))
+        log.warning("Preempted %s/%s (team %s) for %s/%s (team %s)%s", victim.user, victim.server or "-", vteam,
+                    rc.user, rc.server or "-", rc.team, f": stop failed: {error}" if error else "")
+
+    def cancel_reclaim(self, rc: Reclaim, why: str) -> None:
+        self.reclaims.pop((rc.user, rc.server), None)
+        if rc.id in self.pool:
+            self.pool.release(rc.id)
+        for v in rc.victims:  # victims not stopped yet get their GPUs back
+            if v.id not in rc.done and v.id not in self.pool and self.ledger.allocation(v.id) is not None \
+                    and self.ledger.allocation(v.id).released_at is None:  # type: ignore[union-attr]
+                try:
+                    self.pool.restore(v.id, self.pool_placement(v))
+                except Exception as e:
+                    log.error("Cannot give %s back to %s after a cancelled reclaim: %s", v.id, v.user, e)
+            self.preempt_warnings.pop(v.user, None)
+            self.forget(v.user)
+        log.info("Reclaim for %s/%s dropped: %s", rc.user, rc.server, why)
+
+    def expire_reclaims(self) -> None:
+        now = self.clock()
+        for rc in list(self.reclaims.values()):
+            if now >= rc.expires:
+                self.cancel_reclaim(rc, "not claimed in time")
+
+    @staticmethod
+    def pool_placement(record: AllocationRecord) -> Placement:
+        return Placement(
+            node=record.node,
+            gpus=tuple(GPUShare(g["index"], g["uuid"], g["model"], g["milli"], g.get("mig_uuid")) for g in record.gpus),
+            cpu_milli=record.request.get("cpu_milli", 0), memory_mib=record.request.get("memory_mib", 0))
 
     def describe(self, record: AllocationRecord) -> str:
         placement = Placement(record.node, tuple(GPUShare(g["index"], g["uuid"], g["model"], g["milli"], g.get("mig_uuid"))
@@ -356,7 +579,7 @@ class PoolManager:
             view = cached[1]
         daily_at, monthly_at = next_credit_times(self.clock(), self.settings.tz)
         last = self.last_debit()
-        warning = self.cull_warnings.get(user)
+        warning = self.cull_warnings.get(user) or self.preempt_warnings.get(user)
         return {
             **view,
             "credits": {**view["credits"], "next_daily_at": _iso(daily_at), "next_monthly_at": _iso(monthly_at)},

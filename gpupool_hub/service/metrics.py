@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
@@ -56,6 +56,20 @@ class PoolCollector(Collector):
             by_model.add_metric([model], per_model.get(model, 0.0))
         yield by_model
         yield capacity
+        report = self.manager.team_report()
+        if report["enabled"]:
+            quota = GaugeMetricFamily("gpupool_team_quota_gpus", "Nominal GPU quota per team", labels=["team"])
+            used = GaugeMetricFamily("gpupool_team_allocated_gpus", "GPUs a team holds (incl. reserved)", labels=["team"])
+            borrowed = GaugeMetricFamily("gpupool_team_borrowed_gpus", "GPUs a team holds above its quota (borrowed)",
+                                         labels=["team"])
+            preempted = CounterMetricFamily("gpupool_team_preemptions", "Borrowed servers of a team preempted",
+                                            labels=["team"])
+            for t in report["teams"]:
+                quota.add_metric([t["team"]], t["quota_gpus"])
+                used.add_metric([t["team"]], t["used_gpus"])
+                borrowed.add_metric([t["team"]], t["borrowed_gpus"])
+                preempted.add_metric([t["team"]], t["preempted"])
+            yield from (quota, used, borrowed, preempted)
 
 
 class ServiceMetrics:
