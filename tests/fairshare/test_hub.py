@@ -11,6 +11,7 @@ import time
 import pytest
 import requests
 
+from tests.fixtures.hub import wait_for
 from tests.service.openapi import check
 from tests.spawner.conftest import (
     allocations, kill_leftovers, progress_events, spawn, spawner_config, stop_everything, user_model,
@@ -89,16 +90,6 @@ def audit(hub):
     r = hub.service("GET", "/audit", hub.tester_token)
     check("Audit", r.json())
     return [e for e in r.json()["events"] if e["action"] == "preempt"]
-
-
-def wait_for(check_fn, timeout=30, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check_fn()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_idle_gpus_borrowed_then_reclaimed_for_the_spawner(hub):

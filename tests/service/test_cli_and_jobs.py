@@ -7,9 +7,10 @@ import io
 import os
 import subprocess
 import sys
-import time
 
 import pytest
+
+from tests.fixtures.hub import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -39,16 +40,6 @@ def gpupool(hub, *args, token=None):
     env = {**os.environ, "GPUPOOL_URL": hub.service_api, "GPUPOOL_TOKEN": token or hub.admin_token}
     return subprocess.run([sys.executable, "-m", "gpupool_hub.cli", *args], env=env, capture_output=True,
                           text=True, timeout=60)
-
-
-def wait_for(check, timeout=20):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError("condition not met in time")
 
 
 def test_replenish_gives_new_hub_users_their_grant_by_group(hub):

@@ -18,6 +18,8 @@ from urllib.parse import quote
 import pytest
 import requests
 
+from tests.fixtures.hub import wait_for
+
 pytestmark = pytest.mark.integration
 
 SINGLEUSER = str(Path(sys.executable).parent / "jupyterhub-singleuser")
@@ -67,16 +69,6 @@ def hub(tmp_path_factory):
         hub.tokens[name] = hub.token_for(name)
     yield hub
     hub.stop()
-
-
-def wait_for(check, timeout=60, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def spawn(hub, name, profile):
