@@ -221,6 +221,8 @@ class GPUPoolService(Application):
             level = logging.DEBUG if handler.request.method == "GET" else logging.INFO
         else:
             level = logging.WARNING if status < 500 else logging.ERROR
+        if level < self.log_level:  # the logger itself is at DEBUG; skip building a record nobody prints
+            return
         self.log.log(level, "%d %s %s %.1fms", status, handler.request.method, handler.request.path,
                      1000 * handler.request.request_time())
 

@@ -189,6 +189,7 @@ class PoolManager:
         self._debit_lock = threading.Lock()
         self._me_cache: dict[str, tuple[tuple[frozenset[str], Any], dict[str, Any]]] = {}
         self._generation = 0
+        self._clock_cache: tuple[int, int, dict[str, Any]] | None = None
         self._last_debit: tuple[tuple[datetime, datetime] | None] | None = None
 
     # ------------------------------------------------------------ inventory
@@ -577,16 +578,32 @@ class PoolManager:
                 self._me_cache[user] = ((groups, today), view)
         else:
             view = cached[1]
-        daily_at, monthly_at = next_credit_times(self.clock(), self.settings.tz)
-        last = self.last_debit()
         warning = self.cull_warnings.get(user) or self.preempt_warnings.get(user)
+        clock = self._clock_view()
         return {
             **view,
-            "credits": {**view["credits"], "next_daily_at": _iso(daily_at), "next_monthly_at": _iso(monthly_at)},
-            "last_debit_at": _iso(last[1]) if last else None,
-            "accounting": self.accounting_status(),
+            "credits": {**view["credits"], **clock["credits"]},
+            "last_debit_at": clock["last_debit_at"],
+            "accounting": clock["accounting"],
             "cull_warning": warning.as_dict() if warning else None,
         }
+
+    def _clock_view(self) -> dict[str, Any]:
+        """The parts of ``me`` that depend only on the time, shared by every user for a second."""
+        now = self.clock()
+        second = int(now.timestamp())
+        cached = self._clock_cache
+        if cached is not None and cached[0] == second and cached[1] == self._generation:
+            return cached[2]
+        daily_at, monthly_at = next_credit_times(now, self.settings.tz)
+        last = self.last_debit()
+        view = {
+            "credits": {"next_daily_at": _iso(daily_at), "next_monthly_at": _iso(monthly_at)},
+            "last_debit_at": _iso(last[1]) if last else None,
+            "accounting": self.accounting_status(),
+        }
+        self._clock_cache = (second, self._generation, view)
+        return view
 
     def _account_view(self, user: str, groups: frozenset[str]) -> dict[str, Any]:
         """The part of ``me`` that only changes when the user's account does."""
@@ -645,6 +662,7 @@ class PoolManager:
                     if self.debit_status.failing_since is None:
                         self.debit_status.failing_since = now
                     self.debit_status.last_error = f"usage for {_iso(start)}–{_iso(end)} unavailable: {e}"
+                    self._clock_cache = None
                     log.warning("Debit delayed: %s", self.debit_status.last_error)
                     break
                 self.ledger.post_many(postings, complete_interval=(DEBIT_JOB, start, end), carry=carry)
