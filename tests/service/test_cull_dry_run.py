@@ -1,0 +1,69 @@
+"""Dry-run culling: everything is decided and audited, nothing is done."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.fixtures.hub import wait_for
+from tests.spawner.conftest import (
+    kill_leftovers, set_balance, spawner_config, start_ok, stop_everything, user_model,
+)
+
+pytestmark = pytest.mark.integration
+
+EXTRA = """
+c.Culler.dry_run = True
+c.Culler.interval = 0.5
+c.Culler.grace_period = 1
+c.Culler.pressure_allocated_fraction = 0.0
+c.Culler.exempt_groups = {"staff"}
+c.JupyterHub.load_groups = {"staff": {"users": ["sam"]}}
+c.GPUPoolService.reconcile_interval = 3600
+"""
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    from tests.fixtures.hub import Hub, require_hub_binaries
+
+    require_hub_binaries()
+    workdir = tmp_path_factory.mktemp("dryhub")
+    hub = Hub(workdir, spawner_config(workdir) + EXTRA)
+    hub.start()
+    yield hub
+    try:
+        stop_everything(hub)
+    finally:
+        kill_leftovers(hub)
+        hub.stop()
+
+
+def audit(hub, user):
+    return hub.service("GET", f"/audit?user={user}", hub.tester_token).json()["events"][::-1]
+
+
+def test_dry_run_audits_but_stops_warns_and_releases_nothing(hub):
+    for user in ("floored", "negative", "sam"):
+        hub.create_user(user)
+        start_ok(hub, user, {"profile": "quarter"})
+    set_balance(hub, "floored", "-10")
+    set_balance(hub, "negative", "-1")
+    set_balance(hub, "sam", "-50")  # in an exempt group
+
+    events = wait_for(lambda: [e for e in audit(hub, "floored") if e["action"] == "stop_server"], 20,
+                      "a dry-run stop in the audit log")
+    assert events[0]["dry_run"] is True and "floor" in events[0]["reason"]
+    actions = wait_for(lambda: [e["action"] for e in audit(hub, "negative") if e["action"] == "cull_kernels"]
+                       and [e["action"] for e in audit(hub, "negative")], 20, "a dry-run kernel cull")
+    assert actions[:2] == ["warn", "cull_kernels"]
+    assert all(e["dry_run"] for e in audit(hub, "negative"))
+    time.sleep(1.5)
+    # nothing was done: servers run, GPUs held, users see no warning
+    for user in ("floored", "negative", "sam"):
+        assert "" in user_model(hub, user)["servers"], user
+        me = hub.service("GET", f"/users/{user}", hub.spawner_token).json()
+        assert me["allocations"] and me["cull_warning"] is None, user
+    # the exempt group member is not even considered
+    assert audit(hub, "sam") == []
