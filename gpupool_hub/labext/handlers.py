@@ -105,15 +105,7 @@ class ServiceLocator:
         lookup = url_path_join(hub_api, "services", name)
         timeout = _timeout()
         try:
-            resp = await client.fetch(
-                HTTPRequest(
-                    lookup,
-                    headers={"Authorization": f"token {token}", "Accept": "application/json"},
-                    connect_timeout=timeout,
-                    request_timeout=timeout,
-                    follow_redirects=False,
-                )
-            )
+            resp = await client.fetch(_json_request(lookup, token, timeout))
         except HTTPClientError as e:
             raise BalanceUnavailable(f"hub did not give the {name!r} service (HTTP {e.code})") from e
         except Exception as e:  # connection refused, DNS, timeout …
@@ -129,6 +121,17 @@ class ServiceLocator:
             )
         prefix = model.get("prefix") or f"/services/{name}/"
         return urljoin(_ensure_slash(base), _ensure_slash(prefix).lstrip("/") + "api/v1/")
+
+
+def _json_request(url: str, token: str, timeout: float) -> HTTPRequest:
+    """A GET for JSON with the server's hub token: how both the hub and the service are asked."""
+    return HTTPRequest(
+        url,
+        headers={"Authorization": f"token {token}", "Accept": "application/json"},
+        connect_timeout=timeout,
+        request_timeout=timeout,
+        follow_redirects=False,
+    )
 
 
 class MeHandler(APIHandler):
@@ -163,15 +166,7 @@ class MeHandler(APIHandler):
         url = urljoin(api_url, "me")
         timeout = _timeout()
         try:
-            resp = await client.fetch(
-                HTTPRequest(
-                    url,
-                    headers={"Authorization": f"token {token}", "Accept": "application/json"},
-                    connect_timeout=timeout,
-                    request_timeout=timeout,
-                    follow_redirects=False,
-                )
-            )
+            resp = await client.fetch(_json_request(url, token, timeout))
         except HTTPClientError as e:
             if e.code == 599:  # tornado's "no HTTP answer": timeout
                 self.locator.forget()

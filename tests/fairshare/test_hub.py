@@ -14,7 +14,7 @@ import requests
 from tests.fixtures.hub import wait_for
 from tests.service.openapi import check
 from tests.spawner.conftest import (
-    allocations, kill_leftovers, progress_events, spawn, spawner_config, stop_everything, user_model,
+    allocations, progress_events, spawn, spawner_hub, stop_everything, user_model,
 )
 
 from .conftest import NODES
@@ -35,21 +35,11 @@ c.GPUPoolService.reconcile_interval = 3600
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
-    from tests.fixtures.hub import Hub, require_hub_binaries
-
-    require_hub_binaries()
-    workdir = tmp_path_factory.mktemp("fairhub")
-    hub = Hub(workdir, spawner_config(workdir) + EXTRA)
-    hub.start()
-    for i in range(8):
-        hub.create_user(f"a{i}", ["vision"])
-        hub.create_user(f"b{i}", ["nlp"])
-    yield hub
-    try:
-        stop_everything(hub)
-    finally:
-        kill_leftovers(hub)
-        hub.stop()
+    for hub in spawner_hub(tmp_path_factory, "fairhub", EXTRA):
+        for i in range(8):
+            hub.create_user(f"a{i}", ["vision"])
+            hub.create_user(f"b{i}", ["nlp"])
+        yield hub
 
 
 @pytest.fixture(autouse=True)

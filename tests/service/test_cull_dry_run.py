@@ -7,9 +7,7 @@ import time
 import pytest
 
 from tests.fixtures.hub import wait_for
-from tests.spawner.conftest import (
-    kill_leftovers, set_balance, spawner_config, start_ok, stop_everything, user_model,
-)
+from tests.spawner.conftest import set_balance, spawner_hub, start_ok, user_model
 
 pytestmark = pytest.mark.integration
 
@@ -26,18 +24,7 @@ c.GPUPoolService.reconcile_interval = 3600
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
-    from tests.fixtures.hub import Hub, require_hub_binaries
-
-    require_hub_binaries()
-    workdir = tmp_path_factory.mktemp("dryhub")
-    hub = Hub(workdir, spawner_config(workdir) + EXTRA)
-    hub.start()
-    yield hub
-    try:
-        stop_everything(hub)
-    finally:
-        kill_leftovers(hub)
-        hub.stop()
+    yield from spawner_hub(tmp_path_factory, "dryhub", EXTRA)
 
 
 def audit(hub, user):

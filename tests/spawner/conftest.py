@@ -63,21 +63,28 @@ c.Spawner.pre_spawn_hook = _slow_for_some
 """
 
 
-@pytest.fixture(scope="module")
-def hub(tmp_path_factory):
+def spawner_hub(tmp_path_factory, name: str, extra: str = ""):
+    """A started hub running tiny servers (``spawner_config`` + ``extra``); yields it, then
+    stops every server, kills leftovers and stops the hub. Module fixtures delegate here."""
     from tests.fixtures.hub import Hub, require_hub_binaries
 
     require_hub_binaries()
-    workdir = tmp_path_factory.mktemp("spawnhub")
-    hub = Hub(workdir, "")
-    hub.extra_config = spawner_config(workdir)
+    workdir = tmp_path_factory.mktemp(name)
+    hub = Hub(workdir, spawner_config(workdir) + extra)
     hub.start()
-    yield hub
     try:
-        stop_everything(hub)
-    finally:
-        kill_leftovers(hub)
-        hub.stop()
+        yield hub
+    finally:  # also when a caller's setup fails and the generator is closed
+        try:
+            stop_everything(hub)
+        finally:
+            kill_leftovers(hub)
+            hub.stop()
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    yield from spawner_hub(tmp_path_factory, "spawnhub")
 
 
 @pytest.fixture(autouse=True)
