@@ -286,6 +286,15 @@ class PoolHandler(APIHandler):
                          "teams": self.manager.team_report()["teams"]})
 
 
+class ModelsHandler(APIHandler):
+    """The GPU models of the pool with their prices and what is free: what the
+    spawn form shows. Any caller of the service may read it (prices are public
+    within the hub); the pool itself, not ``c.GPUPool.nodes``, is the source."""
+
+    def get(self) -> None:
+        self.write_json(self.manager.catalog())
+
+
 class TeamsHandler(APIHandler):
     """Fair share: per team quota, usage, borrowed GPUs; reclaims in progress (admins)."""
 
@@ -427,6 +436,7 @@ def routes(prefix: str) -> list[tuple[str, type[web.RequestHandler]]]:
         (rf"{api}/users/{name}/grant", GrantHandler),
         (rf"{api}/pool", PoolHandler),
         (rf"{api}/teams", TeamsHandler),
+        (rf"{api}/models", ModelsHandler),
         (rf"{api}/ledger/verify", VerifyHandler),
         (rf"{api}/ledger/export", ExportHandler),
         (rf"{api}/audit", AuditHandler),

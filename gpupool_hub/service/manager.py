@@ -212,6 +212,25 @@ class PoolManager:
             )
         return frozenset(out)
 
+    def catalog(self) -> dict[str, Any]:
+        """Per pool GPU model: price per GPU-hour, GPUs in the pool and whole GPUs free."""
+        free = self.pool.free_summary().per_model
+        counts: dict[str, int] = {}
+        for ns in self.pool.nodes:
+            for g in ns.node.gpus:
+                counts[g.model] = counts.get(g.model, 0) + 1
+        models = []
+        for model in sorted(counts):
+            try:
+                price = format_tokens(self.prices.price_per_gpu_hour(model))
+            except PricingError:
+                price = None
+            e = free.get(model, {})
+            models.append({"model": model, "price_per_gpu_hour": price, "gpus": counts[model],
+                           "whole_free": e.get("whole_free", 0),
+                           "largest_whole_block": e.get("largest_whole_block", 0)})
+        return {"models": models, "min_start_hours": format_tokens(self.settings.min_start_hours)}
+
     def restore(self) -> int:
         """Rebuild the placement pool from the allocations the ledger says are held."""
         restored = 0
