@@ -29,6 +29,8 @@ from urllib.parse import quote
 from traitlets import Bool, Float, Set, Unicode
 from traitlets.config import Configurable
 
+from ..reasons import AuditAction
+
 log = logging.getLogger("gpupool.cull")
 
 
@@ -79,7 +81,7 @@ class UserState:
 @dataclass(frozen=True)
 class Decision:
     user: str
-    action: str  # "warn" | "clear_warning" | "cull_kernels" | "stop_server"
+    action: AuditAction  # WARN, CLEAR_WARNING, CULL_KERNELS or STOP_SERVER
     reason: str
     server: str = ""
     deadline: datetime | None = None
@@ -104,28 +106,28 @@ def decide(users: Sequence[UserState], warnings: Mapping[str, Any], pressure_rea
     for u in users:
         if u.exempt:
             if u.user in warnings:
-                out.append(Decision(u.user, "clear_warning", "user is exempt from culling"))
+                out.append(Decision(u.user, AuditAction.CLEAR_WARNING, "user is exempt from culling"))
             continue
         if u.balance <= u.floor:
             for server in u.servers:
-                out.append(Decision(u.user, "stop_server",
+                out.append(Decision(u.user, AuditAction.STOP_SERVER,
                                     f"balance {u.balance:.3f} is at or below the floor {u.floor:g}", server))
             continue
         warning = warnings.get(u.user)
         if u.balance < 0 and pressure_reason:
             if warning is None:
-                out.append(Decision(u.user, "warn",
+                out.append(Decision(u.user, AuditAction.WARN,
                                     f"balance {u.balance:.3f} is below zero and the pool is under pressure "
                                     f"({pressure_reason}); GPU kernels will be shut down",
                                     deadline=now + grace))
             elif now >= warning.deadline:
                 for server in u.servers:
-                    out.append(Decision(u.user, "cull_kernels",
+                    out.append(Decision(u.user, AuditAction.CULL_KERNELS,
                                         f"balance {u.balance:.3f} below zero past the grace period, "
                                         f"pool under pressure ({pressure_reason})", server))
         elif warning is not None:
             why = "balance is no longer negative" if u.balance >= 0 else "the pool is no longer under pressure"
-            out.append(Decision(u.user, "clear_warning", why))
+            out.append(Decision(u.user, AuditAction.CLEAR_WARNING, why))
     return out
 
 

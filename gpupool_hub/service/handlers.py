@@ -25,8 +25,12 @@ from tornado.escape import url_unescape
 
 from ..ledger import Entry, IdempotencyConflict, UnknownAccount
 from ..units import AmountError, format_tokens, parse_amount
+from ..timefmt import iso as _iso
+from .admission import parse_request
+from .context import ServiceContext
+from .errors import BadRequest, Refused
 from .hubapi import HubError
-from .manager import BadRequest, PoolManager, Refused, _iso, parse_request
+from .manager import PoolManager
 
 log = logging.getLogger("gpupool.api")
 
@@ -48,8 +52,12 @@ class APIHandler(web.RequestHandler):
     identity: dict[str, Any]
 
     @property
+    def context(self) -> ServiceContext:
+        return self.settings["context"]
+
+    @property
     def manager(self) -> PoolManager:
-        return self.settings["manager"]
+        return self.settings["context"].manager
 
     def set_default_headers(self) -> None:
         self.set_header("Content-Type", "application/json; charset=utf-8")
@@ -70,12 +78,12 @@ class APIHandler(web.RequestHandler):
         token = self._token()
         if token is None:
             raise web.HTTPError(401, "missing token: send 'Authorization: token <JupyterHub API token>'")
-        spawner_token = self.settings.get("spawner_token")
+        spawner_token = self.context.spawner_token
         if spawner_token and hmac.compare_digest(token.encode(), spawner_token.encode()):
             self.identity = {"kind": "spawner", "name": "hub", "scopes": [], "groups": []}
             return
         try:
-            model = await self.settings["hub_auth"].user_for_token(token, sync=False)
+            model = await self.context.hub_auth.user_for_token(token, sync=False)  # type: ignore[union-attr]
         except Exception as e:  # hub down or confused: not the caller's fault, not a 500 either
             log.error("Token check with the hub failed: %s", e)
             raise web.HTTPError(503, "cannot reach JupyterHub to check the token; try again shortly") from None
@@ -83,14 +91,14 @@ class APIHandler(web.RequestHandler):
             raise web.HTTPError(401, "invalid or expired token")
         model.setdefault("kind", "user")
         scopes = set(model.get("scopes", []))
-        access = self.settings["access_scopes"]
+        access = self.context.access_scopes
         if access and not (scopes & access):
             raise web.HTTPError(403, f"token lacks the scope to use this service (one of {sorted(access)})")
         self.identity = model
 
     @property
     def is_admin(self) -> bool:
-        return self.settings["admin_scope"] in set(self.identity.get("scopes", []))
+        return self.context.admin_scope in set(self.identity.get("scopes", []))
 
     @property
     def is_spawner(self) -> bool:
@@ -98,7 +106,7 @@ class APIHandler(web.RequestHandler):
 
     def require_admin(self) -> None:
         if not self.is_admin:
-            raise web.HTTPError(403, f"this needs the {self.settings['admin_scope']!r} scope")
+            raise web.HTTPError(403, f"this needs the {self.context.admin_scope!r} scope")
 
     def require_spawner_or_admin(self) -> None:
         if not (self.is_spawner or self.is_admin):
@@ -133,7 +141,9 @@ class APIHandler(web.RequestHandler):
     async def groups_of(self, name: str) -> list[str]:
         if self.identity.get("kind") == "user" and self.identity.get("name") == name and "groups" in self.identity:
             return list(self.identity["groups"])
-        return await self.settings["groups"](name)
+        if self.context.groups is None:
+            return []
+        return await self.context.groups(name)
 
     async def known_user(self, name: str) -> bool:
         try:
@@ -141,8 +151,10 @@ class APIHandler(web.RequestHandler):
             return True
         except UnknownAccount:
             pass
+        if self.context.hub is None:
+            return False
         try:
-            return await self.settings["hub"].user(name) is not None
+            return await self.context.hub.user(name) is not None
         except HubError as e:
             raise web.HTTPError(503, f"cannot reach JupyterHub to look up {name!r}: {e}") from None
 
@@ -161,7 +173,7 @@ class APIHandler(web.RequestHandler):
         self.finish(json.dumps({"status": status_code, "message": message}))
 
     def on_finish(self) -> None:
-        metrics = self.settings.get("metrics")
+        metrics = self.context.metrics
         if metrics is not None and hasattr(self, "_started"):
             metrics.api_latency.labels(type(self).__name__, self.request.method, str(self.get_status())).observe(
                 time.perf_counter() - self._started
@@ -186,7 +198,7 @@ class OpenAPIHandler(RootHandler):
 class MeHandler(APIHandler):
     async def get(self) -> None:
         user = self.require_user()
-        self.write_json(self.manager.me(user, await self.groups_of(user)))
+        self.write_json(self.manager.views.me(user, await self.groups_of(user)))
 
 
 class HistoryHandler(APIHandler):
@@ -223,7 +235,7 @@ class UserHandler(APIHandler):
         user = url_unescape(name)
         if not await self.known_user(user):
             raise web.HTTPError(404, f"no such user {user!r}")
-        self.write_json(self.manager.me(user, await self.groups_of(user)))
+        self.write_json(self.manager.views.me(user, await self.groups_of(user)))
 
 
 class GrantHandler(APIHandler):
@@ -242,7 +254,7 @@ class GrantHandler(APIHandler):
             amount = parse_amount(body["amount"], what="amount")
         except AmountError as e:
             raise web.HTTPError(400, str(e)) from None
-        limit = self.settings["max_grant"]
+        limit = self.context.max_grant
         if amount == 0 or abs(amount) > limit:
             raise web.HTTPError(400, f"amount must be non-zero and at most {limit} tokens either way, got {amount}")
         if (amount * 1000) % 1:
@@ -255,16 +267,13 @@ class GrantHandler(APIHandler):
             raise web.HTTPError(400, "Idempotency-Key must be 1-200 characters")
         if not await self.known_user(user):
             raise web.HTTPError(404, f"no such user {user!r}")
-        await self.manager_ensure(user)
+        self.manager.accounts.ensure(user, await self.groups_of(user))
         try:
-            entry, created = self.manager.grant(user, amount, reason.strip(), self.identity["name"], key)
+            entry, created = self.manager.accounts.grant(user, amount, reason.strip(), self.identity["name"], key)
         except IdempotencyConflict:
             raise web.HTTPError(409, f"Idempotency-Key {key!r} was already used for a different grant") from None
         self.write_json({"entry": entry_json(entry), "created": created,
                          "balance": format_tokens(self.manager.ledger.balance(user))}, 201 if created else 200)
-
-    async def manager_ensure(self, user: str) -> None:
-        self.manager.ensure_account(user, await self.groups_of(user))
 
 
 class PoolHandler(APIHandler):
@@ -282,8 +291,8 @@ class PoolHandler(APIHandler):
                     for a, m in gpu["holders"].items()
                 ]
         self.write_json({"nodes": nodes, "free": self.manager.pool.free_summary().as_dict(),
-                         "unallocated_servers": self.settings["reconcile_report"](),
-                         "teams": self.manager.team_report()["teams"]})
+                         "unallocated_servers": self.context.reconcile_report(),
+                         "teams": self.manager.reclaims.team_report()["teams"]})
 
 
 class ModelsHandler(APIHandler):
@@ -292,7 +301,7 @@ class ModelsHandler(APIHandler):
     within the hub); the pool itself, not ``c.GPUPool.nodes``, is the source."""
 
     def get(self) -> None:
-        self.write_json(self.manager.catalog())
+        self.write_json(self.manager.inventory.catalog(self.manager.settings.min_start_hours))
 
 
 class TeamsHandler(APIHandler):
@@ -300,7 +309,7 @@ class TeamsHandler(APIHandler):
 
     def get(self) -> None:
         self.require_admin()
-        self.write_json(self.manager.team_report())
+        self.write_json(self.manager.reclaims.team_report())
 
 
 class VerifyHandler(APIHandler):
@@ -341,7 +350,8 @@ class ExportHandler(APIHandler):
 class AllocationsHandler(APIHandler):
     def get(self) -> None:
         self.require_spawner_or_admin()
-        self.write_json({"allocations": [self.manager.allocation_json(r) for r in self.manager.ledger.active_allocations()]})
+        views = self.manager.views
+        self.write_json({"allocations": [views.allocation_json(r) for r in self.manager.ledger.active_allocations()]})
 
     async def post(self) -> None:
         self.require_spawner_or_admin()
@@ -366,13 +376,13 @@ class AllocationsHandler(APIHandler):
         if groups is None:
             groups = await self.groups_of(user)
         try:
-            record = self.manager.admit(user, groups, server, req, models)
+            record = self.manager.admission.admit(user, groups, server, req, models)
         except BadRequest as e:
             raise web.HTTPError(400, str(e)) from None
         except Refused as e:
             self.write_json({"allocated": False, **e.as_dict()}, 409)
             return
-        self.write_json({"allocated": True, "allocation": self.manager.allocation_json(record)}, 201)
+        self.write_json({"allocated": True, "allocation": self.manager.views.allocation_json(record)}, 201)
 
 
 class AllocationHandler(APIHandler):
@@ -381,15 +391,15 @@ class AllocationHandler(APIHandler):
         record = self.manager.ledger.allocation(alloc_id)
         if record is None:
             raise web.HTTPError(404, f"no allocation {alloc_id!r}")
-        self.write_json({"allocation": self.manager.allocation_json(record)})
+        self.write_json({"allocation": self.manager.views.allocation_json(record)})
 
     def delete(self, alloc_id: str) -> None:
         self.require_spawner_or_admin()
         reason = self.get_argument("reason", "server stopped")[:200]
-        record = self.manager.release(alloc_id, reason)
+        record = self.manager.admission.release(alloc_id, reason)
         if record is None:
             raise web.HTTPError(404, f"no allocation {alloc_id!r}")
-        self.write_json({"allocation": self.manager.allocation_json(record)})
+        self.write_json({"allocation": self.manager.views.allocation_json(record)})
 
 
 class AuditHandler(APIHandler):
@@ -419,7 +429,7 @@ class MetricsHandler(APIHandler):
         if not (self.is_admin or self.is_spawner or "read:metrics" in scopes):
             raise web.HTTPError(403, "metrics need the admin scope or read:metrics")
         self.set_header("Content-Type", CONTENT_TYPE_LATEST)
-        self.finish(generate_latest(self.settings["metrics"].registry))
+        self.finish(generate_latest(self.context.metrics.registry))  # type: ignore[union-attr]
 
 
 def routes(prefix: str) -> list[tuple[str, type[web.RequestHandler]]]:

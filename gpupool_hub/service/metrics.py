@@ -56,7 +56,7 @@ class PoolCollector(Collector):
             by_model.add_metric([model], per_model.get(model, 0.0))
         yield by_model
         yield capacity
-        report = self.manager.team_report()
+        report = self.manager.reclaims.team_report()
         if report["enabled"]:
             quota = GaugeMetricFamily("gpupool_team_quota_gpus", "Nominal GPU quota per team", labels=["team"])
             used = GaugeMetricFamily("gpupool_team_allocated_gpus", "GPUs a team holds (incl. reserved)", labels=["team"])

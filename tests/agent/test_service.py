@@ -9,21 +9,16 @@ import urllib.request
 
 import pytest
 from prometheus_client import generate_latest
-from tornado import web
 from tornado.httpclient import AsyncHTTPClient
 from tornado.httpserver import HTTPServer
 from tornado.testing import bind_unused_port
-from traitlets.config import Config
 
 from gpupool_hub.agent.app import GPUPoolAgent
 from gpupool_hub.agent.enforce import SKIPPED_KERNEL, TERMINATED, WOULD_TERMINATE
-from gpupool_hub.config import GPUPool
-from gpupool_hub.ledger import Ledger
-from gpupool_hub.service.agents import agent_routes
-from gpupool_hub.service.handlers import routes
-from gpupool_hub.service.manager import PoolManager
-from gpupool_hub.usage.records import AllocationRecordsSource
+from gpupool_hub.service.context import ServiceContext
+from gpupool_hub.service.webapp import make_app
 from tests.agent.conftest import A100, alive, gpu
+from tests.fixtures.manager import make_manager
 
 PREFIX = "/services/gpupool/"
 ADMIN_SCOPE = "custom:gpupool:admin"
@@ -41,22 +36,11 @@ class StubHubAuth:
                 "user-token": {"kind": "user", "name": "bob", "scopes": []}}.get(token)
 
 
-def make_manager(tmp_path) -> PoolManager:
-    c = Config()
-    c.GPUPool.prices = {"A100": 2}
-    c.GPUPool.nodes = NODES
-    settings = GPUPool(config=c)
-    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
-    return PoolManager(settings=settings, ledger=ledger, pool=settings.make_pool(),
-                       usage_source=AllocationRecordsSource(ledger))
-
-
 class Service:
     def __init__(self, tmp_path, **settings):
-        self.manager = make_manager(tmp_path)
-        self.app = web.Application(
-            routes(PREFIX) + agent_routes(PREFIX), manager=self.manager, hub_auth=StubHubAuth(),
-            admin_scope=ADMIN_SCOPE, access_scopes=set(), agent_tokens=dict(TOKENS), **settings)
+        self.manager = make_manager(NODES, {"A100": 2}, f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+        self.app = make_app(ServiceContext(manager=self.manager, hub_auth=StubHubAuth(), prefix=PREFIX,
+                                           admin_scope=ADMIN_SCOPE, agent_tokens=dict(TOKENS), **settings))
         sock, self.port = bind_unused_port()
         self.server = HTTPServer(self.app)
         self.server.add_sockets([sock])
@@ -96,18 +80,18 @@ async def test_agent_reports_its_inventory_and_the_service_validates_and_stores_
     agent = make_agent(nv, service.url, labels={"rack": "r1"})
     result = await agent.tick()
     assert result.nvml_ok and result.service_ok and result.inventory_reported
-    report = service.manager.node_reports["n1"]
-    assert report["inventory"] == result.inventory
-    assert [g.uuid for g in report["node"].gpus] == ["GPU-0000-fake", "GPU-0001-fake"]
-    assert report["differences"] == []  # matches the configured pool
-    assert report["last_seen"] is not None
+    report = service.manager.inventory.reports["n1"]
+    assert report.inventory == result.inventory
+    assert [g.uuid for g in report.node.gpus] == ["GPU-0000-fake", "GPU-0001-fake"]
+    assert report.differences == []  # matches the configured pool
+    assert report.last_seen is not None
 
     # unchanged hardware is not re-sent every tick, a change is sent at once
     assert (await agent.tick()).inventory_reported is False
     nv.table["gpus"].append(gpu(2))
     result = await agent.tick()
     assert result.inventory_reported
-    assert service.manager.node_reports["n1"]["differences"] == [f"GPU 2 ({A100}) is present but not configured"]
+    assert service.manager.inventory.reports["n1"].differences == [f"GPU 2 ({A100}) is present but not configured"]
 
     code, body = await service.call("GET", "nodes/n1/inventory", "admin-token")
     assert code == 200 and len(body["inventory"]["gpus"]) == 3 and body["differences"]
@@ -125,8 +109,8 @@ async def test_agent_reports_its_inventory_and_the_service_validates_and_stores_
 async def test_a_bad_inventory_is_refused_with_a_message(service, body, message):
     code, answer = await service.call("PUT", "nodes/n1/inventory", TOKENS["n1"], body)
     assert code == 400 and message in answer["message"], answer
-    assert "n1" not in getattr(service.manager, "node_reports", {}) or \
-        "inventory" not in service.manager.node_reports["n1"]
+    assert "n1" not in service.manager.inventory.reports or \
+        service.manager.inventory.reports["n1"].inventory is None
 
 
 @pytest.mark.parametrize("token,status", [
@@ -155,14 +139,14 @@ async def test_agent_stops_what_the_service_names(service, procs, test_users, ma
     result = await agent.tick()  # nobody named yet
     assert result.enforce.users == frozenset() and result.actions == []
 
-    service.manager.enforce_users = {"gpupool-t1"}
+    service.manager.enforcement.users.add("gpupool-t1")
     result = await agent.tick()
     assert {a.pid: a.action for a in result.actions} == {t1.pid: TERMINATED, kernel: SKIPPED_KERNEL}
     t1.wait(5)
     assert alive(t2.pid) and alive(kernel)
 
     nv.table["gpus"][0]["processes"] = [{"pid": t2.pid}]
-    service.manager.enforce_kernel_users = {"gpupool-t1"}  # the service says: kernels too
+    service.manager.enforcement.kernel_users.add("gpupool-t1")  # the service says: kernels too
     result = await agent.tick()
     assert {a.pid: a.action for a in result.actions} == {kernel: TERMINATED}
     assert alive(t2.pid) and alive(server.pid)
@@ -174,7 +158,7 @@ async def test_the_service_can_ask_for_a_dry_run(tmp_path, procs, make_nvml):
     svc = Service(tmp_path, agent_dry_run=True)
     try:
         p = procs.sleeper("gpupool-t1")
-        svc.manager.enforce_users = {"gpupool-t1"}
+        svc.manager.enforcement.users.add("gpupool-t1")
         result = await make_agent(make_nvml(two_gpus((p.pid,), ())), svc.url).tick()
         assert result.enforce.dry_run and [a.action for a in result.actions] == [WOULD_TERMINATE]
         assert alive(p.pid)
@@ -188,7 +172,7 @@ async def test_service_down_keeps_exporting_and_enforces_nothing(service, procs,
     agent = make_agent(nv, service.url, dry_run=False)
     assert (await agent.tick()).service_ok
 
-    service.manager.enforce_users = {"gpupool-t1"}
+    service.manager.enforcement.users.add("gpupool-t1")
     service.stop()  # the service goes away before the agent could learn the new list
     server = agent.metrics.serve(0, "127.0.0.1")
     try:

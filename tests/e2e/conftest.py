@@ -16,40 +16,25 @@ import json
 import os
 import signal
 import textwrap
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import quote
 
 import pytest
 import requests
 
-from tests.fixtures.hub import Hub, require_hub_binaries
+from tests.fixtures.hub import Hub, require_hub_binaries, wait_for
 
 from ..labext.browser import browser_page, chromium_executable  # noqa: F401 (fixtures)
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_CONFIG = REPO / "jupyterhub_config.example.py"
 
-T = TypeVar("T")
 
 
 def q(name: str) -> str:
     return quote(name, safe="")
-
-
-def wait_for(what: str, check: Callable[[], T | None], timeout: float, interval: float = 0.3) -> T:
-    """Call ``check`` until it returns something truthy; fail with ``what`` after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        last = check()
-        if last:
-            return last
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what} (last: {last!r})")
-        time.sleep(interval)
 
 
 # ------------------------------------------------------------------ the hub API
@@ -73,7 +58,7 @@ def spawn(hub: Hub, name: str, user_options: dict[str, Any], timeout: float = 90
             raise AssertionError(f"{name}'s server went away while starting:\n{hub.log_tail(40)}")
         return server if server.get("ready") else None
 
-    return wait_for(f"{name}'s server to be ready", ready, timeout)
+    return wait_for(ready, timeout, f"{name}'s server to be ready")
 
 
 def stop_server(hub: Hub, name: str, timeout: float = 30) -> None:
@@ -84,7 +69,7 @@ def stop_server(hub: Hub, name: str, timeout: float = 30) -> None:
         server = user_model(hub, name).get("servers", {}).get("")
         return not server
 
-    wait_for(f"{name}'s server to stop", stopped, timeout)
+    wait_for(stopped, timeout, f"{name}'s server to stop")
 
 
 def server_pids(hub: Hub) -> list[int]:

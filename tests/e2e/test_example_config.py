@@ -63,7 +63,7 @@ def test_example_config_charges_a_priced_profile(example_hub_factory):
     def full_interval_debit():
         return [e for e in debits(hub, token) if Decimal(e["gpu_seconds"]) == GPUS * INTERVAL]
 
-    [entry, *_] = wait_for("a debit for a full interval", full_interval_debit, timeout=4 * INTERVAL)
+    [entry, *_] = wait_for(full_interval_debit, 4 * INTERVAL, "a debit for a full interval")
     assert entry["model"] == MODEL
     assert ts(entry["interval_end"]) - ts(entry["interval_start"]) == timedelta(seconds=INTERVAL)
     assert entry["reason"] == f"0.003 GPU-h of {MODEL}"
@@ -94,7 +94,7 @@ def test_example_config_charges_a_priced_profile(example_hub_factory):
         last = hub.service("GET", "/me", token).json()["last_debit_at"]
         return last is not None and ts(last) > released
 
-    wait_for("the interval holding the release to be charged", charged_past_release, timeout=4 * INTERVAL)
+    wait_for(charged_past_release, 4 * INTERVAL, "the interval holding the release to be charged")
     entries = debits(hub, token)
     assert {e["model"] for e in entries} == {MODEL}
     assert all(ts(e["interval_start"]) <= released for e in entries), entries

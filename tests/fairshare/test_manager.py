@@ -7,13 +7,14 @@ from decimal import Decimal
 
 import pytest
 
-from gpupool_hub.service.manager import Refused, parse_request
+from gpupool_hub.service.admission import parse_request
+from gpupool_hub.service.errors import Refused
 
 from .conftest import ask, make_manager
 
 
 def teams(m):
-    return {t["team"]: t for t in m.team_report()["teams"]}
+    return {t["team"]: t for t in m.reclaims.team_report()["teams"]}
 
 
 def test_greedy_team_cannot_keep_the_other_teams_quota(manager):
@@ -34,7 +35,7 @@ def test_greedy_team_cannot_keep_the_other_teams_quota(manager):
     assert [e.user for e in events] == ["v4", "v5"]  # newest first: v5 first, listed newest event first
     # nlp is now at its quota: any more is borrowed or refused, never a preemption
     with pytest.raises(Refused) as e:
-        m.admit("n9", ["nlp"], "", parse_request({"gpus": 1}))
+        m.admission.admit("n9", ["nlp"], "", parse_request({"gpus": 1}))
     assert e.value.reason == "no_capacity"
 
 
@@ -42,30 +43,30 @@ def test_idle_gpus_are_borrowed_and_reclaimed(manager):
     m = manager
     a = [ask(m, f"a{i}", "vision", 8) for i in range(4)]  # 32 of 40: 12 borrowed
     assert [r.borrowed for r in a] == [False, False, True, True]
-    me = m.me("a3", ["vision"])
+    me = m.views.me("a3", ["vision"])
     assert me["allocations"][0]["borrowed"] is True
     # nlp asks for 8: only 8 free (on one node? A's 8s filled four nodes: 2 free on each)
     assert m.pool.free_summary().per_model["NVIDIA H100 80GB HBM3"]["largest_whole_block"] == 2
     with pytest.raises(Refused) as e:
-        m.admit("b0", ["nlp"], "", parse_request({"gpus": 8}))
+        m.admission.admit("b0", ["nlp"], "", parse_request({"gpus": 8}))
     assert e.value.reason == "reclaiming" and e.value.retry_at == m.clock() + timedelta(seconds=1)
-    rc = m.reclaims[("b0", "")]
+    rc = m.reclaims.active[("b0", "")]
     assert [v.user for v in rc.victims] == ["a3"]  # the newest borrowed server, one is enough
     # the victim is warned in GET me; a retry before the grace is over waits
-    warning = m.me("a3", ["vision"])["cull_warning"]
+    warning = m.views.me("a3", ["vision"])["cull_warning"]
     assert warning["action"] == "server" and "reclaimed for team nlp" in warning["reason"]
     with pytest.raises(Refused) as e:
-        m.admit("b0", ["nlp"], "", parse_request({"gpus": 8}))
+        m.admission.admit("b0", ["nlp"], "", parse_request({"gpus": 8}))
     assert e.value.reason == "reclaiming"
     # nobody else can take the reserved GPUs meanwhile
     with pytest.raises(Refused):
-        m.admit("x", ["nlp"], "", parse_request({"gpus": 8}))
+        m.admission.admit("x", ["nlp"], "", parse_request({"gpus": 8}))
     m.clock.advance(1)
-    m.preempt(rc, rc.victims[0])
-    record = m.admit("b0", ["nlp"], "", parse_request({"gpus": 8}))
+    m.reclaims.preempt(rc, rc.victims[0])
+    record = m.admission.admit("b0", ["nlp"], "", parse_request({"gpus": 8}))
     assert record.node == rc.placement.node and not record.borrowed
-    assert m.me("a3", ["vision"])["cull_warning"] is None
-    assert m.me("a3", ["vision"])["allocations"] == []
+    assert m.views.me("a3", ["vision"])["cull_warning"] is None
+    assert m.views.me("a3", ["vision"])["allocations"] == []
     assert m.ledger.allocation(rc.victims[0].id).release_reason.startswith("preempted")
 
 
@@ -75,7 +76,7 @@ def test_fragmentation_large_request_still_fits_one_node(manager):
     assert not any(r.borrowed for r in a)
     full_nodes = sum(1 for ns in m.pool.nodes if ns.n_full == 10)
     assert full_nodes >= 1  # placement packed A's servers, keeping whole nodes free
-    b = m.admit("b0", ["nlp"], "", parse_request({"gpus": 8}))
+    b = m.admission.admit("b0", ["nlp"], "", parse_request({"gpus": 8}))
     assert len(b.gpus) == 8 and not b.borrowed
     assert m.ledger.audit_log(limit=5) == []  # nothing was preempted
 
@@ -113,7 +114,7 @@ def test_preempted_team_pays_only_for_the_time_used(manager):
     assert record.released_at == m.clock()  # released when stopped, after the grace
     ran = (record.released_at - record.created_at).total_seconds()
     assert 600 < ran < 610
-    usage = {(u.user, u.model): u.gpu_seconds for u in m.usage_source.usage(start, start + timedelta(hours=1))}
+    usage = {(u.user, u.model): u.gpu_seconds for u in m.debits.usage_source.usage(start, start + timedelta(hours=1))}
     assert usage[("a3", "NVIDIA H100 80GB HBM3")] == Decimal(int(ran) * 10)  # nothing after the release
 
 
@@ -125,7 +126,7 @@ def test_cooldown_and_no_preempt_back(manager):
     assert teams(m)["vision"]["cooldown_until"] is not None
     # vision is still at least at its quota and cannot preempt nlp back
     with pytest.raises(Refused) as e:
-        m.admit("a9", ["vision"], "", parse_request({"gpus": 1}))
+        m.admission.admit("a9", ["vision"], "", parse_request({"gpus": 1}))
     assert e.value.reason == "no_capacity"
 
 
@@ -134,9 +135,9 @@ def test_without_teams_nothing_is_borrowed(tmp_path):
     records = [ask(m, f"u{i}", None, 10) for i in range(4)]
     assert not any(r.borrowed for r in records) and "team" not in records[0].request
     with pytest.raises(Refused) as e:
-        m.admit("x", [], "", parse_request({"gpus": 1}))
+        m.admission.admit("x", [], "", parse_request({"gpus": 1}))
     assert e.value.reason == "no_capacity"
-    assert m.team_report() == {"enabled": False, "default_team": "default", "preempt_grace_seconds": 1.0,
+    assert m.reclaims.team_report() == {"enabled": False, "default_team": "default", "preempt_grace_seconds": 1.0,
                                "teams": [], "reclaims": []}
 
 
@@ -145,19 +146,19 @@ def test_unclaimed_reservation_lapses_and_cancel_gives_gpus_back(manager):
     for i in range(4):
         ask(m, f"a{i}", "vision", 10)
     with pytest.raises(Refused):
-        m.admit("b0", ["nlp"], "", parse_request({"gpus": 10}))
-    rc = m.reclaims[("b0", "")]
+        m.admission.admit("b0", ["nlp"], "", parse_request({"gpus": 10}))
+    rc = m.reclaims.active[("b0", "")]
     victim = rc.victims[0]
     assert victim.id not in m.pool
     # a different request from the same server drops the reclaim (the victim gets its
     # GPUs back) and starts a new one
     with pytest.raises(Refused) as e:
-        m.admit("b0", ["nlp"], "", parse_request({"gpus": 9}))
+        m.admission.admit("b0", ["nlp"], "", parse_request({"gpus": 9}))
     assert e.value.reason == "reclaiming"
-    rc2 = m.reclaims[("b0", "")]
+    rc2 = m.reclaims.active[("b0", "")]
     assert rc2 is not rc and rc2.request.gpus == 9
     # nobody claims it: it lapses, every borrowed server keeps running with its GPUs
     m.clock.advance(10_000)
-    m.expire_reclaims()
-    assert not m.reclaims and len(m.pool) == 4
-    assert m.me(victim.user, ["vision"])["cull_warning"] is None
+    m.reclaims.expire()
+    assert not m.reclaims.active and len(m.pool) == 4
+    assert m.views.me(victim.user, ["vision"])["cull_warning"] is None

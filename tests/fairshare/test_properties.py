@@ -7,7 +7,8 @@ from datetime import timedelta
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from gpupool_hub.service.manager import Refused, parse_request
+from gpupool_hub.service.admission import parse_request
+from gpupool_hub.service.errors import Refused
 
 from .conftest import make_manager
 
@@ -24,7 +25,7 @@ ops = st.lists(st.one_of(
 
 
 def used(m):
-    return {t["team"]: t["used_gpus"] for t in m.team_report()["teams"]}
+    return {t["team"]: t["used_gpus"] for t in m.reclaims.team_report()["teams"]}
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -43,10 +44,10 @@ def test_reclaim_never_thrashes(sequence):
             while True:
                 m.clock.advance(1)
                 try:
-                    m.admit(f"f{op[1]}-{n}", GROUPS[op[1]], str(n), parse_request({"gpus": op[2]}))
+                    m.admission.admit(f"f{op[1]}-{n}", GROUPS[op[1]], str(n), parse_request({"gpus": op[2]}))
                 except Refused as e:
                     if e.reason == "reclaiming":  # the spawner gave up: the reclaim is dropped
-                        m.cancel_reclaim(m.reclaims[(f"f{op[1]}-{n}", str(n))], "test")
+                        m.reclaims.cancel(m.reclaims.active[(f"f{op[1]}-{n}", str(n))], "test")
                     break
                 finally:
                     n += 1
@@ -54,18 +55,18 @@ def test_reclaim_never_thrashes(sequence):
         if op[0] == "stop":
             active = m.ledger.active_allocations()
             if active:
-                m.release(active[op[1] % len(active)].id, "server stopped")
+                m.admission.release(active[op[1] % len(active)].id, "server stopped")
             continue
         _, g, u, gpus = op
         user, server, groups = f"u{g}-{u}", str(n), GROUPS[g]
         n += 1
         try:
-            m.admit(user, groups, server, parse_request({"gpus": gpus}))
+            m.admission.admit(user, groups, server, parse_request({"gpus": gpus}))
             continue
         except Refused as e:
             if e.reason != "reclaiming":
                 continue
-        rc = m.reclaims[(user, server)]
+        rc = m.reclaims.active[(user, server)]
         event("reclaim")
         before = used(m)  # reserved GPUs count for the requester; victims no longer
         # only borrowed servers of other teams that were over quota, none below it after
@@ -82,9 +83,9 @@ def test_reclaim_never_thrashes(sequence):
             assert not (victim == rc.team and now - t < timedelta(seconds=600)), (events, rc.team)
         m.clock.advance(m.settings.preempt_grace)
         for v in rc.victims:
-            m.preempt(rc, v)
+            m.reclaims.preempt(rc, v)
             events.append((m.clock(), rc.team, v.request["team"]))
-        record = m.admit(user, groups, server, parse_request({"gpus": gpus}))
+        record = m.admission.admit(user, groups, server, parse_request({"gpus": gpus}))
         assert not record.borrowed and record.node == rc.placement.node
         # and a team preempted cannot immediately take the GPUs back
         victim_team = rc.victims[0].request["team"]
@@ -92,13 +93,13 @@ def test_reclaim_never_thrashes(sequence):
             for vg, grp in enumerate(GROUPS):
                 if grp == [victim_team] or (victim_team == "default" and grp == []):
                     try:
-                        back = m.admit(f"u{vg}-{vu}", grp, f"back-{n}", parse_request({"gpus": gpus}))
+                        back = m.admission.admit(f"u{vg}-{vu}", grp, f"back-{n}", parse_request({"gpus": gpus}))
                     except Refused as e:
                         assert e.reason != "reclaiming", "a preempted team preempted back"
                     else:  # only GPUs left free by the reclaim, never the requester's
                         assert back.node != record.node or not set(g["index"] for g in back.gpus) & set(
                             g["index"] for g in record.gpus)
-                        m.release(back.id, "test")
+                        m.admission.release(back.id, "test")
                     break
             break
         # the pool and the ledger agree

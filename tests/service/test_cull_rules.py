@@ -7,7 +7,7 @@ import pytest
 from traitlets.config import Config
 
 from gpupool_hub.service.cull import Culler, UserState, decide, pressure, server_api_url
-from gpupool_hub.service.manager import CullWarning
+from gpupool_hub.service.enforcement import CullWarning
 
 NOW = datetime(2026, 11, 21, 12, tzinfo=timezone.utc)
 GRACE = timedelta(minutes=10)

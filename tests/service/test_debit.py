@@ -14,13 +14,11 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
-from traitlets.config import Config
-
-from gpupool_hub.config import GPUPool
 from gpupool_hub.ledger import Ledger, intervals
 from gpupool_hub.service.manager import PoolManager
 from gpupool_hub.usage.prometheus import PrometheusUsageSource
-from gpupool_hub.usage.records import AllocationRecordsSource
+from tests.fixtures.manager import Clock
+from tests.fixtures.manager import make_manager as make_core
 from tests.fixtures.prometheus import history_base, usage_table_history
 
 pytestmark = pytest.mark.integration
@@ -46,29 +44,16 @@ def usage_table(base):
 EXPECTED = {"alice": Decimal(-25), "bob": Decimal(-1), ODD: Decimal(-2)}
 
 
-class Clock:
-    def __init__(self, now):
-        self.now = now
-
-    def __call__(self):
-        return self.now
-
-
 @pytest.fixture(scope="module")
 def history():
     base = history_base(3)
     return base, usage_table_history(usage_table(base))
 
 
-def make_manager(tmp_path, source, clock, base):
-    c = Config()
-    c.GPUPool.prices = PRICES
-    c.GPUPool.nodes = NODES
-    settings = GPUPool(config=c)
-    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
-    ledger.epoch(base)  # charging starts at the history's first hour
-    return PoolManager(settings=settings, ledger=ledger, pool=settings.make_pool(), usage_source=source,
-                       debit_interval=3600, clock=clock)
+def make_manager(tmp_path, source, clock, base) -> PoolManager:
+    # charging starts at the history's first hour
+    return make_core(NODES, PRICES, f"sqlite:///{tmp_path / 'ledger.sqlite'}", clock=clock, usage_source=source,
+                     epoch=base)
 
 
 def balances(ledger):
@@ -81,12 +66,12 @@ def test_exact_tokens_for_a_known_history(tmp_path, prometheus_factory, history)
     clock = Clock(base + 4 * H + timedelta(minutes=5))
     source = PrometheusUsageSource(prom.url, "gpupool", settle_seconds=120, clock=clock)
     manager = make_manager(tmp_path, source, clock, base)
-    assert manager.debit_due() == 4
+    assert manager.debits.debit_due() == 4
     assert balances(manager.ledger) == EXPECTED
-    assert manager.debit_due() == 0  # nothing twice
+    assert manager.debits.debit_due() == 0  # nothing twice
     assert balances(manager.ledger) == EXPECTED
     assert manager.ledger.verify().ok
-    me = manager.me("alice")
+    me = manager.views.me("alice")
     assert me["last_debit_at"] == (base + 4 * H).strftime("%Y-%m-%dT%H:%M:%SZ")
     # per-interval entries carry what was used
     debits = [e for e in manager.ledger.history("alice", limit=50) if e.kind == "debit"]
@@ -101,19 +86,19 @@ def test_prometheus_outage_of_three_intervals_charges_each_exactly_once(tmp_path
     clock = Clock(base + H + timedelta(minutes=5))
     source = PrometheusUsageSource(prom.url, "gpupool", settle_seconds=120, clock=clock, retries=0)
     manager = make_manager(tmp_path, source, clock, base)
-    manager.debit_delay_tolerance = 0
-    assert manager.debit_due() == 1
+    manager.debits.delay_tolerance = 0
+    assert manager.debits.debit_due() == 1
     prom.stop()
     try:
         for hour in (2, 3, 4):
             clock.now = base + hour * H + timedelta(minutes=5)
-            assert manager.debit_due() == 0
-            status = manager.accounting_status()
+            assert manager.debits.debit_due() == 0
+            status = manager.debits.accounting_status()
             assert status["status"] == "delayed" and "unavailable" in status["message"]
     finally:
         prom.start()
-    assert manager.debit_due() == 3
-    assert manager.accounting_status()["status"] == "ok"
+    assert manager.debits.debit_due() == 3
+    assert manager.debits.accounting_status()["status"] == "ok"
     assert balances(manager.ledger) == EXPECTED
     with manager.ledger.engine.connect() as conn:
         assert conn.execute(intervals.select()).rowcount != 0
@@ -125,16 +110,15 @@ def test_records_source_charges_allocated_time_exactly(tmp_path):
     """Without Prometheus, debits come from the service's own allocation records."""
     start = datetime(2026, 11, 21, 8, tzinfo=timezone.utc)
     clock = Clock(start + timedelta(minutes=10))
-    manager = make_manager(tmp_path, None, clock, start)
-    manager.usage_source = AllocationRecordsSource(manager.ledger)
+    manager = make_manager(tmp_path, None, clock, start)  # no source: the allocation records
     from gpupool_hub.placement import Request
 
     manager.ledger.open_account("alice")
-    record = manager.admit("alice", [], "", Request(gpus=2), ["RTX A6000"])
+    record = manager.admission.admit("alice", [], "", Request(gpus=2), ["RTX A6000"])
     clock.now = start + timedelta(minutes=100)  # held 90 minutes
-    manager.release(record.id, "stopped")
+    manager.admission.release(record.id, "stopped")
     clock.now = start + 3 * H
-    assert manager.debit_due() == 3
+    assert manager.debits.debit_due() == 3
     debits = [e for e in manager.ledger.history("alice") if e.kind == "debit"]
     assert sum(e.gpu_seconds for e in debits) == 2 * 90 * 60
     assert sum(e.amount for e in debits) == Decimal(-12)  # 2 GPUs × 1.5 h × 4

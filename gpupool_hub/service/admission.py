@@ -1,0 +1,210 @@
+"""Admission: may this server start, and on which GPUs?
+
+Two questions, asked in order: which of the allowed GPU models can the user
+afford (``affordable_models``), then where do the GPUs go (``place``). A
+successful placement is recorded in the ledger as an allocation; releasing it
+ends its charge. Everything that changes the placement pool runs on the
+service's event-loop thread, so admission decisions never race.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from .. import fairshare
+from ..config import GPUPool
+from ..credits import affordable_at, can_start
+from ..ledger import AllocationRecord, Ledger
+from ..placement.errors import InvalidRequest, ModelUnavailable, NoCapacity
+from ..placement.request import Request
+from ..placement.state import Placement
+from ..reasons import RefusalReason
+from ..units import format_tokens, round_milli
+from .accounts import Accounts
+from .enforcement import Enforcement
+from .errors import BadRequest, Refused
+from .inventory import PoolInventory
+from .reclaims import Reclaims
+from .views import ViewCache
+
+log = logging.getLogger("gpupool.admission")
+
+REQUEST_FIELDS = frozenset({"gpus", "gpu_milli", "gpu_fraction", "models", "cpu_milli", "memory_mib"})
+
+
+def parse_request(body: Any) -> Request:
+    """A placement request from JSON, with messages that name the bad field."""
+    if not isinstance(body, Mapping):
+        raise BadRequest("request must be a JSON object")
+    unknown = sorted(set(body) - REQUEST_FIELDS)
+    if unknown:
+        raise BadRequest(f"unknown request field(s) {unknown}; expected some of {sorted(REQUEST_FIELDS)}")
+    gpu_milli = body.get("gpu_milli", 0)
+    if "gpu_fraction" in body:
+        fraction = body["gpu_fraction"]
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float, str)):
+            raise BadRequest(f"gpu_fraction must be a number between 0 and 1, got {fraction!r}")
+        try:
+            value = Decimal(str(fraction))
+        except Exception:
+            raise BadRequest(f"gpu_fraction must be a number between 0 and 1, got {fraction!r}") from None
+        if not value.is_finite() or not 0 < value < 1 or (value * 1000) % 1:
+            raise BadRequest(f"gpu_fraction must be between 0 and 1 with at most 3 decimals, got {fraction!r}")
+        gpu_milli = int(value * 1000)
+    models = body.get("models")
+    if models is not None and (
+        not isinstance(models, list) or not models or not all(isinstance(m, str) and m.strip() for m in models)
+    ):
+        raise BadRequest(f"models must be a non-empty list of GPU model names, got {models!r}")
+    try:
+        return Request(
+            cpu_milli=body.get("cpu_milli", 0), memory_mib=body.get("memory_mib", 0),
+            gpus=body.get("gpus", 0), gpu_milli=gpu_milli,
+            models=frozenset(models) if models else None,
+        )
+    except InvalidRequest as e:
+        raise BadRequest(str(e)) from None
+
+
+class Admission:
+    """Prices, admits, records and releases allocations."""
+
+    def __init__(self, settings: GPUPool, ledger: Ledger, inventory: PoolInventory, accounts: Accounts,
+                 reclaims: Reclaims, enforcement: Enforcement, cache: ViewCache,
+                 clock: Callable[[], datetime]) -> None:
+        self.settings = settings
+        self.ledger = ledger
+        self.inventory = inventory
+        self.accounts = accounts
+        self.reclaims = reclaims
+        self.enforcement = enforcement
+        self.cache = cache
+        self.clock = clock
+
+    @property
+    def pool(self) -> Any:
+        return self.inventory.pool
+
+    def affordable_models(self, user: str, groups: Iterable[str], request: Request,
+                          requested_models: list[str] | None) -> frozenset[str]:
+        """The allowed pool models whose price the user's balance covers; ``Refused`` if none."""
+        groups = set(groups)
+        self.accounts.ensure(user, groups)
+        rules = self.settings.rules_for(groups)
+        balance = self.ledger.balance(user)
+        allowed = (self.inventory.resolve_models(requested_models) if requested_models
+                   else frozenset(self.inventory.models()))
+        gpus = Decimal(request.total_gpu_milli) / 1000
+        prices = self.inventory.prices
+        price = {m: prices.price_per_hour(m, gpus) for m in allowed}  # type: ignore[union-attr]
+        hours = self.settings.min_start_hours
+        affordable = frozenset(m for m in price if can_start(balance, price[m], rules, hours))
+        if affordable:
+            return affordable
+        cheapest = min(price.values())
+        when = affordable_at(balance, cheapest, rules, self.clock(), self.settings.tz, hours)
+        msg = (
+            f"Not enough tokens: your balance is {balance:.1f} and this server costs {cheapest:g} tokens/h; "
+            f"starting needs {cheapest * hours:g} tokens for {hours:g} h without going below "
+            f"the floor of {rules.floor:g}."
+        )
+        msg += (f" With the daily credits you can start it from {when:%Y-%m-%d %H:%M %Z}." if when
+                else " No scheduled credit makes it affordable; ask an admin for a grant.")
+        raise Refused(RefusalReason.INSUFFICIENT_BALANCE, msg, retry_at=when, details={
+            "balance": format_tokens(balance), "price_per_hour": format_tokens(cheapest),
+            "floor": format_tokens(rules.floor)})
+
+    def admit(self, user: str, groups: Iterable[str], server: str, request: Request,
+              requested_models: list[str] | None = None) -> AllocationRecord:
+        """Place a server's GPUs if the user can pay and the pool has room; else ``Refused``.
+
+        A second request for the same (user, server) while one is held returns
+        the held allocation: spawners retry, and a retry must not take more GPUs.
+        """
+        for record in self.ledger.active_allocations(user):
+            if record.server == server:
+                return record
+        self.reclaims.expire()
+        if request.total_gpu_milli == 0:
+            raise BadRequest("a request without GPUs needs no allocation")
+        groups = set(groups)
+        affordable = self.affordable_models(user, groups, request, requested_models)
+        req = Request(cpu_milli=request.cpu_milli, memory_mib=request.memory_mib, gpus=request.gpus,
+                      gpu_milli=request.gpu_milli, models=affordable)
+        return self.place(user, groups, server, request, req, requested_models)
+
+    def place(self, user: str, groups: set[str], server: str, request: Request, req: Request,
+              requested_models: list[str] | None) -> AllocationRecord:
+        """Find GPUs for ``req`` (models already narrowed to what the user affords)."""
+        teams = self.reclaims.teams
+        team, usage, holdings = None, None, []
+        if teams.enabled:
+            pending = self.reclaims.pending(user, server)
+            if pending is not None:
+                if pending.same_shape(req):
+                    rc = self.reclaims.claim(pending)
+                    usage = teams.usage(self.reclaims.holdings(exclude=rc.id))
+                    return self.record(rc.id, user, server, rc.request, requested_models, rc.placement, rc.team,
+                                       usage)
+                self.reclaims.cancel(pending, "the request changed")
+            holdings = self.reclaims.holdings()
+            usage = teams.usage(holdings)
+            team = teams.resolve(groups, usage)
+        alloc_id = uuid.uuid4().hex
+        try:
+            placement = self.pool.allocate(alloc_id, req)
+        except ModelUnavailable as e:
+            raise Refused(RefusalReason.MODEL_UNAVAILABLE, f"This pool can never place {request.describe()}: {e}",
+                          details={"available": sorted(self.inventory.models())}) from None
+        except NoCapacity:
+            self.enforcement.note_capacity_refusal(self.clock())
+            if team is not None and usage is not None:
+                self.reclaims.start(user, server, team, usage, holdings, req, requested_models)
+            free = self.pool.free_summary()
+            raise Refused(RefusalReason.NO_CAPACITY,
+                          f"No capacity for {request.describe()} right now. Free now: {free}. "
+                          "Try again when other servers stop, or pick a smaller profile.",
+                          details={"free": free.as_dict()}) from None
+        return self.record(alloc_id, user, server, request, requested_models, placement, team, usage)
+
+    def record(self, alloc_id: str, user: str, server: str, request: Request, requested_models: list[str] | None,
+               placement: Placement, team: str | None, usage: fairshare.Usage | None) -> AllocationRecord:
+        """Write the allocation to the ledger (from now on it is charged)."""
+        borrowed = False
+        stored: dict[str, Any] = {"cpu_milli": request.cpu_milli, "memory_mib": request.memory_mib,
+                                  "gpus": request.gpus, "gpu_milli": request.gpu_milli,
+                                  "models": sorted(requested_models or [])}
+        if team is not None and usage is not None:
+            model = placement.gpus[0].model if placement.gpus else ""
+            borrowed = self.reclaims.teams.classify(team, placement.gpu_milli, model, usage) == "borrowed"
+            stored["team"] = team
+        record = AllocationRecord(
+            id=alloc_id, user=user, server=server, node=placement.node,
+            gpus=tuple({"index": g.index, "uuid": g.uuid, "model": g.model, "milli": g.milli, "mig_uuid": g.mig_uuid}
+                       for g in placement.gpus),
+            request=stored,
+            price_per_hour=round_milli(self.inventory.price_of(placement)), borrowed=borrowed,
+            created_at=self.clock(),
+        )
+        try:
+            self.ledger.add_allocation(record)
+        except Exception:
+            self.pool.release(alloc_id)
+            raise
+        self.cache.forget(user)
+        log.info("Allocated %s to %s/%s: %s", alloc_id, user, server, self.pool.describe(placement))
+        return record
+
+    def release(self, alloc_id: str, reason: str) -> AllocationRecord | None:
+        """End an allocation: its charge stops now and its GPUs go back to the pool."""
+        record = self.ledger.release_allocation(alloc_id, at=self.clock(), reason=reason)
+        if alloc_id in self.pool:
+            self.pool.release(alloc_id)
+        if record is not None:
+            self.cache.forget(record.user)
+        return record

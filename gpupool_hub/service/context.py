@@ -1,0 +1,43 @@
+"""Everything a request handler may use, in one typed object.
+
+``make_app(context)`` gives it to every handler; the service and the tests
+build it the same way, so a test app is the real app with other parts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .hubapi import HubClient
+from .manager import PoolManager
+from .metrics import ServiceMetrics
+
+
+class TokenChecker(Protocol):
+    """What handlers need of JupyterHub's HubAuth: resolve a token to a user or service model."""
+
+    async def user_for_token(self, token: str, sync: bool = ...) -> dict[str, Any] | None: ...
+
+
+@dataclass
+class ServiceContext:
+    manager: PoolManager
+    hub_auth: TokenChecker | None
+    hub: HubClient | None = None
+    metrics: ServiceMetrics | None = None
+    prefix: str = "/services/gpupool/"
+    # the service's own hub token: the spawner, inside the hub, calls with it
+    spawner_token: str = ""
+    admin_scope: str = "custom:gpupool:admin"
+    # a hub token needs one of these to use the service at all (empty: any hub token)
+    access_scopes: set[str] = field(default_factory=set)
+    max_grant: int = 1_000_000
+    # per-node secrets of the node agents, and whether they only log what they would stop
+    agent_tokens: dict[str, str] = field(default_factory=dict)
+    agent_dry_run: bool = False
+    # a user's hub groups (cached by the service); without a hub: none
+    groups: Callable[[str], Awaitable[list[str]]] | None = None
+    # servers that claim allocations the pool does not know, from the last reconcile
+    reconcile_report: Callable[[], list[dict[str, Any]]] = lambda: []

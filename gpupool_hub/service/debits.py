@@ -1,0 +1,132 @@
+"""Charging GPU time: every closed interval once, oldest first, exactly.
+
+Runs in the job thread; the only writer of debit entries. Rounding remainders
+are carried per (user, model) so totals stay exact for any interval length.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from ..keys import entry_key
+from ..ledger import Ledger, Posting
+from ..pricing import PriceTable, PricingError
+from ..timefmt import align_down, iso
+from ..units import round_milli
+from ..usage import UsageSource, UsageUnavailable
+
+log = logging.getLogger("gpupool.debits")
+
+DEBIT_JOB = "debit"
+
+
+@dataclass
+class DebitStatus:
+    """What the last debit attempt said; shown as "accounting delayed" when stuck."""
+
+    last_error: str | None = None
+    failing_since: datetime | None = None
+    last_attempt: datetime | None = None
+
+
+class Debits:
+    """Turns usage into debit entries, and says whether accounting is up to date."""
+
+    def __init__(self, ledger: Ledger, prices: PriceTable, usage_source: UsageSource, *,
+                 interval: int, delay_tolerance: int, clock: Callable[[], datetime],
+                 on_charged: Callable[[], None] = lambda: None) -> None:
+        self.ledger = ledger
+        self.prices = prices
+        self.usage_source = usage_source
+        self.interval = interval
+        self.delay_tolerance = delay_tolerance
+        self.clock = clock
+        self.on_charged = on_charged
+        self.status = DebitStatus()
+        self._lock = threading.Lock()
+        self._last: tuple[tuple[datetime, datetime] | None] | None = None
+        self.changed = 0  # bumped on every change of status, for views that cache it
+
+    def last_debit(self) -> tuple[datetime, datetime] | None:
+        """The last charged interval, kept in memory (this unit is its only writer)."""
+        if self._last is None:
+            self._last = (self.ledger.last_interval(DEBIT_JOB),)
+        return self._last[0]
+
+    def next_interval_start(self) -> datetime:
+        last = self.last_debit()
+        if last is not None:
+            return last[1]
+        return align_down(self.ledger.epoch(self.clock()), self.interval)
+
+    def accounting_status(self) -> dict[str, Any]:
+        status = self.status
+        now = self.clock()
+        behind = self.next_interval_start() + timedelta(seconds=self.interval + self.delay_tolerance) < now
+        if status.last_error and (behind or status.failing_since):
+            return {"status": "delayed", "message": f"{status.last_error}; usage will be charged when it answers"}
+        if behind:
+            return {"status": "delayed", "message": "usage for past intervals has not been charged yet"}
+        return {"status": "ok", "message": None}
+
+    def debit_due(self, *, max_intervals: int | None = None) -> int:
+        """Charge every closed interval not yet charged, oldest first; stop at the first
+        that the usage source cannot answer (it is retried on the next run).
+        Returns the number of intervals charged.
+        """
+        with self._lock:
+            charged = 0
+            while max_intervals is None or charged < max_intervals:
+                start = self.next_interval_start()
+                end = start + timedelta(seconds=self.interval)
+                now = self.clock()
+                if end > now:
+                    break
+                self.status.last_attempt = now
+                try:
+                    usage = self.usage_source.usage(start, end)
+                    postings, carry = self.postings(usage, start, end)
+                except (UsageUnavailable, PricingError) as e:
+                    if self.status.failing_since is None:
+                        self.status.failing_since = now
+                    self.status.last_error = f"usage for {iso(start)}–{iso(end)} unavailable: {e}"
+                    self.changed += 1
+                    log.warning("Debit delayed: %s", self.status.last_error)
+                    break
+                self.ledger.post_many(postings, complete_interval=(DEBIT_JOB, start, end), carry=carry)
+                self._last = ((start, end),)
+                self.status.last_error = None
+                self.status.failing_since = None
+                self.changed += 1
+                self.on_charged()
+                charged += 1
+                log.info("Charged %s–%s: %d debit(s)", iso(start), iso(end), len(postings))
+            return charged
+
+    def postings(
+        self, usage: Iterable[Any], start: datetime, end: datetime
+    ) -> tuple[list[Posting], dict[tuple[str, str], Decimal]]:
+        """Debits for one interval: each rounded to the milli-token with the remainder
+        carried to the same user's next debit on that model, so totals stay exact."""
+        carried = self.ledger.carries()
+        postings, carry = [], {}
+        for u in usage:
+            exact = self.prices.cost(u.model, u.gpu_seconds) + carried.get((u.user, u.model), Decimal(0))
+            cost = round_milli(exact)
+            carry[(u.user, u.model)] = exact - cost
+            if cost <= 0:
+                continue
+            hours = u.gpu_seconds / 3600
+            postings.append(Posting(
+                u.user, "debit", -cost, entry_key(DEBIT_JOB, u.user, u.model, start),
+                reason=f"{hours.quantize(Decimal('0.001'))} GPU-h of {u.model}",
+                interval_start=start, interval_end=end, model=u.model,
+                gpu_seconds=u.gpu_seconds.quantize(Decimal("0.001")),
+            ))
+        return postings, carry

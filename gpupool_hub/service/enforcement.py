@@ -1,0 +1,69 @@
+"""Who is being culled or enforced against, as the cull job decided it.
+
+The cull job (``jobs/cull.py``) writes here through these methods; the ``me``
+view reads the warnings and the node agents read the enforcement list. Kept in
+memory: the cull job rebuilds it from balances on its next run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from ..timefmt import iso
+
+
+@dataclass
+class CullWarning:
+    """What a user sees before GPUs are taken back: what stops, why, and when."""
+
+    action: str  # "kernels" | "server"
+    reason: str
+    deadline: datetime
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"action": self.action, "reason": self.reason, "deadline": iso(self.deadline)}
+
+
+@dataclass
+class Enforcement:
+    """Cull warnings, servers whose GPUs were revoked, and the node agents' list."""
+
+    warnings: dict[str, CullWarning] = field(default_factory=dict)
+    # a dry run keeps its warnings apart, so users never see them
+    dry_warnings: dict[str, CullWarning] = field(default_factory=dict)
+    # (user, server) whose kernels were culled while the server kept running
+    revoked: dict[tuple[str, str], datetime] = field(default_factory=dict)
+    # users whose GPU processes the node agents stop; of those, whose kernels too
+    users: set[str] = field(default_factory=set)
+    kernel_users: set[str] = field(default_factory=set)
+    # the newest refusal for lack of capacity: the pressure signal for culling
+    last_capacity_refusal: datetime | None = None
+
+    def note_capacity_refusal(self, at: datetime) -> None:
+        self.last_capacity_refusal = at
+
+    def warnings_for(self, dry_run: bool) -> dict[str, CullWarning]:
+        return self.dry_warnings if dry_run else self.warnings
+
+    def kernels_culled(self, user: str, server: str, at: datetime) -> None:
+        self.revoked[(user, server)] = at
+        self.users.add(user)
+
+    def server_stopped(self, user: str, server: str) -> None:
+        self.revoked.pop((user, server), None)
+        self.users.add(user)
+
+    def reinstate(self, user: str) -> None:
+        """The user's balance is back above zero: the agents leave their processes alone."""
+        self.users.discard(user)
+        for key in [k for k in self.revoked if k[0] == user]:
+            del self.revoked[key]
+
+    def revoked_servers(self) -> list[tuple[str, str]]:
+        return list(self.revoked)
+
+    def agent_list(self) -> dict[str, list[str]]:
+        """What node agents enforce: users whose GPU processes stop, and whose kernels too."""
+        return {"users": sorted(self.users), "kernels": sorted(self.kernel_users & self.users)}

@@ -1,0 +1,136 @@
+"""The cull job: warn, shut down kernels, stop servers (rules in ``service/cull.py``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta, timezone
+from decimal import Decimal
+from typing import Any
+from urllib.parse import quote, urlencode
+
+from tornado.httpclient import AsyncHTTPClient
+
+from ...ledger import AuditEvent
+from ...reasons import AuditAction
+from ..cull import Culler, Decision, UserState, decide, pressure, server_api_url
+from ..enforcement import CullWarning
+from ..hubapi import HubClient, HubError
+from ..manager import PoolManager
+
+log = logging.getLogger("gpupool.cull")
+
+
+class UtilizationProbe:
+    """The pool's GPU utilization (0–1) from Prometheus, for the optional pressure rule."""
+
+    def __init__(self, culler: Culler, prometheus_url: str, token: str = "") -> None:
+        self.culler = culler
+        self.url = prometheus_url
+        self.token = token
+
+    async def __call__(self) -> float | None:
+        if not (self.culler.pressure_utilization and self.url):
+            return None
+        url = f"{self.url.rstrip('/')}/api/v1/query?" + urlencode({"query": self.culler.utilization_query})
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        try:
+            resp = await AsyncHTTPClient().fetch(url, headers=headers, request_timeout=10)
+            return float(json.loads(resp.body)["data"]["result"][0]["value"][1])
+        except Exception as e:  # pressure from allocation and refusals still works
+            log.warning("GPU utilization unavailable for the pressure check: %s", e)
+            return None
+
+
+class CullJob:
+    def __init__(self, hub: HubClient, manager: PoolManager, culler: Culler,
+                 groups: Callable[[str], Awaitable[list[str]]],
+                 utilization: Callable[[], Awaitable[float | None]]) -> None:
+        self.hub = hub
+        self.manager = manager
+        self.culler = culler
+        self.groups = groups
+        self.utilization = utilization
+
+    async def __call__(self) -> None:
+        now = datetime.now(timezone.utc)
+        m, culler, enforcement = self.manager, self.culler, self.manager.enforcement
+        servers: dict[str, set[str]] = {}
+        allocated = Decimal(0)
+        for record in m.ledger.active_allocations():
+            servers.setdefault(record.user, set()).add(record.server)
+            allocated += sum((Decimal(g["milli"]) / 1000 for g in record.gpus), Decimal(0))
+        for user, server in enforcement.revoked_servers():
+            servers.setdefault(user, set()).add(server)
+        capacity = Decimal(m.inventory.gpu_count())
+        why = pressure(allocated, capacity, enforcement.last_capacity_refusal, now, culler, await self.utilization())
+        warnings = enforcement.warnings_for(culler.dry_run)
+        states = []
+        # users the agents enforce against are re-checked too, so a top-up frees them
+        for user in set(servers) | set(warnings) | set(enforcement.users):
+            try:
+                groups = set(await self.groups(user))
+                rules = m.settings.rules_for(groups)
+                balance = m.ledger.balance(user)
+            except Exception:
+                log.exception("Cull: cannot judge %s this time", user)
+                continue
+            exempt = user in culler.exempt_users or bool(groups & culler.exempt_groups)
+            states.append(UserState(user, balance, rules.floor, tuple(sorted(servers.get(user, ()))), exempt))
+            if balance >= 0:
+                enforcement.reinstate(user)
+        for d in decide(states, warnings, why, now, timedelta(seconds=culler.grace_period)):
+            try:
+                await self.carry_out(d, warnings)
+            except Exception:
+                log.exception("Cull: could not %s for %s/%s", d.action, d.user, d.server)
+
+    async def carry_out(self, d: Decision, warnings: dict[str, CullWarning]) -> None:
+        dry = self.culler.dry_run
+        m = self.manager
+        now = datetime.now(timezone.utc)
+        detail: dict[str, Any] = {}
+        if dry:
+            log.warning("[dry run] would %s for %s/%s: %s", d.action, d.user, d.server, d.reason)
+        if d.action == AuditAction.WARN:
+            warnings[d.user] = CullWarning("kernels", d.reason, d.deadline)  # type: ignore[arg-type]
+            m.cache.forget(d.user)
+            log.warning("Cull warning for %s until %s: %s", d.user, d.deadline, d.reason)
+        elif d.action == AuditAction.CLEAR_WARNING:
+            warnings.pop(d.user, None)
+            m.cache.forget(d.user)
+        elif not dry:
+            try:
+                if d.action == AuditAction.CULL_KERNELS:
+                    detail["kernels"] = await self.shutdown_kernels(d.user, d.server)
+                    m.enforcement.kernels_culled(d.user, d.server, now)
+                    if not detail["kernels"] and not self.holds(d.user, d.server):
+                        return  # a revoked server with nothing new to shut down: nothing to record
+                elif d.action == AuditAction.STOP_SERVER:
+                    await self.hub.stop_server(d.user, d.server)
+                    m.enforcement.server_stopped(d.user, d.server)
+                released = [r.id for r in m.ledger.active_allocations(d.user) if r.server == d.server]
+                for alloc in released:
+                    m.admission.release(alloc, f"{d.action}: {d.reason}")
+                detail["released"] = released
+                log.warning("%s for %s/%s: %s", d.action, d.user, d.server, d.reason)
+            except HubError as e:
+                log.error("Could not %s for %s/%s: %s", d.action, d.user, d.server, e)
+                m.ledger.add_audit(AuditEvent(now, d.user, d.server, AuditAction.FAILED.value,
+                                              f"{d.action}: {e}", dry))
+                return
+        m.ledger.add_audit(AuditEvent(now, d.user, d.server, str(d.action), d.reason, dry, detail or None))
+
+    def holds(self, user: str, server: str) -> bool:
+        return any(r.server == server for r in self.manager.ledger.active_allocations(user))
+
+    async def shutdown_kernels(self, user: str, server: str) -> list[str]:
+        """Shut down every kernel of the server; notebooks and files stay as they are."""
+        api = server_api_url(self.culler.hub_public_url, user, server)
+        kernels = await self.hub.request("GET", "", url=api + "kernels", allow_404=True) or []
+        done = []
+        for kernel in kernels:
+            await self.hub.request("DELETE", "", url=api + f"kernels/{quote(kernel['id'], safe='')}", allow_404=True)
+            done.append(kernel["id"])
+        return done

@@ -1,0 +1,41 @@
+"""Carrying out a fair-share reclaim: after the grace, stop the borrowed servers
+it preempts and release their allocations; the requester's retry then gets
+the reserved GPUs."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import datetime, timezone
+
+from tornado.ioloop import IOLoop
+
+from ..hubapi import HubClient, HubError
+from ..reclaims import Reclaim, Reclaims
+
+log = logging.getLogger("gpupool.reclaims")
+
+
+class ReclaimExecutor:
+    def __init__(self, hub: HubClient, reclaims: Reclaims) -> None:
+        self.hub = hub
+        self.reclaims = reclaims
+
+    def schedule(self, reclaim: Reclaim) -> None:
+        """Called by the reclaims unit for each new reclaim (from the event loop)."""
+        IOLoop.current().add_callback(self.run, reclaim)
+
+    async def run(self, reclaim: Reclaim) -> None:
+        delay = (reclaim.deadline - datetime.now(timezone.utc)).total_seconds()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        for victim in reclaim.victims:
+            if self.reclaims.pending(reclaim.user, reclaim.server) is not reclaim:
+                return  # cancelled meanwhile: the remaining victims keep their GPUs
+            error = None
+            try:
+                await self.hub.stop_server(victim.user, victim.server)
+            except HubError as e:  # released anyway: the GPUs are reassigned as announced
+                error = str(e)
+                log.error("Could not stop %s/%s to reclaim its borrowed GPUs: %s", victim.user, victim.server, e)
+            self.reclaims.preempt(reclaim, victim, stopped=error is None, error=error)

@@ -1,0 +1,238 @@
+"""Team fair share in the service: what each team holds, and reclaims of
+borrowed GPUs for a team within its quota.
+
+The rules are pure (:mod:`gpupool_hub.fairshare`); this unit keeps their state:
+reclaims in progress per requesting (user, server), the warnings their victims
+see in ``GET me``, and until when a preempted team may not be preempted again.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from .. import fairshare
+from ..config import GPUPool
+from ..ledger import AllocationRecord, AuditEvent, Ledger
+from ..placement.request import Request
+from ..placement.state import Placement
+from ..reasons import AuditAction, RefusalReason
+from ..timefmt import iso
+from .enforcement import CullWarning
+from .errors import Refused
+from .inventory import PoolInventory
+from .views import ViewCache
+
+log = logging.getLogger("gpupool.reclaims")
+
+
+@dataclass
+class Reclaim:
+    """Borrowed servers being preempted so that (user, server) can start within its quota.
+
+    The requester's GPUs are reserved in the placement pool at once (``id``,
+    ``placement``); the victims' allocations stay in the ledger, and are charged,
+    until they are stopped at ``deadline``. The spawner's retry after that gets
+    the reserved GPUs; unclaimed, the reservation lapses at ``expires``."""
+
+    id: str
+    user: str
+    server: str
+    team: str
+    request: Request
+    requested_models: list[str] | None
+    placement: Placement
+    victims: list[AllocationRecord]
+    created_at: datetime
+    deadline: datetime
+    expires: datetime
+    done: set[str] = field(default_factory=set)
+
+    @property
+    def ready(self) -> bool:
+        return all(v.id in self.done for v in self.victims)
+
+    def same_shape(self, other: Request) -> bool:
+        a = self.request
+        return (a.cpu_milli, a.memory_mib, a.gpus, a.gpu_milli) == (
+            other.cpu_milli, other.memory_mib, other.gpus, other.gpu_milli)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"user": self.user, "server": self.server, "team": self.team, "node": self.placement.node,
+                "deadline": iso(self.deadline), "ready": self.ready,
+                "victims": [{"allocation": v.id, "user": v.user, "server": v.server,
+                             "team": v.request.get("team"), "released": v.id in self.done} for v in self.victims]}
+
+
+class Reclaims:
+    """Fair-share state and the reclaim lifecycle: start, claim, preempt, cancel, expire."""
+
+    def __init__(self, settings: GPUPool, ledger: Ledger, inventory: PoolInventory, cache: ViewCache,
+                 clock: Callable[[], datetime]) -> None:
+        self.settings = settings
+        self.teams = settings.team_table()
+        self.ledger = ledger
+        self.inventory = inventory
+        self.cache = cache
+        self.clock = clock
+        self.active: dict[tuple[str, str], Reclaim] = {}
+        self.warnings: dict[str, CullWarning] = {}
+        self.cooldown_until: dict[str, datetime] = {}
+        self.preemptions: dict[str, int] = {}  # per victim team, since start
+        # called with a new Reclaim; the service stops the victims' servers after the grace
+        # and calls preempt() for each (without it, callers do that themselves)
+        self.on_reclaim: Callable[[Reclaim], None] | None = None
+
+    @property
+    def pool(self) -> Any:
+        return self.inventory.pool
+
+    def pending(self, user: str, server: str) -> Reclaim | None:
+        return self.active.get((user, server))
+
+    def holdings(self, exclude: str | None = None) -> list[fairshare.Holding]:
+        """What each team holds, as admission sees it: active allocations with their team
+        (older ones without a team: the default team), minus servers being preempted,
+        plus GPUs reserved for a reclaim (they count for the team they are reserved for)."""
+        leaving = {v.id for rc in self.active.values() for v in rc.victims}
+        out = []
+        for r in self.ledger.active_allocations():
+            if r.id in leaving:
+                continue
+            out.append(fairshare.Holding(
+                id=r.id, team=r.request.get("team") or self.teams.default_team,
+                milli=sum(g["milli"] for g in r.gpus), model=r.gpus[0]["model"] if r.gpus else "",
+                borrowed=r.borrowed, created_at=r.created_at, node=r.node, user=r.user, server=r.server))
+        for rc in self.active.values():
+            if rc.id != exclude:
+                out.append(fairshare.Holding(
+                    id=rc.id, team=rc.team, milli=rc.placement.gpu_milli,
+                    model=rc.placement.gpus[0].model if rc.placement.gpus else "", borrowed=False,
+                    created_at=rc.created_at, node=rc.placement.node, user=rc.user, server=rc.server))
+        return out
+
+    def team_report(self) -> dict[str, Any]:
+        holdings = self.holdings()
+        now = self.clock()
+        teams = self.teams.report(holdings) if self.teams.enabled else []
+        for t in teams:
+            until = self.cooldown_until.get(t["team"])
+            t["preempted"] = self.preemptions.get(t["team"], 0)
+            t["cooldown_until"] = iso(until) if until and until > now else None
+        return {"enabled": self.teams.enabled, "default_team": self.teams.default_team,
+                "preempt_grace_seconds": self.settings.preempt_grace, "teams": teams,
+                "reclaims": [rc.as_dict() for rc in self.active.values()]}
+
+    def start(self, user: str, server: str, team: str, usage: fairshare.Usage,
+              holdings: list[fairshare.Holding], req: Request, requested_models: list[str] | None) -> None:
+        """No room: if the request is within its team's quota and borrowed GPUs of teams
+        over quota would make it fit, reserve the GPUs, warn the victims and raise
+        ``Refused(RECLAIMING)``. Returns when there is nothing to reclaim."""
+        now = self.clock()
+        models = self.inventory.models_matching(req.models)
+        if not fairshare.may_preempt(self.teams, team, req.total_gpu_milli, usage, now,
+                                     self.cooldown_until, models):
+            return
+        if self.teams.quota(team).models:  # place only on models still within the team's quota
+            ok = [m for m in models if self.teams.within_quota(team, req.total_gpu_milli, usage, m)]
+            req = Request(cpu_milli=req.cpu_milli, memory_mib=req.memory_mib, gpus=req.gpus,
+                          gpu_milli=req.gpu_milli, models=frozenset(ok))
+        victims = fairshare.choose_victims(self.pool, req, self.teams, team, holdings, usage)
+        if not victims:
+            return
+        released = {h.id: self.pool.release(h.id) for h in victims}
+        reclaim_id = uuid.uuid4().hex
+        try:
+            placement = self.pool.allocate(reclaim_id, req)
+        except Exception:  # cannot happen (choose_victims checked it); never lose the victims' GPUs
+            for alloc_id, p in released.items():
+                self.pool.restore(alloc_id, p)
+            log.exception("Reclaim for %s/%s failed to place after choosing victims", user, server)
+            return
+        grace = timedelta(seconds=self.settings.preempt_grace)
+        records = {r.id: r for r in self.ledger.active_allocations()}
+        rc = Reclaim(id=reclaim_id, user=user, server=server, team=team, request=req,
+                     requested_models=requested_models, placement=placement,
+                     victims=[records[h.id] for h in victims], created_at=now, deadline=now + grace,
+                     expires=now + grace + timedelta(seconds=300))
+        self.active[(user, server)] = rc
+        for v in rc.victims:
+            self.warnings[v.user] = CullWarning(
+                "server", f"your borrowed GPUs on {v.node} (server {v.server or 'default'}) are reclaimed for "
+                f"team {team}, which is within its quota; the server stops at the deadline", rc.deadline)
+            self.cache.forget(v.user)
+        log.warning("Reclaiming %s for %s/%s (team %s): preempting %s at %s", self.pool.describe(placement), user,
+                    server, team, ", ".join(f"{v.user}/{v.server or '-'}" for v in rc.victims), iso(rc.deadline))
+        if self.on_reclaim is not None:
+            self.on_reclaim(rc)
+        raise self.refusal(rc)
+
+    def refusal(self, rc: Reclaim) -> Refused:
+        n = sum(len(v.gpus) for v in rc.victims)
+        return Refused(
+            RefusalReason.RECLAIMING,
+            f"Waiting for borrowed GPUs to be reclaimed for your team {rc.team}: {len(rc.victims)} borrowed "
+            f"server(s) of teams over their quota ({n} GPU(s)) are stopped at {iso(rc.deadline)}, "
+            f"then your server starts on {self.pool.describe(rc.placement)}.",
+            retry_at=max(rc.deadline, self.clock() + timedelta(seconds=1)),
+            details={"team": rc.team, "node": rc.placement.node,
+                     "victims": [{"user": v.user, "server": v.server} for v in rc.victims]})
+
+    def claim(self, rc: Reclaim) -> Reclaim:
+        """The spawner's retry of a reclaiming request: the reservation, once the victims are gone."""
+        if not rc.ready:
+            raise self.refusal(rc)
+        del self.active[(rc.user, rc.server)]
+        return rc
+
+    def preempt(self, rc: Reclaim, victim: AllocationRecord, *, stopped: bool = True, error: str | None = None) -> None:
+        """A victim's server was stopped (or could not be): release its allocation, audit it.
+
+        The debit from allocation records stops at the release time, so the victim pays
+        exactly for the time it ran."""
+        if victim.id in rc.done:
+            return
+        now = self.clock()
+        reason = f"preempted: borrowed GPUs reclaimed for team {rc.team} ({rc.user}/{rc.server or '-'})"
+        self.ledger.release_allocation(victim.id, at=now, reason=reason)
+        rc.done.add(victim.id)
+        self.cache.forget(victim.user)
+        vteam = victim.request.get("team") or self.teams.default_team
+        self.cooldown_until[vteam] = now + timedelta(seconds=self.settings.preempt_cooldown)
+        self.preemptions[vteam] = self.preemptions.get(vteam, 0) + 1
+        if not any(v.user == victim.user and v.id not in r.done for r in self.active.values() for v in r.victims):
+            self.warnings.pop(victim.user, None)
+        detail = {"allocation": victim.id, "team": vteam, "for_team": rc.team, "for_user": rc.user,
+                  "for_server": rc.server, "node": victim.node, "gpus": len(victim.gpus), "stopped": stopped}
+        if error:
+            detail["error"] = error
+        self.ledger.add_audit(AuditEvent(now, victim.user, victim.server, AuditAction.PREEMPT.value, reason, False,
+                                         detail))
+        log.warning("Preempted %s/%s (team %s) for %s/%s (team %s)%s", victim.user, victim.server or "-", vteam,
+                    rc.user, rc.server or "-", rc.team, f": stop failed: {error}" if error else "")
+
+    def cancel(self, rc: Reclaim, why: str) -> None:
+        self.active.pop((rc.user, rc.server), None)
+        if rc.id in self.pool:
+            self.pool.release(rc.id)
+        for v in rc.victims:  # victims not stopped yet get their GPUs back
+            if v.id not in rc.done and v.id not in self.pool:
+                held = self.ledger.allocation(v.id)
+                if held is not None and held.released_at is None:
+                    try:
+                        self.pool.restore(v.id, self.inventory.placement_of(v))
+                    except Exception as e:
+                        log.error("Cannot give %s back to %s after a cancelled reclaim: %s", v.id, v.user, e)
+            self.warnings.pop(v.user, None)
+            self.cache.forget(v.user)
+        log.info("Reclaim for %s/%s dropped: %s", rc.user, rc.server, why)
+
+    def expire(self) -> None:
+        now = self.clock()
+        for rc in list(self.active.values()):
+            if now >= rc.expires:
+                self.cancel(rc, "not claimed in time")
