@@ -226,8 +226,9 @@ class Pool:
         return False
 
     # -- the API the hub uses ----------------------------------------------
-    def allocate(self, alloc_id: str, req: Request) -> Placement:
-        """Place ``req`` and record it under ``alloc_id``.
+    def allocate(self, alloc_id: str, req: Request, *, avoid: FrozenSet[str] = frozenset()) -> Placement:
+        """Place ``req`` and record it under ``alloc_id``; never on a node named in ``avoid``
+        (the wait queue holds a node back for the request at its head).
 
         Raises :class:`NoCapacity` when it would fit an empty pool but not now,
         :class:`ModelUnavailable` when it can never fit this pool.
@@ -237,6 +238,8 @@ class Pool:
         policy = self.policy
         policy.observe(req)
         cands = self.candidates(req)
+        if avoid:
+            cands = [c for c in cands if c.name not in avoid]
         if not cands:
             self._refuse(req)
         ns, slots = policy.select(req, cands)

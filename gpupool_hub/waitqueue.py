@@ -1,0 +1,181 @@
+"""The wait queue's rules: fair order, dispatch with a reservation for the head,
+and estimates of when each waiter starts. Pure: no I/O, no clock of its own.
+
+Order: teams under their quota before borrowers, then first come, first served
+(:func:`fair_order`). When GPUs free up, :func:`dispatch` places waiters in
+that order. The first waiter that does not fit is the *head*: it gets a
+reserved node (the node where it will fit soonest, kept until it starts), and
+later, smaller waiters may go ahead only on other nodes — Slurm's backfill
+with a reservation, so a 4-GPU request is never starved by a stream of 1-GPU
+ones. Unlike batch jobs, notebook servers have no time limit, so "finishes
+before the head's start" cannot be promised; a node, not a time window, is
+reserved.
+
+Dispatch after a release is cheap: waiters whose request shape already failed
+in this pass are skipped without looking at the pool again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from .placement.errors import ModelUnavailable, NoCapacity
+from .placement.request import MILLI, Request, model_allowed
+from .placement.state import Placement, Pool
+
+#: priority classes, lower first
+UNDER_QUOTA = 0
+BORROWER = 1
+
+
+@dataclass(frozen=True)
+class Waiter:
+    """One server waiting for GPUs (``request.models`` already narrowed to what its user affords)."""
+
+    id: str
+    user: str
+    server: str
+    request: Request
+    since: datetime
+    priority: int = BORROWER
+
+    @property
+    def order_key(self) -> tuple[int, datetime, str]:
+        return (self.priority, self.since, self.id)
+
+    @property
+    def shape(self) -> tuple[Any, ...]:
+        r = self.request
+        return (r.cpu_milli, r.memory_mib, r.gpus, r.gpu_milli, r.models)
+
+
+@dataclass(frozen=True)
+class ExpectedRelease:
+    """A held allocation and when it is expected to end (a reclaim deadline, a floor
+    stop, or the typical session length), for estimates."""
+
+    node: str
+    milli: int
+    model: str  # normalized model key
+    at: datetime
+
+
+@dataclass
+class Dispatch:
+    """What one pass decided: who starts where, and which node is held for the head."""
+
+    placed: list[tuple[Waiter, Placement]]
+    reservation: tuple[str, str] | None  # (waiter id, node)
+
+
+def fair_order(waiters: Iterable[Waiter]) -> list[Waiter]:
+    return sorted(waiters, key=lambda w: w.order_key)
+
+
+def reserve_node(pool: Pool, req: Request) -> str | None:
+    """The node to hold back for a head waiter: among nodes it could ever fit on,
+    the one with the most free GPU capacity of its models now (ties: fewer GPUs
+    in total, so big nodes stay for big requests; then name)."""
+    best: tuple[Any, ...] | None = None
+    name = None
+    for ns in pool.nodes:
+        n = ns.node
+        if n.cpu_milli < req.cpu_milli or n.memory_mib < req.memory_mib:
+            continue
+        slots = [s for s, mk in enumerate(ns.slot_model) if model_allowed(mk, req.models)]
+        if req.gpus:
+            if sum(1 for s in slots if ns.whole[s]) < req.gpus:
+                continue
+            free = sum(1 for s in slots if ns.whole[s] and ns.free[s] == MILLI)
+        else:
+            if not any(ns.cap[s] >= req.gpu_milli for s in slots):
+                continue
+            free = max((ns.free[s] for s in slots), default=0)
+        key = (-free, len(slots), ns.name)
+        if best is None or key < best:
+            best, name = key, ns.name
+    return name
+
+
+def dispatch(pool: Pool, ordered: Sequence[Waiter], new_id: Callable[[Waiter], str],
+             reservation: tuple[str, str] | None = None) -> Dispatch:
+    """Place waiters in ``ordered`` order; the first that does not fit holds a node.
+
+    ``reservation`` is the previous pass's (head id, node); it is kept while that
+    waiter is still the head, so the node it drains is not given away meanwhile.
+    Placements are made in ``pool`` under ``new_id(waiter)``; the caller records
+    or releases them.
+    """
+    placed: list[tuple[Waiter, Placement]] = []
+    failed: set[tuple[Any, ...]] = set()  # shapes that fit nowhere (outside the reserved node) this pass
+    held: str | None = None
+    head: Waiter | None = None
+    for w in ordered:
+        if w.shape in failed:
+            continue
+        cands = pool.candidates(w.request)
+        usable = [c for c in cands if c.name != held]
+        if not usable:
+            if head is None:
+                head = w
+                if reservation is not None and reservation[0] == w.id:
+                    held = reservation[1]
+                else:
+                    held = reserve_node(pool, w.request)
+            if not cands or held is None:
+                failed.add(w.shape)
+            continue
+        try:
+            placement = pool.allocate(new_id(w), w.request, avoid=frozenset({held}) if held else frozenset())
+        except (NoCapacity, ModelUnavailable):
+            failed.add(w.shape)
+            continue
+        placed.append((w, placement))
+    return Dispatch(placed, (head.id, held) if head is not None and held is not None else None)
+
+
+def estimate_starts(ordered: Sequence[Waiter], free_milli: Mapping[str, int],
+                    releases: Iterable[ExpectedRelease], now: datetime) -> dict[str, datetime | None]:
+    """When each waiter is expected to start: GPUs of its models free now plus those
+    released by then must cover it and everyone ahead of it wanting those models.
+
+    Counts capacity per model, not per node, so it is a lower bound when nodes
+    are fragmented; ``None`` when the known releases never suffice.
+    """
+    events = sorted(releases, key=lambda r: r.at)
+    out: dict[str, datetime | None] = {}
+    demand: dict[frozenset[str] | None, int] = {}
+    for w in ordered:
+        models = w.request.models
+        key = frozenset(models) if models is not None else None
+        demand[key] = demand.get(key, 0) + w.request.total_gpu_milli
+        need = sum(d for k, d in demand.items() if k is None or key is None or k & key)
+        have = sum(m for model, m in free_milli.items() if models is None or model in models)
+        if have >= need:
+            out[w.id] = now
+            continue
+        at = None
+        for r in events:
+            if models is None or r.model in models:
+                have += r.milli
+                if have >= need:
+                    at = max(r.at, now)
+                    break
+        out[w.id] = at
+    return out
+
+
+def wait_text(position: int, eta: datetime | None, now: datetime) -> str:
+    """"you are 2nd, about 20 minutes" — what the progress page says."""
+    nth = {1: "1st", 2: "2nd", 3: "3rd"}.get(position, f"{position}th")
+    if eta is None:
+        return f"You are {nth} in the queue; no estimate yet (no GPU of this kind is expected to free up soon)."
+    minutes = max(0, round((eta - now) / timedelta(minutes=1)))
+    if minutes <= 1:
+        return f"You are {nth} in the queue; a GPU should free up within a minute."
+    if minutes < 90:
+        return f"You are {nth} in the queue, about {minutes} minutes."
+    return f"You are {nth} in the queue, about {minutes / 60:.1f} hours."

@@ -1,0 +1,125 @@
+"""The wait queue's pure rules: fair order, dispatch with a reservation for the
+head (no starvation), and start estimates."""
+
+from __future__ import annotations
+
+import random
+from datetime import datetime, timedelta, timezone
+
+from gpupool_hub.placement import Pool, Request
+from gpupool_hub.waitqueue import (BORROWER, UNDER_QUOTA, ExpectedRelease, Waiter, dispatch, estimate_starts,
+                                   fair_order, wait_text)
+
+T0 = datetime(2026, 11, 22, 9, tzinfo=timezone.utc)
+MODEL = "NVIDIA GeForce RTX 3090"
+
+
+def nodes(n: int, gpus: int) -> list[dict]:
+    return [{"name": f"n{i}", "cpu_milli": 64000, "memory_mib": 262144, "gpus": {"count": gpus, "model": MODEL}}
+            for i in range(n)]
+
+
+def waiter(i: int, gpus: int = 1, priority: int = BORROWER, minute: int | None = None) -> Waiter:
+    return Waiter(f"w{i}", f"user{i}", "", Request(gpus=gpus), T0 + timedelta(minutes=i if minute is None else minute),
+                  priority)
+
+
+def fill(pool: Pool, n: int, prefix: str = "held") -> list[str]:
+    ids = []
+    for i in range(n):
+        pool.allocate(f"{prefix}{i}", Request(gpus=1))
+        ids.append(f"{prefix}{i}")
+    return ids
+
+
+def test_teams_under_quota_first_then_first_come_first_served():
+    w = [waiter(0), waiter(1, priority=UNDER_QUOTA), waiter(2), waiter(3, priority=UNDER_QUOTA)]
+    assert [x.id for x in fair_order(w)] == ["w1", "w3", "w0", "w2"]
+
+
+def test_three_users_for_one_gpu_get_it_in_order():
+    pool = Pool(nodes(1, 2))
+    held = fill(pool, 2)
+    queue = fair_order([waiter(2), waiter(0), waiter(1)])
+    assert dispatch(pool, queue, lambda w: w.id).placed == []
+    pool.release(held[0])
+    d = dispatch(pool, queue, lambda w: w.id)
+    assert [w.id for w, _ in d.placed] == ["w0"]
+    queue = [w for w in queue if w.id != "w0"]
+    pool.release(held[1])
+    assert [w.id for w, _ in dispatch(pool, queue, lambda w: w.id).placed] == ["w1"]
+
+
+def test_a_smaller_request_goes_ahead_only_off_the_heads_node():
+    pool = Pool(nodes(2, 4))
+    held = fill(pool, 8)
+    by_node = {pool.get(a).node: [] for a in held}
+    for a in held:
+        by_node[pool.get(a).node].append(a)
+    big, small = waiter(0, gpus=4), waiter(1, gpus=1)
+    d = dispatch(pool, [big, small], lambda w: w.id)
+    assert d.placed == [] and d.reservation is not None and d.reservation[0] == "w0"
+    reserved = d.reservation[1]
+    other = next(n for n in by_node if n != reserved)
+    pool.release(by_node[reserved][0])  # a GPU frees on the head's node: the small one may not take it
+    d = dispatch(pool, [big, small], lambda w: w.id, d.reservation)
+    assert d.placed == [] and d.reservation == ("w0", reserved)
+    pool.release(by_node[other][0])  # one frees elsewhere: the small one backfills there
+    d = dispatch(pool, [big, small], lambda w: w.id, d.reservation)
+    assert [(w.id, p.node) for w, p in d.placed] == [("w1", other)]
+
+
+def test_a_four_gpu_head_is_not_starved_by_a_stream_of_one_gpu_requests():
+    """Scripted arrivals: every minute one running 1-GPU server stops and a new 1-GPU
+    request arrives behind the 4-GPU one. The 4-GPU request starts in the very pass
+    after the last server on its reserved node stops, and the small ones keep being
+    served on the other node meanwhile."""
+    rng = random.Random(7)
+    pool = Pool(nodes(2, 4))
+    held = fill(pool, 8)
+    queue = [waiter(0, gpus=4)]
+    reservation = None
+    started_small = 0
+    for minute in range(1, 60):
+        held.remove(stop := held[rng.randrange(len(held))])
+        pool.release(stop)
+        queue.append(waiter(minute, gpus=1))
+        d = dispatch(pool, fair_order(queue), lambda w: w.id, reservation)
+        if reservation is not None and "w0" not in [w.id for w, _ in d.placed]:
+            assert d.reservation == reservation  # the head keeps its node
+        reservation = d.reservation
+        for w, p in d.placed:
+            queue.remove(w)
+            if w.id == "w0":
+                assert not [a for a in held if pool.get(a).node == p.node]
+                assert started_small > 0
+                return
+            held.append(w.id)
+            started_small += 1
+        if reservation is not None:
+            left = [a for a in held if pool.get(a).node == reservation[1]]
+            assert left, "the reserved node drained but the head did not start"
+    raise AssertionError(f"the 4-GPU request never started ({started_small} small ones did)")
+
+
+def test_without_a_reservation_the_big_request_would_starve():
+    """The control for the test above: plain first-fit-in-order hands every freed GPU
+    to the newest 1-GPU request, so the 4-GPU one never starts."""
+    rng = random.Random(7)
+    pool = Pool(nodes(2, 4))
+    held = fill(pool, 8)
+    for minute in range(1, 40):
+        pool.release(held.pop(rng.randrange(len(held))))
+        pool.allocate(f"s{minute}", Request(gpus=1))  # greedy: whoever fits now starts
+        held.append(f"s{minute}")
+    assert not pool.candidates(Request(gpus=4))
+
+
+def test_estimates_follow_the_queue_and_known_releases():
+    queue = [waiter(0, 2), waiter(1, 1), waiter(2, 4)]
+    free = {"nvidia geforce rtx 3090": 1000}
+    releases = [ExpectedRelease("n0", 1000, "nvidia geforce rtx 3090", T0 + timedelta(minutes=m)) for m in (10, 20, 30)]
+    est = estimate_starts(queue, free, releases, T0)
+    assert est == {"w0": T0 + timedelta(minutes=10), "w1": T0 + timedelta(minutes=20), "w2": None}
+    assert "2nd" in wait_text(2, est["w1"], T0) and "20 minutes" in wait_text(2, est["w1"], T0)
+    assert "no estimate" in wait_text(3, None, T0)
