@@ -108,6 +108,19 @@ class GPUPoolSpawner(Spawner):
         share, see docs/fairshare.md) before giving up; the spawn page says it is waiting.""",
     ).tag(config=True)
 
+    form_template_paths = List(
+        Unicode(),
+        help="""Directories searched, in order, for the options form's template before the packaged one.
+
+        Put a ``form.html`` in one of them to change the form (like KubeSpawner's
+        ``additional_profile_form_template_paths``). It may begin with
+        ``{% extends "gpupool/form.html" %}`` and replace only some blocks
+        (``balance``, ``profile``, ``price``, ``gpus``). Values are HTML-escaped.
+        The variables are listed at the top of
+        gpupool_hub/spawner/templates/form.html; keep the field names
+        ``profile`` and ``gpus--<slug>``. See docs/admin-guide.md.""",
+    ).tag(config=True)
+
     # --------------------------------------------------------------- state
 
     gpupool_allocation_id: str | None = None
@@ -406,9 +419,18 @@ class GPUPoolSpawner(Spawner):
             self.log.warning("Balance for the options form unavailable: %s", e)
             return None
 
+    async def gpupool_catalog(self) -> dict[str, Any] | None:
+        """The pool's GPU models with prices and free GPUs (``GET /models``), or None."""
+        try:
+            return await self.gpupool_client.catalog()
+        except (ServiceUnavailable, ServiceError) as e:
+            self.log.warning("Prices for the options form unavailable: %s", e)
+            return None
+
     async def _render_gpupool_form(self, spawner: Spawner | None = None) -> str:
-        account = await self.gpupool_account()
-        return render_form(self, account)
+        """The form, with the user's balance and the pool's prices asked for at the same time."""
+        account, catalog = await asyncio.gather(self.gpupool_account(), self.gpupool_catalog())
+        return render_form(self, account, catalog)
 
 
 def _retry_delay(retry_at: str | None) -> float:
