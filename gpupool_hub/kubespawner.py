@@ -114,9 +114,8 @@ class GPUPoolKubeSpawner(GPUPoolSpawner, KubeSpawner):
         Set through the mixin's allocation overrides, so a restart (another
         node, or a CPU-only profile) starts again from the configured values.
         """
-        super().apply_gpupool_allocation(allocation)
+        super().apply_gpupool_allocation(allocation)  # also undoes the previous allocation's settings
         overrides = self.gpupool_allocation_overrides
-        overrides.restore()
         if not allocation:
             return
         expr = {"key": self.gpupool_node_label, "operator": "In", "values": [allocation["node"]]}

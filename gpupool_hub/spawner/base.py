@@ -299,9 +299,12 @@ class GPUPoolSpawner(Spawner):
     def apply_gpupool_allocation(self, allocation: dict[str, Any] | None) -> None:
         """Hook for the wrapped spawner: turn the allocation into its settings (env here).
 
-        Subclasses that set traits from the allocation should set them through
-        ``self.gpupool_allocation_overrides`` so the next spawn starts clean.
+        The previous allocation's trait settings are undone first. Subclasses
+        call ``super()`` and then set traits through
+        ``self.gpupool_allocation_overrides.set({...})``, so that the next
+        spawn (another node, or no GPU) starts from the admin's values.
         """
+        self.gpupool_allocation_overrides.restore()
         self._gpupool_env = self.gpupool_env(allocation)
 
     def get_env(self) -> dict[str, str]:
