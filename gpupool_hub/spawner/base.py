@@ -359,7 +359,7 @@ class GPUPoolSpawner(Spawner):
             progress.add(40, f"GPUs allocated: {where}")
         self.apply_gpupool_allocation(allocation)
 
-    async def start(self):  # type: ignore[no-untyped-def]
+    async def start(self) -> Any:
         self._gpupool_starting = True
         try:
             await self.gpupool_prepare()
@@ -377,7 +377,7 @@ class GPUPoolSpawner(Spawner):
         finally:
             await self.gpupool_release("server stopped")
 
-    async def poll(self):  # type: ignore[no-untyped-def]
+    async def poll(self) -> int | None:
         status = await super().poll()
         if status is not None and self.gpupool_allocation_id and not self._gpupool_starting:
             await self.gpupool_release(f"server gone (exit status {status})")

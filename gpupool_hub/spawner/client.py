@@ -33,6 +33,7 @@ __all__ = [
 DEFAULT_API_URL = "http://127.0.0.1:10101/services/gpupool/api/v1"
 GENERIC_TITLE = "Refused by the GPU pool"  # a reason this version does not know (a newer service)
 UNKNOWN_REASON_STATUS = 409
+UNNAMED_REASON = "refused"  # a 409 that names no reason
 
 
 class ServiceUnavailable(Exception):
@@ -98,7 +99,7 @@ def allocation_refusal(status: int, data: Any, what: str) -> GPUPoolRefused:
     """
     data = data if isinstance(data, Mapping) else {}
     if status == 409:
-        name = str(data.get("reason") or "refused")
+        name = str(data.get("reason") or UNNAMED_REASON)
         known = RefusalReason.parse(name)
         message = str(data.get("message") or f"The GPU pool refused {what}.")
         title = known.title if known else GENERIC_TITLE
