@@ -23,7 +23,7 @@ OUTPUT = ROOT / "docs" / "configuration.md"
 # (section title, import path, class name, what reads it, intro)
 SECTIONS = [
     ("c.GPUPool", "gpupool_hub.config", "GPUPool",
-     "the hub (spawner's options form) and the gpupool service",
+     "the gpupool service (the spawner's options form asks it for prices and free GPUs)",
      "Prices, credit rules, the pool's nodes, the placement policy and the ledger database."),
     ("c.GPUPoolService", "gpupool_hub.service.app", "GPUPoolService",
      "the gpupool service",

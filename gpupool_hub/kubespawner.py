@@ -22,7 +22,6 @@ so CUDA base images do not see the node's GPUs.
 
 from __future__ import annotations
 
-import copy
 from decimal import Decimal
 from typing import Any
 
@@ -83,7 +82,6 @@ class GPUPoolKubeSpawner(GPUPoolSpawner, KubeSpawner):
         if self.profile_list:
             self.log.warning("GPUPoolKubeSpawner ignores c.KubeSpawner.profile_list; "
                              "use c.GPUPoolSpawner.profiles with 'spawner_override'")
-        self._gpupool_kube_base: dict[str, Any] | None = None
 
     async def load_user_options(self) -> None:
         """Profiles were applied by GPUPoolSpawner before start; KubeSpawner's profile_list is not used."""
@@ -111,26 +109,26 @@ class GPUPoolKubeSpawner(GPUPoolSpawner, KubeSpawner):
         return {self.gpu_resource: str(len(gpus))} if gpus else {}
 
     def apply_gpupool_allocation(self, allocation: dict[str, Any] | None) -> None:
-        super().apply_gpupool_allocation(allocation)
-        if self._gpupool_kube_base is None:
-            self._gpupool_kube_base = {
-                "node_affinity_required": copy.deepcopy(self.node_affinity_required),
-                "extra_resource_limits": dict(self.extra_resource_limits),
-                "extra_resource_guarantees": dict(self.extra_resource_guarantees),
-            }
-        base = copy.deepcopy(self._gpupool_kube_base)
-        if allocation:
-            expr = {"key": self.gpupool_node_label, "operator": "In", "values": [allocation["node"]]}
-            terms = base["node_affinity_required"]
-            items = list(terms.values()) if isinstance(terms, dict) else list(terms)
-            if not items:
-                items = [{}]
-            for term in items:
-                term.setdefault("matchExpressions", []).append(expr)
-            base["node_affinity_required"] = (dict(zip(terms.keys(), items)) if isinstance(terms, dict) and terms
-                                              else items)
-            limits = self.gpu_limits(allocation)
-            base["extra_resource_limits"].update(limits)
-            base["extra_resource_guarantees"].update(limits)  # extended resources: request == limit
-        for name, value in base.items():
-            setattr(self, name, value)
+        """Pin the pod to the allocation's node and add its GPU limit, on top of the admin's settings.
+
+        Set through the mixin's allocation overrides, so a restart (another
+        node, or a CPU-only profile) starts again from the configured values.
+        """
+        super().apply_gpupool_allocation(allocation)  # also undoes the previous allocation's settings
+        overrides = self.gpupool_allocation_overrides
+        if not allocation:
+            return
+        expr = {"key": self.gpupool_node_label, "operator": "In", "values": [allocation["node"]]}
+        terms = overrides.base("node_affinity_required")
+        items = list(terms.values()) if isinstance(terms, dict) else list(terms)
+        if not items:
+            items = [{}]
+        for term in items:
+            term.setdefault("matchExpressions", []).append(expr)
+        limits = self.gpu_limits(allocation)
+        overrides.set({
+            "node_affinity_required": dict(zip(terms.keys(), items)) if isinstance(terms, dict) and terms else items,
+            "extra_resource_limits": {**self.extra_resource_limits, **limits},
+            # extended resources: request == limit
+            "extra_resource_guarantees": {**self.extra_resource_guarantees, **limits},
+        })

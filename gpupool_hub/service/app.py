@@ -24,6 +24,7 @@ from traitlets.config import Application, catch_config_error
 from .. import __version__
 from ..config import GPUPool
 from ..ledger import Ledger
+from ..profiles import parse_profiles
 from ..usage.records import AllocationRecordsSource
 from .context import ServiceContext
 from .cull import Culler
@@ -171,8 +172,6 @@ class GPUPoolService(Application):
         profiles = self.config.get("GPUPoolSpawner", {}).get("profiles")
         if profiles is None:
             return
-        from ..spawner import parse_profiles  # moves to gpupool_hub.profiles with the spawner split
-
         try:
             parse_profiles(profiles)
         except Exception as e:

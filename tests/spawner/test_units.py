@@ -229,3 +229,37 @@ async def test_kube_uses_gpupool_profiles_not_profile_list(kube):
     assert callable(s.options_form)
     s.user_options = {"profile": "2x3090"}
     await s.load_user_options()  # KubeSpawner's own profile_list check must not reject our slugs
+
+
+async def test_kube_restart_starts_again_from_the_admins_settings(kube):
+    """Profile and allocation settings are two override layers; a restart undoes both, in order."""
+    s = kube(extra_resource_limits={"admin.io/x": "1"}, profiles=[
+        {"slug": "gpu", "gpus": 1,
+         "spawner_override": {"extra_resource_limits": {"profile.io/y": "2"}, "image": "gpu-image"}},
+        {"slug": "cpu", "default": True},
+    ])
+    configured_image = s.image
+    gpu, cpu = s.gpupool_profiles
+    s.apply_gpupool_profile(gpu)
+    s.apply_gpupool_allocation(dict(ALLOC, gpus=ALLOC["gpus"][:1]))
+    assert s.extra_resource_limits == {"profile.io/y": "2", "nvidia.com/gpu": "1"} and s.image == "gpu-image"
+    assert s.node_affinity_required[0]["matchExpressions"][0]["values"] == ["gpu-node-7"]
+    s.apply_gpupool_profile(cpu)
+    s.apply_gpupool_allocation(None)
+    assert s.extra_resource_limits == {"admin.io/x": "1"} and s.image == configured_image
+    assert s.node_affinity_required == []
+
+
+def test_profile_overrides_are_undone_by_the_next_profile():
+    s = make(profiles=PROFILES + [{"slug": "big", "gpus": 1, "spawner_override": {"cmd": ["big-server"]}}])
+    configured_cmd = list(s.cmd)
+    s.apply_gpupool_profile(s.gpupool_profiles[-1])
+    assert s.cmd == ["big-server"] and s.cpu_limit is None
+    s.apply_gpupool_profile(s.gpupool_profiles[0])
+    assert s.cmd == configured_cmd and s.cpu_limit == 2.0 and s.mem_limit == 4 * 2**30
+    s.apply_gpupool_profile(None)
+    assert s.cpu_limit is None and s.mem_limit is None
+    with pytest.raises(GPUPoolRefused) as e:  # a trait this spawner class does not have
+        make(profiles=[{"slug": "k", "spawner_override": {"image": "x"}}]).apply_gpupool_profile(
+            parse_profiles([{"slug": "k", "spawner_override": {"image": "x"}}])[0])
+    assert e.value.status_code == 500 and "overrides 'image'" in e.value.message

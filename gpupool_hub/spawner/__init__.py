@@ -1,0 +1,42 @@
+"""GPUPoolSpawner: priced GPU profiles, a balance check and packed placement for JupyterHub.
+
+The spawner half of gpupool_hub. ``GPUPoolSpawner`` is a mixin (a
+:class:`jupyterhub.spawner.Spawner` subclass that calls ``super()``
+everywhere); the ready classes combine it with a real spawner:
+
+=========================== ======================== ==============================
+class                       entry point name          base
+=========================== ======================== ==============================
+GPUPoolLocalProcessSpawner  ``gpupool-localprocess``  LocalProcessSpawner
+GPUPoolSimpleSpawner        ``gpupool-simple``        SimpleLocalProcessSpawner
+GPUPoolSystemdSpawner       ``gpupool-systemd``       systemdspawner (extra)
+GPUPoolKubeSpawner          ``gpupool-kubernetes``    KubeSpawner (extra)
+=========================== ======================== ==============================
+
+Configure with ``c.GPUPoolSpawner.profiles = [...]``; see docs/spawner.md.
+
+Modules: ``base`` (the mixin: lifecycle, state, progress), ``client`` (the
+service's REST API, refusals), ``form`` + ``templates/form.html`` (the
+options form), ``overrides`` (trait values a spawn sets and undoes),
+``progress``, ``errors``, ``local`` (the ready local classes). Profiles
+themselves are parsed in :mod:`gpupool_hub.profiles`, re-exported here.
+"""
+
+from __future__ import annotations
+
+from ..profiles import MAX_GPUS, PROFILE_KEYS, Profile, parse_memory, parse_profile, parse_profiles
+from .base import STATE_KEY, GPUPoolSpawner
+from .client import DEFAULT_API_URL, GPUPoolClient, ServiceError, ServiceUnavailable
+from .errors import GPUPoolRefused, SpawnFailure, invalid_options
+from .form import gpupool_options_from_form, render_form
+from .local import GPUPoolLocalProcessSpawner, GPUPoolSimpleSpawner
+from .overrides import TraitOverrides
+
+GPUPoolSpawnerMixin = GPUPoolSpawner
+
+__all__ = [
+    "DEFAULT_API_URL", "MAX_GPUS", "PROFILE_KEYS", "STATE_KEY", "GPUPoolClient", "GPUPoolLocalProcessSpawner",
+    "GPUPoolRefused", "GPUPoolSimpleSpawner", "GPUPoolSpawner", "GPUPoolSpawnerMixin", "Profile", "ServiceError",
+    "ServiceUnavailable", "SpawnFailure", "TraitOverrides", "gpupool_options_from_form", "invalid_options",
+    "parse_memory", "parse_profile", "parse_profiles", "render_form",
+]

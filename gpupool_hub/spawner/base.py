@@ -1,0 +1,447 @@
+"""GPUPoolSpawner: the mixin that puts a spawn through the gpupool service.
+
+It never decides placement or money itself: on ``start`` it asks the service
+(``POST {api}/allocations``), which checks the user's balance and packs the
+request onto the pool; the mixin then hands the chosen GPUs to the wrapped
+spawner (:meth:`GPUPoolSpawner.apply_gpupool_allocation`), keeps the
+allocation id in the server's state (key ``gpupool_allocation``) and gives the
+GPUs back on ``stop`` and when ``poll`` finds the server gone.
+
+The lifecycle is a set of small public hooks so that any spawner can mix it in
+(local processes, systemd, Kubernetes, a batch scheduler): ``select_profile``
+→ ``apply_gpupool_profile`` → ``gpupool_allocate`` → ``apply_gpupool_allocation``
+(→ ``gpupool_env``), all run by ``gpupool_prepare`` before the wrapped
+spawner's ``start``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from datetime import datetime, timezone
+from typing import Any
+
+from jupyterhub.spawner import Spawner
+from traitlets import Bool, Float, List, Unicode, default, observe, validate
+
+from ..profiles import InvalidOptions, Profile, choose_profile, default_profile, parse_profiles
+from .client import (
+    DEFAULT_API_URL, GPUPoolClient, ServiceError, ServiceUnavailable, api_token_from_config, api_url_from_config,
+)
+from .errors import GPUPoolRefused, SpawnFailure, invalid_options
+from .form import gpupool_options_from_form, render_form
+from .overrides import TraitOverrides
+from .progress import ProgressLog
+
+__all__ = ["STATE_KEY", "GPUPoolSpawner"]
+
+STATE_KEY = "gpupool_allocation"
+
+
+class GPUPoolSpawner(Spawner):
+    """Mixin: GPU profiles with prices, a balance check and packed GPUs from the gpupool service.
+
+    Combine it with a concrete spawner, mixin first:
+    ``class MySpawner(GPUPoolSpawner, LocalProcessSpawner)``.
+    """
+
+    profiles = List(
+        [],
+        help="""The server profiles users choose from, e.g.::
+
+            c.GPUPoolSpawner.profiles = [
+                {"slug": "cpu", "display_name": "CPU only", "cpu": 2, "memory": "4G", "default": True},
+                {"slug": "quarter", "display_name": "1/4 RTX 3090", "gpu_fraction": 0.25, "models": ["RTX 3090"]},
+                {"slug": "2x3090", "display_name": "2x RTX 3090", "gpus": 2, "models": ["RTX 3090"],
+                 "cpu": 8, "memory": "32G"},
+                {"slug": "a6000", "display_name": "RTX A6000 (1-2)", "gpus": 1, "max_gpus": 2,
+                 "models": ["RTX A6000"]},
+            ]
+
+        Keys: slug, display_name, description, gpus | gpu_fraction, max_gpus,
+        models, cpu, memory, default, spawner_override (see docs/spawner.md).
+        A profile without gpus and gpu_fraction is CPU-only. Checked when the
+        configuration loads; an error names the entry and the bad key. Empty
+        (default): no options form, every server is CPU-only.
+        """,
+    ).tag(config=True)
+
+    gpupool_service_name = Unicode(
+        "gpupool", help="Name of the gpupool service in c.JupyterHub.services (used to derive URL and token)."
+    ).tag(config=True)
+
+    gpupool_api_url = Unicode(
+        help=f"""Base URL of the gpupool service's REST API (ends in ``/api/v1``).
+
+        Default: the service's own URL from its c.JupyterHub.services entry plus
+        ``/services/<name>/api/v1`` (no proxy hop); else env ``GPUPOOL_API_URL``;
+        else ``{DEFAULT_API_URL}``.
+        """,
+    ).tag(config=True)
+
+    gpupool_server_api_url = Unicode(
+        help="""The gpupool API URL given to single-user servers as ``GPUPOOL_API_URL``
+        (the lab balance widget's server extension uses it). Default: gpupool_api_url.
+        Set it when servers reach the service by another address than the hub does.""",
+    ).tag(config=True)
+
+    gpupool_api_token = Unicode(
+        help="""Token the spawner sends to the gpupool service (``Authorization: token …``).
+
+        It must be the service's own ``api_token`` from its c.JupyterHub.services entry
+        (the example configuration sets both from one variable). Default: env
+        ``GPUPOOL_API_TOKEN``, else that services entry's ``api_token``.""",
+    ).tag(config=True)
+
+    cpu_only_fail_open = Bool(
+        True,
+        help="""Whether CPU-only profiles start while the gpupool service is unreachable.
+
+        GPU profiles always fail closed (no allocation, no GPUs). With False, a
+        CPU-only start first checks that the service answers and is refused if not.""",
+    ).tag(config=True)
+
+    request_timeout = Float(10, help="Seconds each request to the gpupool service may take.").tag(config=True)
+
+    reclaim_wait = Float(
+        300, help="""Seconds a spawn waits while the pool reclaims borrowed GPUs for it (team fair
+        share, see docs/fairshare.md) before giving up; the spawn page says it is waiting.""",
+    ).tag(config=True)
+
+    form_template_paths = List(
+        Unicode(),
+        help="""Directories searched, in order, for the options form's template before the packaged one.
+
+        Put a ``form.html`` in one of them to change the form (like KubeSpawner's
+        ``additional_profile_form_template_paths``). It may begin with
+        ``{% extends "gpupool/form.html" %}`` and replace only some blocks
+        (``balance``, ``profile``, ``price``, ``gpus``). Values are HTML-escaped.
+        The variables are listed at the top of
+        gpupool_hub/spawner/templates/form.html; keep the field names
+        ``profile`` and ``gpus--<slug>``. See docs/admin-guide.md.""",
+    ).tag(config=True)
+
+    # --------------------------------------------------------------- state
+
+    gpupool_allocation_id: str | None = None
+    gpupool_allocation: dict[str, Any] | None = None
+    gpupool_profile: Profile | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._gpupool_starting = False
+        self._gpupool_progress = ProgressLog()
+        self._gpupool_env: dict[str, str] = {}
+        # two layers, undone in reverse: the allocation's settings sit on top of the profile's
+        self.gpupool_profile_overrides = TraitOverrides(self)
+        self.gpupool_allocation_overrides = TraitOverrides(self)
+        self._gpupool_parsed = parse_profiles(self.profiles)
+
+    # -------------------------------------------------------------- traits
+
+    @validate("profiles")
+    def _validate_profiles(self, proposal: Any) -> list:  # type: ignore[type-arg]
+        parse_profiles(proposal["value"])
+        return proposal["value"]
+
+    @observe("profiles")
+    def _profiles_changed(self, change: Any) -> None:
+        self._gpupool_parsed = parse_profiles(change["new"])
+
+    @default("gpupool_api_url")
+    def _default_api_url(self) -> str:
+        return api_url_from_config(self.config, self.gpupool_service_name)
+
+    @default("gpupool_server_api_url")
+    def _default_server_api_url(self) -> str:
+        return self.gpupool_api_url
+
+    @default("gpupool_api_token")
+    def _default_api_token(self) -> str:
+        return api_token_from_config(self.config, self.gpupool_service_name)
+
+    @default("options_form")
+    def _gpupool_options_form_default(self) -> Any:
+        return self._render_gpupool_form if self.profiles else ""
+
+    @default("options_from_form")
+    def _gpupool_options_from_form_default(self) -> Any:
+        return gpupool_options_from_form
+
+    def options_from_query(self, query_data: dict[str, Any]) -> dict[str, Any]:
+        """``/hub/spawn?profile=2x3090`` works like the form (values arrive as lists of strings)."""
+        return gpupool_options_from_form(
+            {k: v if isinstance(v, list) else [v] for k, v in query_data.items()}
+        )
+
+    # ------------------------------------------------------------ profiles
+
+    @property
+    def gpupool_profiles(self) -> list[Profile]:
+        return self._gpupool_parsed
+
+    def default_profile(self) -> Profile | None:
+        return default_profile(self.gpupool_profiles)
+
+    def select_profile(self, user_options: Mapping[str, Any] | None) -> tuple[Profile | None, int]:
+        """The profile and whole-GPU count ``user_options`` ask for, or HTTP 400 "Invalid user options"."""
+        try:
+            return choose_profile(self.gpupool_profiles, user_options)
+        except InvalidOptions as e:
+            raise invalid_options(str(e)) from None
+
+    def apply_gpupool_profile(self, profile: Profile | None) -> None:
+        """Profile resources onto the spawner's own traits (limits, overrides).
+
+        The previous spawn's profile and allocation are undone first: a server
+        restarted with another profile must not keep the old limits or overrides.
+        """
+        self.gpupool_allocation_overrides.restore()
+        self.gpupool_profile_overrides.restore()
+        if profile is None:
+            return
+        values: dict[str, Any] = {}
+        if profile.cpu is not None:
+            values["cpu_limit"] = values["cpu_guarantee"] = profile.cpu
+        if profile.memory is not None:
+            values["mem_limit"] = values["mem_guarantee"] = profile.memory
+        values.update(profile.spawner_override)
+        missing = self.gpupool_profile_overrides.missing(values)
+        if missing:
+            raise GPUPoolRefused(
+                f"Profile {profile.slug!r} overrides {missing[0]!r}, which {type(self).__name__} does not have; "
+                "ask an admin to fix c.GPUPoolSpawner.profiles.",
+                reason=SpawnFailure.CONFIG, status_code=500,
+            )
+        self.gpupool_profile_overrides.set(values)
+
+    # ------------------------------------------------------------- service
+
+    @property
+    def gpupool_client(self) -> GPUPoolClient:
+        """A client for the service with the current URL, token and timeout (cheap to make)."""
+        return GPUPoolClient(self.gpupool_api_url, self.gpupool_api_token, self.request_timeout, log=self.log)
+
+    async def gpupool_request(self, method: str, path: str, body: Any = None,
+                              params: Mapping[str, str] | None = None) -> tuple[int, Any]:
+        """One call to the service: ``(status, json)``; raises ``ServiceUnavailable`` when unreachable."""
+        return await self.gpupool_client.request(method, path, body, params)
+
+    def _groups(self) -> list[str]:
+        try:
+            return sorted(g.name for g in (self.user.groups or []))
+        except Exception:
+            return []
+
+    async def gpupool_allocate(self, profile: Profile, gpus: int) -> dict[str, Any]:
+        """Ask the pool for ``gpus`` of ``profile``: the allocation, or :class:`GPUPoolRefused`."""
+        return await self.gpupool_client.allocate(
+            self.user.name, self.name or "", self._groups(), profile.request(gpus), profile.describe(gpus),
+        )
+
+    async def _gpupool_allocate_waiting(self, profile: Profile, gpus: int) -> dict[str, Any]:
+        """Allocate; while the pool says asking again will help (a reclaim in progress), say so and retry."""
+        loop = asyncio.get_event_loop()
+        give_up = loop.time() + self.reclaim_wait
+        while True:
+            try:
+                return await self.gpupool_allocate(profile, gpus)
+            except GPUPoolRefused as e:
+                if not e.retryable or loop.time() >= give_up:
+                    raise
+                wait = min(max(_retry_delay(e.retry_at), 0.5), 10.0, max(give_up - loop.time(), 0.5))
+                title = e.refusal.title if e.refusal else "Waiting"
+                self._gpupool_progress.add(20, f"{title}: {e.message}")
+                await asyncio.sleep(wait)
+
+    async def gpupool_release(self, reason: str) -> bool:
+        """Give the held allocation back; True when the service confirmed (or never knew it)."""
+        alloc = self.gpupool_allocation_id
+        if not alloc:
+            return True
+        try:
+            await self.gpupool_client.release(alloc, reason)
+        except ServiceUnavailable as e:
+            self.log.warning("Could not release GPU allocation %s of %s (%s); the service's reconcile job "
+                             "will release it once the server is gone", alloc, self._log_name, e)
+            return False
+        except ServiceError as e:
+            self.log.warning("Releasing GPU allocation %s of %s: %s", alloc, self._log_name, e)
+            return False
+        self.log.info("Released GPU allocation %s of %s (%s)", alloc, self._log_name, reason)
+        if self.gpupool_allocation_id == alloc:
+            self.gpupool_allocation_id = None
+            self.gpupool_allocation = None
+            self._gpupool_env = {}
+        return True
+
+    async def gpupool_check_reachable(self) -> bool:
+        return await self.gpupool_client.ping()
+
+    # --------------------------------------------------------- environment
+
+    def gpupool_env(self, allocation: dict[str, Any] | None) -> dict[str, str]:
+        """Variables for the single-user server; local spawners pin the GPUs by UUID."""
+        env = {"GPUPOOL_API_URL": self.gpupool_server_api_url}
+        if self.gpupool_profile is not None:
+            env["GPUPOOL_PROFILE"] = self.gpupool_profile.slug
+        if allocation:
+            uuids = ",".join(g["uuid"] for g in allocation.get("gpus", []))
+            env["CUDA_VISIBLE_DEVICES"] = uuids
+            env["NVIDIA_VISIBLE_DEVICES"] = uuids
+            env["GPUPOOL_ALLOCATION"] = allocation["id"]
+            env["GPUPOOL_NODE"] = allocation.get("node", "")
+        else:  # a CPU-only server must not use GPUs the pool may hand to someone else
+            env["CUDA_VISIBLE_DEVICES"] = ""
+            env["NVIDIA_VISIBLE_DEVICES"] = "none"
+        return env
+
+    def apply_gpupool_allocation(self, allocation: dict[str, Any] | None) -> None:
+        """Hook for the wrapped spawner: turn the allocation into its settings (env here).
+
+        The previous allocation's trait settings are undone first. Subclasses
+        call ``super()`` and then set traits through
+        ``self.gpupool_allocation_overrides.set({...})``, so that the next
+        spawn (another node, or no GPU) starts from the admin's values.
+        """
+        self.gpupool_allocation_overrides.restore()
+        self._gpupool_env = self.gpupool_env(allocation)
+
+    def get_env(self) -> dict[str, str]:
+        env = super().get_env()
+        env.update(self._gpupool_env)
+        return env
+
+    # ----------------------------------------------------------- lifecycle
+
+    async def gpupool_prepare(self) -> None:
+        """Everything ``start`` does before the wrapped spawner starts the server."""
+        progress = self._gpupool_progress
+        progress.reset()
+        try:
+            profile, gpus = self.select_profile(self.user_options)
+            self.gpupool_profile = profile
+            self.apply_gpupool_profile(profile)
+            # JupyterHub clears the stored state at every spawn, so the id is kept in
+            # memory: whatever this server still holds goes back before asking again.
+            if self.gpupool_allocation_id:
+                await self.gpupool_release("server restarting")
+            if profile is not None and profile.needs_gpu:
+                await self._gpupool_get_gpus(profile, gpus)
+            else:
+                if not self.cpu_only_fail_open and not await self.gpupool_check_reachable():
+                    raise GPUPoolRefused(
+                        "The GPU pool service is not reachable and this hub does not start servers without it; "
+                        "try again in a minute.", reason=SpawnFailure.UNREACHABLE, status_code=503,
+                    )
+                if profile is not None:
+                    progress.add(20, f"{profile.display_name}: no GPU needed")
+                self.apply_gpupool_allocation(None)
+        finally:
+            progress.finish()
+
+    async def _gpupool_get_gpus(self, profile: Profile, gpus: int) -> None:
+        progress = self._gpupool_progress
+        progress.add(10, f"Asking the GPU pool for {profile.describe(gpus)}…")
+        try:
+            allocation = await self._gpupool_allocate_waiting(profile, gpus)
+        except GPUPoolRefused as e:
+            progress.add(100, f"Refused: {e.message}", e.jupyterhub_html_message)
+            raise
+        self.gpupool_allocation_id = allocation["id"]
+        self.gpupool_allocation = allocation
+        where = allocation.get("description") or f"{allocation.get('node')}"
+        self.log.info("GPUs for %s: %s (allocation %s)", self._log_name, where, allocation["id"])
+        if allocation.get("borrowed"):
+            progress.add(40, f"GPUs allocated (borrowed: your team is over its quota, so they may be "
+                             f"reclaimed when another team needs them): {where}")
+        else:
+            progress.add(40, f"GPUs allocated: {where}")
+        self.apply_gpupool_allocation(allocation)
+
+    async def start(self) -> Any:
+        self._gpupool_starting = True
+        try:
+            await self.gpupool_prepare()
+            try:
+                return await super().start()
+            except BaseException:
+                await self.gpupool_release("server failed to start")
+                raise
+        finally:
+            self._gpupool_starting = False
+
+    async def stop(self, now: bool = False) -> None:
+        try:
+            await super().stop(now=now)
+        finally:
+            await self.gpupool_release("server stopped")
+
+    async def poll(self) -> int | None:
+        status = await super().poll()
+        if status is not None and self.gpupool_allocation_id and not self._gpupool_starting:
+            await self.gpupool_release(f"server gone (exit status {status})")
+        return status
+
+    async def progress(self) -> AsyncIterator[dict[str, Any]]:
+        """Where the GPUs are (or why not), then the wrapped spawner's own progress."""
+        async for event in self._gpupool_progress.stream():
+            yield event
+        async for event in super().progress():
+            yield event
+
+    def get_state(self) -> dict[str, Any]:
+        state = super().get_state()
+        if self.gpupool_allocation_id:
+            state[STATE_KEY] = self.gpupool_allocation_id
+        return state
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)
+        if state.get(STATE_KEY):
+            self.gpupool_allocation_id = state[STATE_KEY]
+
+    def clear_state(self) -> None:
+        """Reset this spawn's progress; the allocation id is deliberately kept.
+
+        JupyterHub clears state before every start and after every stop (and
+        LocalProcessSpawner.poll does when the process is gone); the id is
+        dropped only once the service confirms the release, so a later start
+        can still give back GPUs a failed release left behind.
+        """
+        super().clear_state()
+        self._gpupool_progress.reset()
+
+    # ---------------------------------------------------------------- form
+
+    async def gpupool_account(self) -> dict[str, Any] | None:
+        """The user's ``me`` view from the service (balance, floor, credits), or None."""
+        try:
+            return await self.gpupool_client.account(self.user.name)
+        except (ServiceUnavailable, ServiceError) as e:
+            self.log.warning("Balance for the options form unavailable: %s", e)
+            return None
+
+    async def gpupool_catalog(self) -> dict[str, Any] | None:
+        """The pool's GPU models with prices and free GPUs (``GET /models``), or None."""
+        try:
+            return await self.gpupool_client.catalog()
+        except (ServiceUnavailable, ServiceError) as e:
+            self.log.warning("Prices for the options form unavailable: %s", e)
+            return None
+
+    async def _render_gpupool_form(self, spawner: Spawner | None = None) -> str:
+        """The form, with the user's balance and the pool's prices asked for at the same time."""
+        account, catalog = await asyncio.gather(self.gpupool_account(), self.gpupool_catalog())
+        return render_form(self, account, catalog)
+
+
+def _retry_delay(retry_at: str | None) -> float:
+    """Seconds to wait before asking again: until the service's ``retry_at`` (plus a margin), else 2."""
+    if retry_at:
+        try:
+            at = datetime.fromisoformat(retry_at.replace("Z", "+00:00"))
+        except ValueError:
+            return 2.0
+        return (at - datetime.now(timezone.utc)).total_seconds() + 0.5
+    return 2.0

@@ -1,0 +1,71 @@
+"""How a spawn the pool cannot serve reaches the user: one exception, and the spawner's own reasons.
+
+Refusals decided by the pool carry a :class:`~gpupool_hub.reasons.RefusalReason`
+(the service's vocabulary). A spawn can also fail before the pool decides
+anything (service down, bad token, a profile naming a trait the spawner does
+not have); :class:`SpawnFailure` names those, so no reason is a bare string.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping
+from enum import Enum
+from typing import Any
+
+from jupyterhub.spawner import SpawnException
+from tornado import web
+
+from ..reasons import RefusalReason
+
+__all__ = ["GPUPoolRefused", "SpawnFailure", "invalid_options"]
+
+
+class SpawnFailure(str, Enum):
+    """Why a spawn failed on the hub's side of the pool (never sent by the service)."""
+
+    UNREACHABLE = "gpupool_unreachable"  # no answer, or a server error: try again later
+    AUTH = "gpupool_auth"  # the service rejected the spawner's token: an admin must fix it
+    BAD_REQUEST = "gpupool_bad_request"  # the service could not read the request
+    CONFIG = "gpupool_config"  # the profile list does not fit this spawner class
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class GPUPoolRefused(SpawnException):
+    """A spawn the pool said no to, shown on the spawn page and in the progress stream.
+
+    JupyterHub 6.1's progress page only shows ``jupyterhub_message`` /
+    ``jupyterhub_html_message`` of the exception, so both are set. ``reason`` is
+    the plain string JupyterHub puts in its metrics; ``refusal`` is the pool's
+    :class:`RefusalReason` when the service gave a known one (None for the
+    spawner's own :class:`SpawnFailure` and for reasons of a newer service).
+    """
+
+    def __init__(self, message: str, *, reason: str, status_code: int = 400, message_html: str = "",
+                 details: Mapping[str, Any] | None = None, retry_at: str | None = None) -> None:
+        html_message = message_html or html.escape(message)
+        super().__init__(message, reason=str(reason), message_html=html_message, status_code=status_code)
+        self.log_message = message.replace("%", "%%")  # tornado formats it with its (empty) args
+        self.jupyterhub_message = message
+        self.jupyterhub_html_message = html_message
+        self.details = dict(details or {})
+        self.retry_at = retry_at
+        self.refusal = RefusalReason.parse(reason)
+
+    @property
+    def retryable(self) -> bool:
+        """Whether asking again shortly may succeed (the pool says so per reason)."""
+        return self.refusal is not None and self.refusal.retryable
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def invalid_options(message: str) -> web.HTTPError:
+    """JupyterHub's 400 "Invalid user options", with the reason after the colon."""
+    text = f"Invalid user options: {message}"
+    err = web.HTTPError(400, "%s", text)
+    err.jupyterhub_message = text  # type: ignore[attr-defined]
+    return err

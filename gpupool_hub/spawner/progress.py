@@ -1,0 +1,64 @@
+"""The spawn's own progress events, streamed to the spawn page while ``start`` runs.
+
+``start`` adds events (asking the pool, where the GPUs are, why not) while the
+hub may already be streaming ``progress()``; the stream waits on an event
+instead of polling, and starts over when a new spawn begins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+__all__ = ["ProgressLog"]
+
+
+class ProgressLog:
+    """Events of the current spawn; :meth:`stream` yields them until :meth:`finish`."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.done = False
+        self._signal: asyncio.Event | None = None
+
+    def reset(self) -> None:
+        """A new spawn: forget the previous one's events."""
+        self.events = []
+        self.done = False
+
+    def add(self, progress: int, message: str, html_message: str | None = None) -> None:
+        event: dict[str, Any] = {"progress": progress, "message": message}
+        if html_message:
+            event["html_message"] = html_message
+        self.events.append(event)
+        self._wake()
+
+    def finish(self) -> None:
+        """The spawner's part of the spawn is over (allocated, refused or failed)."""
+        self.done = True
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._signal is not None:
+            self._signal.set()
+
+    async def stream(self) -> AsyncIterator[dict[str, Any]]:
+        """Every event of the current spawn, as it is added, until it is finished."""
+        events: list[dict[str, Any]] | None = None
+        sent = 0
+        while True:
+            if self._signal is None:
+                self._signal = asyncio.Event()
+            self._signal.clear()  # before looking, so an event added meanwhile wakes the wait below
+            if self.events is not events:  # reset() by a new spawn: start over
+                events, sent = self.events, 0
+            while sent < len(events):
+                yield events[sent]
+                sent += 1
+            if self.done:
+                return
+            try:
+                await asyncio.wait_for(self._signal.wait(), timeout=1)
+            except asyncio.TimeoutError:
+                pass

@@ -1,0 +1,103 @@
+"""The options form without a hub: escaping, an unreachable service, what is free, admin templates."""
+
+from __future__ import annotations
+
+import asyncio
+
+from gpupool_hub.spawner import render_form
+from gpupool_hub.spawner.form import form_context
+from tests.spawner.test_units import dead_url, make
+
+PROFILES = [
+    {"slug": "cpu", "display_name": "CPU <b>only</b>", "default": True},
+    {"slug": "a6000", "display_name": "A6000", "gpus": 1, "max_gpus": 3, "models": ["RTX A6000"],
+     "description": 'Big "models" & <script>alert(1)</script>'},
+    {"slug": "quarter", "display_name": "1/4", "gpu_fraction": 0.25},
+    {"slug": "h100", "display_name": "H100", "gpus": 1, "models": ["H100"]},
+]
+CATALOG = {
+    "models": [
+        {"model": "NVIDIA GeForce RTX 3090", "price_per_gpu_hour": "1.000", "gpus": 4, "whole_free": 4,
+         "largest_whole_block": 2},
+        {"model": "NVIDIA RTX A6000", "price_per_gpu_hour": "4.000", "gpus": 4, "whole_free": 1,
+         "largest_whole_block": 1},
+        {"model": "Unpriced <GPU>", "price_per_gpu_hour": None, "gpus": 2, "whole_free": 2,
+         "largest_whole_block": 2},
+    ],
+    "min_start_hours": "1.000",
+}
+ACCOUNT = {"balance": "-8.500", "floor": "-10.000", "credits": {"daily": "5.000"}}
+
+
+def test_values_are_escaped():
+    page = render_form(make(profiles=PROFILES), ACCOUNT, CATALOG)
+    assert "<b>only</b>" not in page and "CPU &lt;b&gt;only&lt;/b&gt;" in page
+    assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "Big &#34;models&#34; &amp;" in page
+    assert "Unpriced" not in page  # a model without a price is not offered
+
+
+def test_prices_free_gpus_and_affordability_come_from_the_catalog():
+    ctx = form_context(make(profiles=PROFILES).gpupool_profiles, None, ACCOUNT, CATALOG)
+    assert ctx["balance"] == {"value": "-8.500", "text": "-8.5", "floor": "-10", "daily": "5"}
+    cpu, a6000, quarter, h100 = ctx["profiles"]
+    assert (cpu.price, cpu.affordable, cpu.free) == ("free (no GPU)", True, "")
+    assert a6000.price == "4 tokens/h per GPU (NVIDIA RTX A6000); your balance buys ≈ 0.4 h"
+    assert (a6000.affordable, a6000.needs, a6000.free, a6000.gpu_counts) == (False, "4", "1 of 4 GPUs free", (1, 2, 3))
+    assert quarter.price.startswith("0.25–1 tokens/h (NVIDIA GeForce RTX 3090: 0.25, NVIDIA RTX A6000: 1)")
+    assert quarter.affordable and quarter.free == ""  # a fraction may fit where no GPU is wholly free
+    assert (h100.price, h100.affordable, h100.needs) == ("no such GPU in this pool", False, None)
+    stricter = form_context(make(profiles=PROFILES).gpupool_profiles, None, ACCOUNT,
+                            dict(CATALOG, min_start_hours="8"))
+    assert not stricter["profiles"][2].affordable and stricter["profiles"][2].needs == "2"
+
+
+def test_the_form_renders_when_the_service_is_unreachable():
+    s = make(profiles=PROFILES, gpupool_api_url=dead_url(), request_timeout=2)
+    page = asyncio.run(s._render_gpupool_form(s))
+    assert "Your balance is unavailable right now" in page
+    assert page.count("price unavailable right now") == 3 and "free (no GPU)" in page
+    assert 'data-affordable="false"' not in page  # unknown is not unaffordable: the start decides
+
+
+def test_balance_and_prices_are_asked_for_at_the_same_time():
+    s = make(profiles=PROFILES)
+    catalog_asked = asyncio.Event()
+
+    async def account():
+        # if the form asked one after the other, the catalog would never be asked: timeout
+        await asyncio.wait_for(catalog_asked.wait(), 5)
+        return ACCOUNT
+
+    async def catalog():
+        catalog_asked.set()
+        return CATALOG
+
+    s.gpupool_account, s.gpupool_catalog = account, catalog
+    page = asyncio.run(s._render_gpupool_form(s))
+    assert "Your balance: <strong>-8.5 tokens</strong>" in page and "1 of 4 GPUs free" in page
+
+
+def test_previous_choice_is_preselected():
+    s = make(profiles=PROFILES)
+    assert 'value="cpu" checked' in render_form(s, None, None)
+    s.user_options = {"profile": "quarter"}
+    page = render_form(s, None, None)
+    assert 'value="quarter" checked' in page and 'value="cpu" checked' not in page
+
+
+def test_admins_template_is_used_first_and_may_extend_the_packaged_one(tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    (first / "form.html").write_text(
+        '{% extends "gpupool/form.html" %}\n'
+        "{% block balance %}<p class=\"site-note\">Ask {{ 'R&D' }} for tokens.</p>{{ super() }}{% endblock %}\n"
+    )
+    (second / "form.html").write_text("never used")
+    s = make(profiles=PROFILES, form_template_paths=[str(first), str(second)])
+    page = render_form(s, ACCOUNT, CATALOG)
+    assert '<p class="site-note">Ask R&amp;D for tokens.</p>' in page
+    assert "Your balance: <strong>-8.5 tokens</strong>" in page and 'data-profile="a6000"' in page
+    s = make(profiles=PROFILES, form_template_paths=[str(second)])
+    assert render_form(s, ACCOUNT, CATALOG) == "never used"
