@@ -23,6 +23,8 @@ from urllib.parse import quote
 
 import requests
 
+from .reasons import AuditAction
+
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_MISMATCH, EXIT_UNREACHABLE = 0, 1, 2, 3, 4
 
 
@@ -158,6 +160,23 @@ def cmd_verify(client: Client, args: argparse.Namespace) -> int:
     return EXIT_MISMATCH
 
 
+def cmd_audit(client: Client, args: argparse.Namespace) -> int:
+    """What culling and fair share did, newest first: warnings, kernel culls, stops, preemptions."""
+    params: dict[str, Any] = {"limit": args.limit}
+    if args.user:
+        params["user"] = args.user
+    events = client.json("GET", "/audit", params=params)["events"]
+    if args.action:
+        events = [e for e in events if e["action"] == args.action]
+    if args.json:
+        print(json.dumps(events, indent=2))
+        return EXIT_OK
+    rows = [(e["at"], e["user"], e["server"] or "-", e["action"] + (" (dry run)" if e["dry_run"] else ""),
+             e["reason"]) for e in events]
+    print(table(rows, ["time", "user", "server", "action", "reason"]))
+    return EXIT_OK
+
+
 def cmd_export(client: Client, args: argparse.Namespace) -> int:
     r = client.request("GET", "/ledger/export", stream=True)
     out = open(args.output, "w", newline="", encoding="utf-8") if args.output else sys.stdout
@@ -191,6 +210,11 @@ def parser() -> argparse.ArgumentParser:
     h.set_defaults(func=cmd_history)
     sub.add_parser("pool", help="the allocation map: every GPU and who holds it").set_defaults(func=cmd_pool)
     sub.add_parser("verify", help="recompute every balance from the ledger").set_defaults(func=cmd_verify)
+    a = sub.add_parser("audit", help="what culling and fair share did, newest first")
+    a.add_argument("--user", help="only this user's events")
+    a.add_argument("--action", choices=[x.value for x in AuditAction], help="only events of this kind")
+    a.add_argument("--limit", type=int, default=50)
+    a.set_defaults(func=cmd_audit)
     e = sub.add_parser("export", help="every ledger entry")
     e.add_argument("--csv", action="store_true", required=True, help="CSV (the only format)")
     e.add_argument("-o", "--output", help="file to write (default: standard output)")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -54,3 +57,20 @@ def test_dry_run_audits_but_stops_warns_and_releases_nothing(hub):
         assert me["allocations"] and me["cull_warning"] is None, user
     # the exempt group member is not even considered
     assert audit(hub, "sam") == []
+
+
+def test_gpupool_audit_command_lists_what_culling_did(hub):
+    """`gpupool audit` (issue 18.6): the admin reads the audit log from the command line."""
+    hub.create_user("floored2")
+    start_ok(hub, "floored2", {"profile": "quarter"})
+    set_balance(hub, "floored2", "-10")
+    wait_for(lambda: audit(hub, "floored2"), 20, "floored2's dry-run stop")
+    env = {**os.environ, "GPUPOOL_URL": hub.service_api, "GPUPOOL_TOKEN": hub.tester_token}
+    run = subprocess.run([sys.executable, "-m", "gpupool_hub.cli", "audit", "--user", "floored2", "--action",
+                          "stop_server"], env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    lines = [line for line in run.stdout.splitlines() if "floored2" in line]
+    assert lines and "stop_server (dry run)" in lines[0] and "floor" in lines[0]
+    bad = subprocess.run([sys.executable, "-m", "gpupool_hub.cli", "audit", "--action", "explode"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "invalid choice" in bad.stderr
