@@ -129,6 +129,9 @@ def test_no_cull_without_pressure_but_the_floor_stops_a_server(hub):
     wait_for(lambda: not server_running(hub, "dave"), 30, "dave's server to stop")
     assert me(hub, "dave")["allocations"] == []
     assert ("stop_server", False) in audit(hub, "dave")
+    stop = next(e for e in hub.service("GET", "/audit?user=dave", hub.tester_token).json()["events"]
+                if e["action"] == "stop_server")
+    assert len(stop["detail"]["released"]) == 1  # issue 18.6: the audit names the GPUs the stop gave back
     # carol is negative, but GPUs are not scarce: no warning, kernel alive
     time.sleep(3)
     assert me(hub, "carol")["cull_warning"] is None

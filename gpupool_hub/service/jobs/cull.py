@@ -101,6 +101,8 @@ class CullJob:
             warnings.pop(d.user, None)
             m.cache.forget(d.user)
         elif not dry:
+            # what the server holds now: stopping it makes its spawner release these itself
+            held = [r.id for r in m.ledger.active_allocations(d.user) if r.server == d.server]
             try:
                 if d.action == AuditAction.CULL_KERNELS:
                     detail["kernels"] = await self.shutdown_kernels(d.user, d.server)
@@ -110,10 +112,9 @@ class CullJob:
                 elif d.action == AuditAction.STOP_SERVER:
                     await self.hub.stop_server(d.user, d.server)
                     m.enforcement.server_stopped(d.user, d.server)
-                released = [r.id for r in m.ledger.active_allocations(d.user) if r.server == d.server]
-                for alloc in released:
+                for alloc in held:  # a no-op for those the spawner already released
                     m.admission.release(alloc, f"{d.action}: {d.reason}")
-                detail["released"] = released
+                detail["released"] = held
                 log.warning("%s for %s/%s: %s", d.action, d.user, d.server, d.reason)
             except HubError as e:
                 log.error("Could not %s for %s/%s: %s", d.action, d.user, d.server, e)
