@@ -87,10 +87,16 @@ def test_holder_colours_are_stable_per_user_and_distinct_on_a_page():
     assert holder_colours(["alice", "bob"]) == holder_colours(["bob", "alice"])
 
 
-def test_daily_series_adds_up_to_the_real_balance_and_buckets_spend_by_usage_day():
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.integration)])
+def db_url(request):
+    """The daily sums are computed in SQL: check them in both databases."""
+    return "sqlite://" if request.param == "sqlite" else request.getfixturevalue("postgres_url")
+
+
+def test_daily_series_adds_up_to_the_real_balance_and_buckets_spend_by_usage_day(db_url):
     clock = Clock(datetime(2025, 3, 10, 12, 0, tzinfo=timezone.utc))
-    m = make_manager(NODES, {"RTX A6000": 4, "RTX 3090": 1}, clock=clock, initial_grant=100, daily_credit=0,
-                     monthly_credit=0)
+    m = make_manager(NODES, {"RTX A6000": 4, "RTX 3090": 1}, db_url, clock=clock, initial_grant=100,
+                     daily_credit=0, monthly_credit=0)
     m.accounts.ensure("alice")  # +100 on Mar 10
     ledger = m.ledger
     day8 = datetime(2025, 3, 8, 9, 0, tzinfo=timezone.utc)
@@ -115,15 +121,24 @@ def test_daily_series_adds_up_to_the_real_balance_and_buckets_spend_by_usage_day
     assert spend == {date(2025, 3, 8): {A6000: D(4), RTX3090: D("0.5")}, date(2025, 3, 10): {A6000: D(4)}}
 
 
-def test_daily_series_uses_the_pool_time_zone():
+def test_daily_series_uses_the_pool_time_zone(db_url):
     clock = Clock(datetime(2025, 3, 10, 12, 0, tzinfo=timezone.utc))
-    m = make_manager(NODES, {"RTX A6000": 4}, clock=clock, credit_timezone="America/New_York", daily_credit=0,
-                     monthly_credit=0)
+    m = make_manager(NODES, {"RTX A6000": 4}, db_url, clock=clock, credit_timezone="America/New_York",
+                     daily_credit=0, monthly_credit=0)
     m.accounts.ensure("alice")
-    # 02:00 UTC on Mar 10 is still Mar 9 in New York
-    m.ledger.post(Posting("alice", "grant", D(5), "late"), now=datetime(2025, 3, 10, 2, 0, tzinfo=timezone.utc))
-    points, _, _ = daily_series(m, "alice", 30, clock())
-    assert {p.day: p.credits for p in points if p.credits}[date(2025, 3, 9)] == D(5)
+    # 02:00 UTC on Mar 10 is still Mar 9 in New York (EST, UTC-5); 04:59 UTC on Mar 9 is Mar 8 (the
+    # day before DST starts on Mar 9, 2025), and 05:00 UTC on Mar 9 is its first minute
+    for key, at in (("late", datetime(2025, 3, 10, 2, 0)), ("edge-before", datetime(2025, 3, 9, 4, 59)),
+                    ("edge-after", datetime(2025, 3, 9, 5, 0)), ("first", datetime(2025, 2, 9, 5, 0)),
+                    ("too-early", datetime(2025, 2, 9, 4, 59))):
+        m.ledger.post(Posting("alice", "grant", D(5), key), now=at.replace(tzinfo=timezone.utc))
+    points, _, days = daily_series(m, "alice", 30, clock())
+    assert days[0] == date(2025, 2, 9)
+    credits = {p.day: p.credits for p in points if p.credits}
+    assert credits == {date(2025, 2, 9): D(5), date(2025, 3, 8): D(5), date(2025, 3, 9): D(10),
+                       date(2025, 3, 10): D(100)}
+    assert points[0].balance == D(10)  # the grant before the first day counts in the starting balance
+    assert points[-1].balance == m.ledger.balance("alice")
 
 
 def test_forecast_names_the_rate_and_when_the_floor_is_reached():

@@ -1,19 +1,19 @@
 """Read-only ledger queries that only the pages need.
 
 The pages summarise up to 90 days of a user's entries into a handful of daily
-numbers. Building 10,000 ``Entry`` objects (with ``Decimal`` amounts) to add
-them up again would cost most of the page's time budget, so these queries read
-just the columns a chart needs, as plain integers (milli-tokens), in one
-transaction with the balance they are anchored to. They only read the tables
-``gpupool_hub.ledger`` defines and never write; they could move into
-``Ledger`` unchanged.
+numbers. Fetching 10,000 entries to add them up in Python costs most of the
+page's time budget (turning timestamps into datetimes alone takes ~100 ms),
+so the database adds them up per day and kind and returns a few hundred rows.
+These queries only read the tables ``gpupool_hub.ledger`` defines and never
+write; they could move into ``Ledger`` unchanged.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from functools import lru_cache
 
 import sqlalchemy as sa
 
@@ -21,22 +21,24 @@ from ...ledger import Entry, Ledger, UnknownAccount, accounts, entries
 
 
 @dataclass(frozen=True)
-class EntryRow:
-    """One entry as the charts need it: when, how much (milli-tokens), what for."""
+class DayTotal:
+    """Sums of a user's entries that fall on one day (by when they were posted) and,
+    for debits, were used on one day (by the start of the charged interval)."""
 
-    created_at: datetime
-    amount_milli: int
+    day: int  # index of the day the entries were posted on: 0 = the first day shown
+    used_day: int  # debits: index of the day the GPU time was used (earlier usage counts as day 0)
     kind: str
     model: str | None
-    interval_start: datetime | None
+    credit_milli: int  # sum of the positive amounts
+    debit_milli: int  # sum of the negative amounts
 
 
 @dataclass(frozen=True)
 class Window:
-    """A user's balance now and every entry since ``since``, read in one transaction."""
+    """A user's balance now and the daily sums of their entries since the first day."""
 
     balance_milli: int
-    rows: list[EntryRow]
+    totals: list[DayTotal]
 
 
 def _aware(value: datetime | None) -> datetime | None:
@@ -47,26 +49,58 @@ def _aware(value: datetime | None) -> datetime | None:
 
 
 def _naive_utc(value: datetime) -> datetime:
+    """The ledger stores naive UTC."""
     return value.astimezone(timezone.utc).replace(tzinfo=None)
 
 
-def entries_since(ledger: Ledger, user: str, since: datetime) -> Window:
-    """The balance and the entries created at or after ``since`` (oldest first)."""
-    q = (
-        sa.select(entries.c.created_at, entries.c.amount_milli, entries.c.kind, entries.c.model,
-                  entries.c.interval_start)
-        .where(entries.c.account == user, entries.c.created_at >= _naive_utc(since))
-        .order_by(entries.c.id)
+def _day_index(column: sa.ColumnElement, starts: Sequence[datetime], lo: int = 0, hi: int | None = None
+               ) -> sa.ColumnElement | int:
+    """Which day a timestamp falls on, as a binary search of nested ``CASE WHEN t < start …``.
+
+    Days are the pool's local days, so their starts are computed in Python (time
+    zones, DST) and compared in SQL the same way in SQLite and PostgreSQL. A
+    binary search costs each row about 7 comparisons for 90 days instead of 45."""
+    hi = len(starts) - 1 if hi is None else hi
+    if lo == hi:
+        return lo
+    mid = (lo + hi + 1) // 2  # first day of the upper half
+    return sa.case((column < _naive_utc(starts[mid]), _day_index(column, starts, lo, mid - 1)),
+                   else_=_day_index(column, starts, mid, hi))
+
+
+@lru_cache(maxsize=16)
+def _totals_query(starts: tuple[datetime, ...]) -> sa.Select:
+    """The grouped query for one set of day starts (they change once a day), built once."""
+    day = sa.literal_column("0") if len(starts) == 1 else _day_index(entries.c.created_at, starts)
+    used_col = sa.func.coalesce(entries.c.interval_start, entries.c.created_at)
+    used = sa.literal_column("0") if len(starts) == 1 else _day_index(used_col, starts)
+    day, used = day.label("day"), used.label("used")  # type: ignore[union-attr]
+    amount = entries.c.amount_milli
+    return (
+        sa.select(day, used, entries.c.kind, entries.c.model,
+                  sa.func.sum(sa.case((amount > 0, amount), else_=0)),
+                  sa.func.sum(sa.case((amount < 0, amount), else_=0)))
+        .where(entries.c.account == sa.bindparam("user"), entries.c.created_at >= _naive_utc(starts[0]))
+        .group_by(day, used, entries.c.kind, entries.c.model)
     )
+
+
+def daily_totals(ledger: Ledger, user: str, starts: Sequence[datetime]) -> Window:
+    """The balance and per-day sums of the entries posted since ``starts[0]``.
+
+    ``starts`` are the instants each day begins. The database groups the rows
+    (a few hundred come back, not 10,000 entries), and the balance is read in
+    the same transaction, so the chart's line ends exactly at the balance."""
+    q = _totals_query(tuple(starts))
     with ledger.engine.begin() as conn:
         balance = conn.execute(
             sa.select(accounts.c.balance_milli).where(accounts.c.name == user)
         ).scalar_one_or_none()
         if balance is None:
             raise UnknownAccount(user)
-        rows = [EntryRow(_aware(r[0]), int(r[1]), r[2], r[3], _aware(r[4]))  # type: ignore[arg-type]
-                for r in conn.execute(q)]
-    return Window(int(balance), rows)
+        totals = [DayTotal(int(r[0]), int(r[1]), r[2], r[3], int(r[4] or 0), int(r[5] or 0))
+                  for r in conn.execute(q, {"user": user})]
+    return Window(int(balance), totals)
 
 
 def iter_user_entries(ledger: Ledger, user: str, *, batch: int = 1000) -> Iterator[list[Entry]]:

@@ -29,7 +29,7 @@ from ...units import format_tokens, from_milli
 from ..manager import PoolManager
 from .base import MINUS, PageHandler, tokens
 from .charts import BarChart, DayPoint, LineChart, balance_chart, stacked_bars
-from .queries import entries_since, iter_user_entries
+from .queries import daily_totals, iter_user_entries
 
 RANGES = (30, 90)
 PAGE = 50
@@ -57,29 +57,22 @@ def daily_series(manager: PoolManager, user: str, days: int, now: datetime
     GPU model, for the ``days`` local days up to today (the pool's time zone)."""
     tz = manager.settings.tz
     today = now.astimezone(tz).date()
-    first = today - timedelta(days=days - 1)
-    window = entries_since(manager.ledger, user, datetime.combine(first, time.min, tz))
-    credits: dict[date, int] = defaultdict(int)
-    debits: dict[date, int] = defaultdict(int)
+    day_list = [today - timedelta(days=days - 1 - i) for i in range(days)]
+    starts = [datetime.combine(d, time.min, tz) for d in day_list]
+    window = daily_totals(manager.ledger, user, starts)
+    credits = [0] * days
+    debits = [0] * days
     spend: dict[date, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    total = 0
-    for row in window.rows:
-        day = row.created_at.astimezone(tz).date()
-        total += row.amount_milli
-        if row.amount_milli > 0:
-            credits[day] += row.amount_milli
-        else:
-            debits[day] += row.amount_milli
-        if row.kind == "debit" and row.amount_milli:
-            used = (row.interval_start or row.created_at).astimezone(tz).date()
-            spend[max(used, first)][row.model or "unknown"] -= row.amount_milli
-    balance = window.balance_milli - total  # the balance before the first day
+    for t in window.totals:
+        credits[t.day] += t.credit_milli
+        debits[t.day] += t.debit_milli
+        if t.kind == "debit" and t.debit_milli:
+            spend[day_list[t.used_day]][t.model or "unknown"] -= t.debit_milli
+    balance = window.balance_milli - sum(credits) - sum(debits)  # the balance before the first day
     points = []
-    day_list = [first + timedelta(days=i) for i in range(days)]
-    for day in day_list:
-        balance += credits.get(day, 0) + debits.get(day, 0)
-        points.append(DayPoint(day, from_milli(balance), from_milli(credits.get(day, 0)),
-                               from_milli(debits.get(day, 0))))
+    for i, day in enumerate(day_list):
+        balance += credits[i] + debits[i]
+        points.append(DayPoint(day, from_milli(balance), from_milli(credits[i]), from_milli(debits[i])))
     spent = {d: {m: from_milli(v) for m, v in per.items()} for d, per in spend.items()}
     return points, spent, day_list
 
