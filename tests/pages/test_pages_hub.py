@@ -60,8 +60,8 @@ def test_alice_sees_her_chart_from_her_ledger_and_only_her_data_and_downloads_he
     today = datetime.now(timezone.utc).date().isoformat()
     wait_for(lambda: [e for e in history(hub, "alice") if e["kind"] == "debit" and e["created_at"][:10] == today],
              30, "a debit of alice's A6000 today")
-    released = datetime.fromisoformat(
-        api(hub, "spawner", "DELETE", f"/allocations/{alloc['id']}")["allocation"]["released_at"].replace("Z", "+00:00"))
+    release = api(hub, "spawner", "DELETE", f"/allocations/{alloc['id']}")["allocation"]
+    released = datetime.fromisoformat(release["released_at"].replace("Z", "+00:00"))
     # charging is done once an interval ending after the release is charged
     wait_for(lambda: (api(hub, "alice", "GET", "/me")["last_debit_at"] or "") >
              (released + timedelta(seconds=5)).strftime("%Y-%m-%dT%H:%M:%SZ"), 30, "the last interval to be charged")

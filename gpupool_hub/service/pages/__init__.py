@@ -23,8 +23,6 @@ from __future__ import annotations
 
 from importlib import resources
 
-from tornado import web
-
 from .admin import (
     AccountsHandler,
     AdminIndexHandler,

@@ -15,9 +15,8 @@ from typing import Any
 
 from tornado import web
 
-from ...ledger import IdempotencyConflict, UnknownAccount
+from ...ledger import IdempotencyConflict
 from ...units import AmountError, format_tokens, from_milli, parse_amount
-from ..hubapi import HubError
 from .base import PageHandler
 from .charts import RESERVED, gpu_cell, holder_colours
 from .queries import SORTS, search_accounts
@@ -147,19 +146,6 @@ class GrantHandler(AdminPage):
         result = {"entry": entry, "created": created, "user": user,
                   "balance": format_tokens(self.manager.ledger.balance(user))}
         self.show(form={"user": "", "amount": "", "reason": ""}, result=result, status=201 if created else 200)
-
-    async def known_user(self, user: str) -> bool:
-        try:
-            self.manager.ledger.account(user)
-            return True
-        except UnknownAccount:
-            pass
-        if self.context.hub is None:
-            return False
-        try:
-            return await self.context.hub.user(user) is not None
-        except HubError as e:
-            raise web.HTTPError(503, f"Cannot reach JupyterHub to look up {user!r}: {e}") from None
 
 
 class TeamsHandler(AdminPage):

@@ -30,7 +30,9 @@ from jupyterhub.services.auth import HubOAuthCallbackHandler, HubOAuthenticated,
 from markupsafe import Markup
 from tornado import web
 
+from ...ledger import UnknownAccount
 from ..context import ServiceContext
+from ..hubapi import HubError
 from ..manager import PoolManager
 
 log = logging.getLogger("gpupool.pages")
@@ -168,22 +170,24 @@ class PageHandler(HubOAuthenticated, web.RequestHandler):
     def url(self, path: str = "") -> str:
         return self.context.prefix + path.lstrip("/")
 
-    def render_page(self, template: str, **values: Any) -> None:
-        namespace = {
+    def _namespace(self, logged_in: bool) -> dict[str, Any]:
+        """What every template may use; error pages get no user (the error may be about them)."""
+        user = self.current_user if logged_in else None
+        return {
             "prefix": self.context.prefix,
             "url": self.url,
             "static": lambda name: f"{self.context.prefix}static/{name}?v={STATIC_VERSION}",
-            "me": self.current_user,
-            "is_admin": self.is_admin if self.current_user else False,
-            "xsrf_form_html": Markup(self.xsrf_form_html()) if self.current_user else "",
+            "me": user,
+            "is_admin": self.is_admin if user else False,
+            "xsrf_form_html": Markup(self.xsrf_form_html()) if user else "",
             "title": self.title,
             "hub_home": self.hub_home,
             "request_path": self.request.path,
-            "now": self.manager.clock(),
             "tz": self.manager.settings.tz,
-            **values,
         }
-        self.finish(ENV.get_template(template).render(**namespace))
+
+    def render_page(self, template: str, **values: Any) -> None:
+        self.finish(ENV.get_template(template).render(**{**self._namespace(True), **values}))
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         message = self._reason
@@ -193,11 +197,22 @@ class PageHandler(HubOAuthenticated, web.RequestHandler):
         elif status_code >= 500:
             message = "Internal error in the gpupool service; see its log."
         self.set_header("Content-Type", "text/html; charset=utf-8")
-        namespace = {"prefix": self.context.prefix, "url": self.url, "status": status_code, "message": message,
-                     "static": lambda name: f"{self.context.prefix}static/{name}?v={STATIC_VERSION}",
-                     "me": None, "is_admin": False, "title": f"{status_code}", "hub_home": self.hub_home,
-                     "request_path": self.request.path}
-        self.finish(ENV.get_template("error.html").render(**namespace))
+        self.finish(ENV.get_template("error.html").render(
+            **{**self._namespace(False), "title": str(status_code), "status": status_code, "message": message}))
+
+    async def known_user(self, name: str) -> bool:
+        """Whether ``name`` has an account, or is a hub user (who may never have logged in)."""
+        try:
+            self.manager.ledger.account(name)
+            return True
+        except UnknownAccount:
+            pass
+        if self.context.hub is None:
+            return False
+        try:
+            return await self.context.hub.user(name) is not None
+        except HubError as e:
+            raise web.HTTPError(503, f"Cannot reach JupyterHub to look up {name!r}: {e}") from None
 
     def on_finish(self) -> None:
         metrics = self.context.metrics
@@ -234,10 +249,12 @@ class StaticHandler(web.StaticFileHandler):
             self.set_header("Cache-Control", "public, max-age=31536000, immutable")
 
 
-def local(value: datetime | None, tz: Any, fmt: str = "%a %-d %b %Y %H:%M") -> str:
-    """A time in the pool's time zone, as the pages print it."""
+def local(value: datetime | str | None, tz: Any, fmt: str = "%a %-d %b %Y %H:%M") -> str:
+    """A time (or the API's ISO string) in the pool's time zone, as the pages print it."""
     if value is None:
         return "—"
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value.replace("Z", "+00:00"))
     return value.astimezone(tz).strftime(fmt)
 
 

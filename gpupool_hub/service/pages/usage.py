@@ -23,7 +23,7 @@ from urllib.parse import quote
 from tornado import web
 from tornado.escape import url_unescape
 
-from ...ledger import Entry, UnknownAccount
+from ...ledger import Entry
 from ...timefmt import iso
 from ...units import format_tokens, from_milli
 from ..manager import PoolManager
@@ -33,7 +33,6 @@ from .queries import daily_totals, iter_user_entries
 
 RANGES = (30, 90)
 PAGE = 50
-CREDIT_KINDS = frozenset({"grant", "monthly", "daily", "refund"})
 
 
 @dataclass(frozen=True)
@@ -191,14 +190,9 @@ class AdminUserMixin(UsageBase):
 
     async def known(self, name: str) -> str:
         user = url_unescape(name, plus=False)
-        try:
-            self.manager.ledger.account(user)
-            return user
-        except UnknownAccount:
-            pass
-        if self.context.hub is not None and await self.context.hub.user(user) is not None:
-            return user
-        raise web.HTTPError(404, f"No such user {user!r}.")
+        if not await self.known_user(user):
+            raise web.HTTPError(404, f"No such user {user!r}.")
+        return user
 
 
 class UserUsageHandler(AdminUserMixin):
