@@ -8,6 +8,7 @@ import csv
 import io
 import json
 import re
+from datetime import timedelta
 from decimal import Decimal
 
 import pytest
@@ -271,3 +272,21 @@ async def test_pages_without_hub_oauth_answer_503_and_the_api_still_works(tmp_pa
         assert r.code == 200
     finally:
         s.stop()
+
+
+async def test_held_gpus_and_the_forecast_come_from_the_me_view(service):
+    from gpupool_hub.service.admission import parse_request
+
+    m = service.manager
+    record = m.admission.admit("alice", [], "big", parse_request({"gpus": 2, "models": ["RTX A6000"]}),
+                               ["RTX A6000"])
+    me = m.views.me("alice")
+    body = (await service.client("alice-token").get("")).body.decode()
+    [row] = attrs(body, "data-allocation=")
+    assert row["data-allocation"] == record.id
+    assert "NVIDIA RTX A6000 #0, NVIDIA RTX A6000 #1" in body and "8/h" in body
+    [burn] = attrs(body, 'data-gpupool="burn"')
+    assert burn["data-value"] == me["burn_rate_per_hour"] == "8.000"
+    # 100 tokens above a floor of -10 at 8/h: 13.75 h from now
+    reach = (m.clock() + timedelta(seconds=me["time_to_floor_seconds"])).strftime("%a %H:%M")
+    assert f"At \u22128/h you reach the floor (\u221210) on {reach}." in body
