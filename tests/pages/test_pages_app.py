@@ -290,3 +290,22 @@ async def test_held_gpus_and_the_forecast_come_from_the_me_view(service):
     # 100 tokens above a floor of -10 at 8/h: 13.75 h from now
     reach = (m.clock() + timedelta(seconds=me["time_to_floor_seconds"])).strftime("%a %H:%M")
     assert f"At \u22128/h you reach the floor (\u221210) on {reach}." in body
+
+
+async def test_admin_user_pages_take_any_name_quoted_once(service):
+    from urllib.parse import quote
+
+    m = service.manager
+    for name in ("a%41b", "o'brien@lab.ü", ODD):
+        m.accounts.ensure(name)
+        m.accounts.grant(name, Decimal(3), f"for {name}", "admin", f"k-{name}")
+        body = (await service.client("admin-token").get(f"admin/users/{quote(name, safe='')}")).body.decode()
+        assert f"<h1>GPU usage of {html_escape(name)}</h1>" in body, name
+        assert html_escape(f"for {name}") in body, name
+    assert (await service.client("admin-token").get("admin/users/nobody")).code == 404
+
+
+def html_escape(text):
+    from markupsafe import escape
+
+    return str(escape(text))

@@ -21,7 +21,6 @@ from typing import Any
 from urllib.parse import quote
 
 from tornado import web
-from tornado.escape import url_unescape
 
 from ...ledger import Entry
 from ...timefmt import iso
@@ -188,8 +187,8 @@ class MyHistoryCSVHandler(UsageBase):
 class AdminUserMixin(UsageBase):
     admin_only = True
 
-    async def known(self, name: str) -> str:
-        user = url_unescape(name, plus=False)
+    async def known(self, user: str) -> str:
+        """``user`` from the URL (tornado has already unquoted it: no second unquoting)."""
         if not await self.known_user(user):
             raise web.HTTPError(404, f"No such user {user!r}.")
         return user
