@@ -43,7 +43,12 @@ c.JupyterHub.services = [
         "url": "http://127.0.0.1:10101",                   # where the service listens (loopback)
         "command": [sys.executable, "-m", "gpupool_hub.service", "--config", CONFIG_FILE],
         "api_token": GPUPOOL_API_TOKEN,                  # the spawner authenticates with this token
-        "display": False,
+        # Its pages ("My GPU usage", admin pages) in the hub's Services menu, logged in
+        # through the hub's OAuth without an extra "authorize" page; their login tokens
+        # may carry the admin scope, for users who hold it (docs/pages.md).
+        "display": True,
+        "oauth_no_confirm": True,
+        "oauth_client_allowed_scopes": ["custom:gpupool:admin"],
         # Managed services do not inherit the hub's environment: pass on what this file reads.
         "environment": {k: os.environ[k] for k in ("GPUPOOL_DB_URL",) if k in os.environ},
     },

@@ -38,6 +38,8 @@ cat <<TXT
   Users: alice, bob (researchers), admin (gpupool admin) — any password.
   Pick a GPU profile on the spawn page; the balance in JupyterLab's status
   bar falls every minute while the server holds GPUs.
+  Pages (Services → gpupool): http://127.0.0.1:$port/services/gpupool/ (My GPU
+  usage); as admin also .../services/gpupool/admin/pool (pool map, grants, …).
   Admin CLI:  GPUPOOL_URL=http://127.0.0.1:$port/services/gpupool/api/v1 \\
               GPUPOOL_TOKEN=<admin's token from /hub/token> .venv/bin/gpupool pool
   Ctrl-C stops the hub, the proxy, the service and every server.

@@ -15,7 +15,7 @@ import os
 from typing import Any
 from urllib.parse import urlparse
 
-from jupyterhub.services.auth import HubAuth
+from jupyterhub.services.auth import HubAuth, HubOAuth
 from tornado import web
 from tornado.ioloop import IOLoop
 from traitlets import Bool, Dict, Enum, Float, Integer, Unicode, default
@@ -196,8 +196,16 @@ class GPUPoolService(Application):
             hub=self.hub, metrics=self.metrics, prefix=self.prefix, spawner_token=self.api_token,
             admin_scope=self.admin_scope, access_scopes=access, max_grant=self.max_grant,
             agent_tokens=dict(self.agent_tokens), agent_dry_run=self.agent_dry_run,
-            groups=self.groups, reconcile_report=self.reconciler.report,
+            groups=self.groups, reconcile_report=self.reconciler.report, page_auth=self.make_page_auth(),
         )
+
+    def make_page_auth(self) -> HubOAuth | None:
+        """The pages' OAuth client. The hub gives a managed service with a URL an OAuth
+        client and passes its id (``JUPYTERHUB_CLIENT_ID``); without one the pages are off."""
+        if not os.environ.get("JUPYTERHUB_CLIENT_ID"):
+            self.log.warning("No JUPYTERHUB_CLIENT_ID from the hub: the gpupool pages are off (the API works)")
+            return None
+        return HubOAuth(api_token=self.api_token, api_url=self.hub_api_url, base_url=self.prefix, cache_max_age=60)
 
     def _log_request(self, handler: web.RequestHandler) -> None:
         status = handler.get_status()

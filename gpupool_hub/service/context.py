@@ -6,6 +6,7 @@ build it the same way, so a test app is the real app with other parts.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -41,3 +42,7 @@ class ServiceContext:
     groups: Callable[[str], Awaitable[list[str]]] | None = None
     # servers that claim allocations the pool does not know, from the last reconcile
     reconcile_report: Callable[[], list[dict[str, Any]]] = lambda: []
+    # the pages' hub OAuth client (a HubOAuth, see service/pages/); None: pages answer 503, the API works
+    page_auth: Any = None
+    # signs the pages' login and XSRF cookies; random per start (a restart only repeats the OAuth redirect)
+    cookie_secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))

@@ -1,0 +1,182 @@
+"""Admin pages (``{prefix}admin/…``): pool map, accounts, grants, teams, audit, ledger check.
+
+Every handler here sets ``admin_only``: ``PageHandler.check_hub_user`` lets
+through only OAuth tokens that carry the admin scope. They read and write
+through the same service units as the API (``pool.snapshot``,
+``accounts.grant``, ``reclaims.team_report``, ``ledger.audit_log``,
+``ledger.verify``), so a page can never disagree with the API.
+"""
+
+from __future__ import annotations
+
+import uuid
+from decimal import Decimal
+from typing import Any
+
+from tornado import web
+
+from ...ledger import IdempotencyConflict
+from ...units import AmountError, format_tokens, from_milli, parse_amount
+from .base import PageHandler
+from .charts import RESERVED, gpu_cell, holder_colours
+from .queries import SORTS, search_accounts
+
+ACCOUNTS_PAGE = 50
+AUDIT_PAGE = 100
+
+
+class AdminPage(PageHandler):
+    admin_only = True
+
+
+class AdminIndexHandler(AdminPage):
+    def get(self) -> None:
+        self.redirect(self.url("admin/pool"))
+
+
+class PoolMapHandler(AdminPage):
+    """Every node, every GPU a cell coloured by its holders (shares as parts of the cell)."""
+
+    title = "Pool map"
+
+    def get(self) -> None:
+        m = self.manager
+        active = {r.id: r for r in m.ledger.active_allocations()}
+        # reservations of a reclaim in progress are not allocations: their cells say "reserved"
+        who = {a: (r.user, r.server, r.borrowed) for a, r in active.items()}
+        snapshot = m.pool.snapshot()
+        colours = holder_colours(who.get(a, (RESERVED,))[0]
+                                 for n in snapshot for g in n["gpus"] for a in g["holders"])
+        nodes = []
+        holders: dict[str, float] = {}
+        for node in snapshot:
+            cells = [gpu_cell(g, who, colours) for g in node["gpus"]]
+            for cell in cells:
+                for part in cell.parts:
+                    holders[part.user] = holders.get(part.user, 0.0) + float(part.fraction)
+            report = m.inventory.reports.get(node["node"])
+            nodes.append({"name": node["node"], "labels": node["labels"], "cells": cells,
+                          "cpu": (node["cpu_milli"] - node["cpu_free"], node["cpu_milli"]),
+                          "memory": (node["memory_mib"] - node["memory_free"], node["memory_mib"]),
+                          "report": report})
+        legend = [(u, colours[u], f"{n:g}") for u, n in sorted(holders.items())]
+        free = m.pool.free_summary().per_model
+        self.render_page("admin/pool.html", nodes=nodes, legend=legend, free=free,
+                         outside=self.context.reconcile_report(),
+                         reclaims=m.reclaims.team_report()["reclaims"], allocations=list(active.values()))
+
+
+class AccountsHandler(AdminPage):
+    """Accounts with search, sort and a filter for negative balances."""
+
+    title = "Accounts"
+
+    def get(self) -> None:
+        query = self.get_argument("q", "").strip()[:255]
+        sort = self.get_argument("sort", "name")
+        if sort not in SORTS:
+            raise web.HTTPError(400, f"sort must be one of {sorted(SORTS)}")
+        negative = self.get_argument("negative", "") == "1"
+        try:
+            page = max(1, int(self.get_argument("page", "1")))
+        except ValueError:
+            raise web.HTTPError(400, "page must be a whole number") from None
+        rows, total = search_accounts(self.manager.ledger, query=query, negative=negative, sort=sort,
+                                      limit=ACCOUNTS_PAGE, offset=(page - 1) * ACCOUNTS_PAGE)
+        self.render_page("admin/accounts.html", rows=rows, total=total, q=query, sort=sort, negative=negative,
+                         page=page, pages=max(1, -(-total // ACCOUNTS_PAGE)), from_milli=from_milli)
+
+
+class GrantError(ValueError):
+    """What is wrong with a grant form, in words for the admin."""
+
+
+def parse_grant(form: dict[str, str], max_grant: int) -> tuple[str, Decimal, str, str]:
+    """(user, amount, reason, key) from the form, with the API's rules for amounts and reasons."""
+    user = form.get("user", "").strip()
+    if not user or len(user) > 255:
+        raise GrantError("Name the user (their JupyterHub name).")
+    try:
+        amount = parse_amount(form.get("amount", "").strip(), what="amount")
+    except AmountError as e:
+        raise GrantError(str(e)) from None
+    if amount == 0 or abs(amount) > max_grant:
+        raise GrantError(f"The amount must be non-zero and at most {max_grant} tokens either way.")
+    if (amount * 1000) % 1:
+        raise GrantError(f"{amount} has more than three decimal places.")
+    reason = form.get("reason", "").strip()
+    if not reason or len(reason) > 1000:
+        raise GrantError("A grant needs a reason (at most 1000 characters): it is shown in the user's history.")
+    key = form.get("key", "")
+    if not (0 < len(key) <= 100):
+        raise GrantError("The form has no idempotency key; reload it.")
+    return user, amount, reason, key
+
+
+class GrantHandler(AdminPage):
+    """The grant form. Each render carries a fresh idempotency key, so submitting the
+    same form twice (a double click, a reload) grants once."""
+
+    title = "Grant tokens"
+
+    def get(self) -> None:
+        self.show(form={"user": self.get_argument("user", "")[:255], "amount": "", "reason": ""})
+
+    def show(self, *, form: dict[str, str], error: str | None = None, result: dict[str, Any] | None = None,
+             status: int = 200) -> None:
+        self.set_status(status)
+        self.render_page("admin/grant.html", form=form, error=error, result=result, key=uuid.uuid4().hex,
+                         max_grant=self.context.max_grant)
+
+    async def post(self) -> None:
+        form = {k: self.get_body_argument(k, "") for k in ("user", "amount", "reason", "key")}
+        try:
+            user, amount, reason, key = parse_grant(form, self.context.max_grant)
+            if not await self.known_user(user):
+                raise GrantError(f"No user {user!r} in the ledger or the hub.")
+        except GrantError as e:
+            return self.show(form=form, error=str(e), status=400)
+        accounts = self.manager.accounts
+        accounts.ensure(user, await self.groups_of(user))  # a first visit posts the initial grant
+        try:
+            entry, created = accounts.grant(user, amount, reason, self.user["name"], f"page:{key}")
+        except IdempotencyConflict:
+            return self.show(form=form, status=409,
+                             error="This form was already used for a different grant; nothing was changed.")
+        result = {"entry": entry, "created": created, "user": user,
+                  "balance": format_tokens(self.manager.ledger.balance(user))}
+        self.show(form={"user": "", "amount": "", "reason": ""}, result=result, status=201 if created else 200)
+
+
+class TeamsHandler(AdminPage):
+    title = "Teams"
+
+    def get(self) -> None:
+        self.render_page("admin/teams.html", report=self.manager.reclaims.team_report())
+
+
+class AuditHandler(AdminPage):
+    title = "Audit log"
+
+    def get(self) -> None:
+        user = self.get_argument("user", "").strip() or None
+        try:
+            before = int(self.get_argument("before", "0")) or None
+        except ValueError:
+            raise web.HTTPError(400, "before must be a whole number") from None
+        events = self.manager.ledger.audit_log(limit=AUDIT_PAGE, before=before, user=user)
+        self.render_page("admin/audit.html", events=events, user=user or "",
+                         next_before=events[-1].id if len(events) == AUDIT_PAGE else None)
+
+
+class LedgerHandler(AdminPage):
+    """"Verify the ledger": recompute every balance from its entries (a POST, so a
+    crawler or a prefetch never runs it)."""
+
+    title = "Ledger"
+
+    def get(self) -> None:
+        self.render_page("admin/ledger.html", report=None)
+
+    def post(self) -> None:
+        self.render_page("admin/ledger.html", report=self.manager.ledger.verify())

@@ -1,0 +1,261 @@
+"""The base of every page: hub OAuth login, one authorisation check, XSRF, CSP, templates.
+
+Pages log in the way JupyterHub services do: ``HubOAuthenticated`` redirects
+an unknown browser to the hub's OAuth authorize URL, and
+``HubOAuthCallbackHandler`` (at ``{prefix}oauth_callback``) stores the
+resulting token in a cookie. The token's scopes decide what a page shows; the
+one place that decides it is :meth:`PageHandler.check_hub_user`.
+
+The JSON API (``handlers.py``) is separate: it honours only ``Authorization``
+tokens, never cookies, so it needs no XSRF protection. Pages accept cookies,
+so every form carries ``_xsrf`` (``xsrf_form_html``) and every unsafe request
+is checked here, with JupyterHub's XSRF rules (``HubOAuth.check_xsrf_cookie``).
+The check lives in the page handlers rather than in the application's
+``xsrf_cookies`` setting so that it cannot reach the API routes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from datetime import datetime
+from decimal import Decimal
+from importlib import resources
+from typing import Any
+from urllib.parse import quote
+
+from jinja2 import Environment, PackageLoader, select_autoescape
+from jupyterhub.services.auth import HubOAuthCallbackHandler, HubOAuthenticated, UserNotAllowed
+from markupsafe import Markup
+from tornado import web
+
+from ...ledger import UnknownAccount
+from ..context import ServiceContext
+from ..hubapi import HubError
+from ..manager import PoolManager
+
+log = logging.getLogger("gpupool.pages")
+
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+#: No inline script or style anywhere: every value on a page is data, never code.
+CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+       "object-src 'none'; base-uri 'self'; form-action 'self'; frame-ancestors 'self'")
+
+MINUS = "\u2212"
+
+
+def _static_version() -> str:
+    """A hash of the stylesheet, so browsers fetch a new one after an upgrade."""
+    data = resources.files(__package__).joinpath("static", "pages.css").read_bytes()
+    return hashlib.sha256(data).hexdigest()[:12]
+
+
+def tokens(value: Any, signed: bool = False) -> str:
+    """An amount as people read it: thousands separators, up to three decimals, a real minus."""
+    amount = Decimal(str(value))
+    text = f"{amount:,.3f}".rstrip("0").rstrip(".") if amount % 1 else f"{amount:,.0f}"
+    if signed and amount > 0:
+        text = "+" + text
+    return text.replace("-", MINUS)
+
+
+ENV = Environment(
+    loader=PackageLoader("gpupool_hub.service.pages", "templates"),
+    autoescape=select_autoescape(default=True, default_for_string=True),
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+ENV.filters["tokens"] = tokens
+ENV.filters["q"] = lambda value: quote(str(value), safe="")  # a name as one URL path segment or query value
+STATIC_VERSION = _static_version()
+
+
+class PageHandler(HubOAuthenticated, web.RequestHandler):
+    """A page of the service. Subclasses set ``admin_only`` and implement ``get``/``post``."""
+
+    #: Admin pages need the admin scope (``ServiceContext.admin_scope``) in the OAuth token.
+    admin_only = False
+    #: Pages about "my" data need a user (not a service) token.
+    users_only = False
+    title = "gpupool"
+
+    @property
+    def context(self) -> ServiceContext:
+        return self.settings["context"]
+
+    @property
+    def manager(self) -> PoolManager:
+        return self.context.manager
+
+    @property  # type: ignore[override]
+    def hub_auth(self) -> Any:
+        """The service's ``HubOAuth`` (one per service, built in ``GPUPoolService``)."""
+        return self.context.page_auth
+
+    def set_default_headers(self) -> None:
+        self.set_header("Content-Security-Policy", CSP)
+        self.set_header("X-Content-Type-Options", "nosniff")
+        self.set_header("Referrer-Policy", "same-origin")
+        self.set_header("Cache-Control", "no-store")  # personal data: never from a shared cache
+
+    # ------------------------------------------------------------ access
+
+    def check_hub_user(self, model: dict[str, Any]) -> dict[str, Any]:
+        """The one authorisation decision of the pages.
+
+        JupyterHub's check first (the token may access this service at all),
+        then: admin pages need the admin scope, "my" pages need a user."""
+        model = super().check_hub_user(model)
+        if self.admin_only and self.context.admin_scope not in set(model.get("scopes", [])):
+            raise UserNotAllowed(model)
+        if self.users_only and model.get("kind", "user") != "user":
+            raise UserNotAllowed(model)
+        return model
+
+    def forbidden_message(self, model: dict[str, Any]) -> str:
+        if self.admin_only:
+            return (f"This page is for gpupool admins: it needs the {self.context.admin_scope!r} scope, "
+                    f"which {model.get('name')!r} does not have in this login.")
+        if self.users_only:
+            return "This page shows a user's own usage; log in as a user."
+        return f"{model.get('kind', 'user')} {model.get('name')!r} may not use the gpupool service."
+
+    async def prepare(self) -> None:
+        self._started = time.perf_counter()
+        if self.hub_auth is None:
+            raise web.HTTPError(503, "The gpupool pages need hub OAuth: run the service as a hub service with a URL.")
+        model = await self.hub_auth.get_user(self, sync=False)
+        if model:
+            try:
+                model = self.check_hub_user(model)
+            except UserNotAllowed:
+                raise web.HTTPError(403, self.forbidden_message(model)) from None
+        self._hub_auth_user_cache = model
+        self.current_user = model
+        if model is None:
+            if self.request.method in ("GET", "HEAD"):
+                self.redirect(self.get_login_url())
+                return
+            # cookie login without a matching _xsrf field is dropped by HubOAuth: say why
+            raise web.HTTPError(403, "This form could not be verified (missing or stale _xsrf). "
+                                     "Reload the page and submit it again.")
+        if self.request.method not in SAFE_METHODS:
+            self.check_xsrf_cookie()
+
+    @property
+    def user(self) -> dict[str, Any]:
+        return self.current_user  # type: ignore[return-value]
+
+    @property
+    def is_admin(self) -> bool:
+        return self.context.admin_scope in set((self.current_user or {}).get("scopes", []))
+
+    async def groups_of(self, name: str) -> list[str]:
+        """A user's hub groups: from their own login when it is them, else from the hub."""
+        me = self.current_user or {}
+        if me.get("name") == name and me.get("kind", "user") == "user" and "groups" in me:
+            return list(me["groups"])
+        if self.context.groups is None:
+            return []
+        return await self.context.groups(name)
+
+    # ------------------------------------------------------------ output
+
+    @property
+    def hub_home(self) -> str:
+        return f"{getattr(self.hub_auth, 'hub_prefix', None) or '/hub/'}home"
+
+    def url(self, path: str = "") -> str:
+        return self.context.prefix + path.lstrip("/")
+
+    def _namespace(self, logged_in: bool) -> dict[str, Any]:
+        """What every template may use; error pages get no user (the error may be about them)."""
+        user = self.current_user if logged_in else None
+        return {
+            "prefix": self.context.prefix,
+            "url": self.url,
+            "static": lambda name: f"{self.context.prefix}static/{name}?v={STATIC_VERSION}",
+            "me": user,
+            "is_admin": self.is_admin if user else False,
+            "xsrf_form_html": Markup(self.xsrf_form_html()) if user else "",
+            "title": self.title,
+            "hub_home": self.hub_home,
+            "request_path": self.request.path,
+            "tz": self.manager.settings.tz,
+        }
+
+    def render_page(self, template: str, **values: Any) -> None:
+        self.finish(ENV.get_template(template).render(**{**self._namespace(True), **values}))
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        message = self._reason
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        if isinstance(exc, web.HTTPError) and exc.log_message:
+            message = exc.log_message % exc.args if exc.args else exc.log_message
+        elif status_code >= 500:
+            message = "Internal error in the gpupool service; see its log."
+        self.set_header("Content-Type", "text/html; charset=utf-8")
+        self.finish(ENV.get_template("error.html").render(
+            **{**self._namespace(False), "title": str(status_code), "status": status_code, "message": message}))
+
+    async def known_user(self, name: str) -> bool:
+        """Whether ``name`` has an account, or is a hub user (who may never have logged in)."""
+        try:
+            self.manager.ledger.account(name)
+            return True
+        except UnknownAccount:
+            pass
+        if self.context.hub is None:
+            return False
+        try:
+            return await self.context.hub.user(name) is not None
+        except HubError as e:
+            raise web.HTTPError(503, f"Cannot reach JupyterHub to look up {name!r}: {e}") from None
+
+    def on_finish(self) -> None:
+        metrics = self.context.metrics
+        if metrics is not None and hasattr(self, "_started"):
+            metrics.api_latency.labels(type(self).__name__, self.request.method, str(self.get_status())).observe(
+                time.perf_counter() - self._started)
+
+
+class NotFoundHandler(PageHandler):
+    """Any other path under the prefix (but the API's): a 404 page with the pages' headers."""
+
+    async def prepare(self) -> None:
+        raise web.HTTPError(404, "There is no gpupool page here.")
+
+
+class OAuthCallbackHandler(HubOAuthCallbackHandler):
+    """``{prefix}oauth_callback``: JupyterHub's handler with the service's ``HubOAuth``."""
+
+    @property  # type: ignore[override]
+    def hub_auth(self) -> Any:
+        return self.settings["context"].page_auth
+
+    async def prepare(self) -> None:
+        if self.hub_auth is None:
+            raise web.HTTPError(503, "hub OAuth is not configured for this service")
+
+
+class StaticHandler(web.StaticFileHandler):
+    """The pages' stylesheet; versioned URLs may be cached for long."""
+
+    def set_extra_headers(self, path: str) -> None:
+        self.set_header("X-Content-Type-Options", "nosniff")
+        if self.get_query_argument("v", None):
+            self.set_header("Cache-Control", "public, max-age=31536000, immutable")
+
+
+def local(value: datetime | str | None, tz: Any, fmt: str = "%a %-d %b %Y %H:%M") -> str:
+    """A time (or the API's ISO string) in the pool's time zone, as the pages print it."""
+    if value is None:
+        return "—"
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    return value.astimezone(tz).strftime(fmt)
+
+
+ENV.filters["local"] = local

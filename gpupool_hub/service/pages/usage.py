@@ -1,0 +1,211 @@
+""""My GPU usage": a user's balance, charts, forecast, credits and history.
+
+Every user sees their own page at ``{prefix}``; nothing in its URL names a
+user, so there is nothing to change to see someone else's. Admins see any
+user's page at ``{prefix}admin/users/{name}`` (the same view, admin-only).
+
+The numbers come from the same places as the API's: the cached ``me`` view
+(balance, floor, allocations, burn rate, time to floor, next credits) and the
+ledger's entries (charts and history), read in one transaction per page.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import date, datetime, time, timedelta
+from decimal import Decimal
+from typing import Any
+from urllib.parse import quote
+
+from tornado import web
+
+from ...ledger import Entry
+from ...timefmt import iso
+from ...units import format_tokens, from_milli
+from ..manager import PoolManager
+from .base import MINUS, PageHandler, tokens
+from .charts import BarChart, DayPoint, LineChart, balance_chart, stacked_bars
+from .queries import daily_totals, iter_user_entries
+
+RANGES = (30, 90)
+PAGE = 50
+
+
+@dataclass(frozen=True)
+class UsageView:
+    user: str
+    me: dict[str, Any]
+    days: int
+    balance_chart: LineChart
+    spend_chart: BarChart
+    spend_total: Decimal
+    forecast: str
+    next_credits: list[tuple[str, datetime, str]]  # (what, when, amount)
+    history: list[Entry]
+    next_before: int | None
+    before: int | None
+
+
+def daily_series(manager: PoolManager, user: str, days: int, now: datetime
+                 ) -> tuple[list[DayPoint], dict[date, dict[str, Decimal]], list[date]]:
+    """End-of-day balances with each day's credits and debits, and spend per day and
+    GPU model, for the ``days`` local days up to today (the pool's time zone)."""
+    tz = manager.settings.tz
+    today = now.astimezone(tz).date()
+    day_list = [today - timedelta(days=days - 1 - i) for i in range(days)]
+    starts = [datetime.combine(d, time.min, tz) for d in day_list]
+    window = daily_totals(manager.ledger, user, starts)
+    credits = [0] * days
+    debits = [0] * days
+    spend: dict[date, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for t in window.totals:
+        credits[t.day] += t.credit_milli
+        debits[t.day] += t.debit_milli
+        if t.kind == "debit" and t.debit_milli:
+            spend[day_list[t.used_day]][t.model or "unknown"] -= t.debit_milli
+    balance = window.balance_milli - sum(credits) - sum(debits)  # the balance before the first day
+    points = []
+    for i, day in enumerate(day_list):
+        balance += credits[i] + debits[i]
+        points.append(DayPoint(day, from_milli(balance), from_milli(credits[i]), from_milli(debits[i])))
+    spent = {d: {m: from_milli(v) for m, v in per.items()} for d, per in spend.items()}
+    return points, spent, day_list
+
+
+def forecast_text(me: dict[str, Any], now: datetime, tz: Any) -> str:
+    """"At −3.5/h you reach the floor on Tue 14:00", from the ``me`` view."""
+    burn = Decimal(me["burn_rate_per_hour"])
+    floor = tokens(me["floor"])
+    seconds = me.get("time_to_floor_seconds")
+    if burn <= 0 or seconds is None:
+        return "Nothing is charging now: your balance only changes with credits and grants."
+    rate = f"At {MINUS}{tokens(burn)}/h"
+    if seconds <= 0:
+        return f"{rate} you are at the floor ({floor}): servers holding GPUs are stopped."
+    reach = (now + timedelta(seconds=seconds)).astimezone(tz)
+    fmt = "%a %H:%M" if reach - now.astimezone(tz) < timedelta(days=6) else "%a %-d %b %H:%M"
+    return f"{rate} you reach the floor ({floor}) on {reach.strftime(fmt)}."
+
+
+def next_credits(me: dict[str, Any]) -> list[tuple[str, datetime, str]]:
+    out = []
+    credits = me["credits"]
+    for what, amount_key, at_key in (("Daily credit", "daily", "next_daily_at"),
+                                     ("Monthly credit", "monthly", "next_monthly_at")):
+        amount = Decimal(credits.get(amount_key) or 0)
+        at = credits.get(at_key)
+        if amount > 0 and at:
+            out.append((what, datetime.fromisoformat(at.replace("Z", "+00:00")), format_tokens(amount)))
+    return sorted(out, key=lambda c: c[1])
+
+
+def build_view(manager: PoolManager, user: str, groups: list[str], days: int, before: int | None) -> UsageView:
+    now = manager.clock()
+    me = manager.views.me(user, groups)  # opens the account and posts credits due, as GET me does
+    points, spend, day_list = daily_series(manager, user, days, now)
+    history = manager.ledger.history(user, limit=PAGE, before=before)
+    return UsageView(
+        user=user, me=me, days=days, balance_chart=balance_chart(points, Decimal(me["floor"])),
+        spend_chart=stacked_bars(day_list, spend),
+        spend_total=sum((v for per in spend.values() for v in per.values()), Decimal(0)),
+        forecast=forecast_text(me, now, manager.settings.tz), next_credits=next_credits(me),
+        history=history, next_before=history[-1].id if len(history) == PAGE else None, before=before,
+    )
+
+
+CSV_HEADER = ["id", "kind", "amount", "created_at", "interval_start", "interval_end", "model", "gpu_seconds",
+              "reason", "actor"]
+
+
+def csv_rows(entries: list[Entry]) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    for e in entries:
+        writer.writerow([e.id, e.kind, format_tokens(e.amount), iso(e.created_at), iso(e.interval_start),
+                         iso(e.interval_end), e.model or "", "" if e.gpu_seconds is None else str(e.gpu_seconds),
+                         e.reason, e.actor])
+    return buf.getvalue()
+
+
+class UsageBase(PageHandler):
+    """Renders the usage view of ``self.subject()``; CSV download alongside."""
+
+    title = "My GPU usage"
+
+    def subject(self) -> str:
+        raise NotImplementedError("Subclass must provide implementation")
+
+    def int_arg(self, name: str, allowed: tuple[int, ...] | None = None) -> int | None:
+        raw = self.get_argument(name, None)
+        if raw in (None, ""):
+            return None
+        try:
+            value = int(raw)  # type: ignore[arg-type]
+        except ValueError:
+            raise web.HTTPError(400, f"{name} must be a whole number, got {raw!r}") from None
+        if value < 1 or (allowed is not None and value not in allowed):
+            raise web.HTTPError(400, f"{name} must be one of {allowed}" if allowed else f"{name} must be positive")
+        return value
+
+    async def render_usage(self, user: str, base: str, csv_url: str) -> None:
+        days = self.int_arg("days", RANGES) or RANGES[0]
+        view = build_view(self.manager, user, await self.groups_of(user), days, self.int_arg("before"))
+        self.render_page("usage.html", view=view, base=base, csv_url=csv_url, ranges=RANGES)
+
+    async def send_csv(self, user: str) -> None:
+        self.set_header("Content-Type", "text/csv; charset=utf-8")
+        self.set_header("Content-Disposition", f"attachment; filename*=UTF-8''{quote(f'gpupool-{user}.csv')}")
+        self.write(",".join(CSV_HEADER) + "\r\n")
+        for page in iter_user_entries(self.manager.ledger, user):
+            self.write(csv_rows(page))
+            await self.flush()
+        self.finish()
+
+
+class MyUsageHandler(UsageBase):
+    """``{prefix}``: the logged-in user's own page. Query arguments never name a user."""
+
+    users_only = True
+
+    async def get(self) -> None:
+        await self.render_usage(self.user["name"], self.url(), self.url("me/history.csv"))
+
+
+class MyHistoryCSVHandler(UsageBase):
+    """``{prefix}me/history.csv``: every entry of the logged-in user."""
+
+    users_only = True
+
+    async def get(self) -> None:
+        self.manager.accounts.ensure(self.user["name"], await self.groups_of(self.user["name"]))
+        await self.send_csv(self.user["name"])
+
+
+class AdminUserMixin(UsageBase):
+    admin_only = True
+
+    async def known(self, user: str) -> str:
+        """``user`` from the URL (tornado has already unquoted it: no second unquoting)."""
+        if not await self.known_user(user):
+            raise web.HTTPError(404, f"No such user {user!r}.")
+        return user
+
+
+class UserUsageHandler(AdminUserMixin):
+    """``{prefix}admin/users/{name}``: an admin's view of any user's page."""
+
+    async def get(self, name: str) -> None:
+        user = await self.known(name)
+        self.title = f"GPU usage of {user}"
+        base = self.url(f"admin/users/{quote(user, safe='')}")
+        await self.render_usage(user, base, base + "/history.csv")
+
+
+class UserHistoryCSVHandler(AdminUserMixin):
+    async def get(self, name: str) -> None:
+        user = await self.known(name)
+        self.manager.accounts.ensure(user, await self.groups_of(user))
+        await self.send_csv(user)
