@@ -26,7 +26,7 @@ import json
 import os
 import time
 from typing import Any
-from urllib.parse import urljoin
+from urllib.parse import quote, urljoin
 
 import tornado.web
 from jupyter_server.base.handlers import APIHandler
@@ -181,7 +181,15 @@ class MeHandler(APIHandler):
             raise BalanceUnavailable("gpupool service answered with something that is not JSON", 502) from e
         if not isinstance(body, dict) or "balance" not in body:
             raise BalanceUnavailable("gpupool service answered without a balance", 502)
+        body["pages_url"] = pages_url()
         return body
+
+
+def pages_url() -> str:
+    """The public address of the service's "My GPU usage" page, from the hub's prefix."""
+    base = _ensure_slash(os.environ.get("JUPYTERHUB_BASE_URL", "/") or "/")
+    name = os.environ.get(SERVICE_NAME_ENV, "").strip() or DEFAULT_SERVICE_NAME
+    return f"{base}services/{quote(name, safe='')}/"
 
 
 def setup_handlers(web_app: Any) -> None:

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
+from urllib.parse import quote
 
 from jinja2 import ChoiceLoader, Environment, FileSystemLoader, PackageLoader, PrefixLoader
 
@@ -229,4 +230,15 @@ def render_form(spawner: Any, account: Mapping[str, Any] | None, catalog: Mappin
     if isinstance(previous, str) and any(p.slug == previous for p in profiles):
         chosen = next(p for p in profiles if p.slug == previous)
     env = template_environment(tuple(spawner.form_template_paths))
-    return env.get_template(TEMPLATE).render(form_context(profiles, chosen, account, catalog))
+    return env.get_template(TEMPLATE).render(form_context(profiles, chosen, account, catalog),
+                                             pages_url=pages_url(spawner))
+
+
+def pages_url(spawner: Any) -> str | None:
+    """Where the service's "My GPU usage" page is: ``{hub prefix}services/{name}/``.
+
+    JupyterHub puts its own pages at ``{prefix}hub/``, so the prefix is that minus ``hub/``."""
+    hub_base = getattr(getattr(spawner, "hub", None), "base_url", None)
+    if not isinstance(hub_base, str) or not hub_base.endswith("hub/"):
+        return None
+    return f"{hub_base[:-len('hub/')]}services/{quote(spawner.gpupool_service_name, safe='')}/"

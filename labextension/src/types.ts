@@ -61,6 +61,8 @@ export interface IMe {
   last_debit_at: string | null;
   accounting: IAccounting | null;
   cull_warning: ICullWarning | null;
+  /** The service's "My GPU usage" page, added by the server extension. */
+  pages_url?: string;
 }
 
 /** What the server extension answers when it cannot get the balance. */

@@ -253,6 +253,16 @@ export class BalancePanel extends Widget {
       }
       node.append(table);
     }
+    if (me.pages_url) {
+      const link = el('a', 'gp-BalancePanel-usage', 'My GPU usage: charts and history');
+      link.href = me.pages_url;
+      link.target = '_blank';
+      link.rel = 'noopener';
+      link.dataset.gpupool = 'usage-link';
+      const p = el('p');
+      p.append(link);
+      node.append(p);
+    }
     node.append(
       el('p', 'gp-BalancePanel-muted gp-BalancePanel-updated', `Updated ${localTime(new Date(this._model.updatedAt).toISOString())}`)
     );

@@ -144,6 +144,8 @@ def test_widget_follows_the_real_service(widget_hub, browser_page):
         expect(gpus).to_contain_text("NVIDIA GeForce RTX 3090 #")
         expect(gpus).to_contain_text("1.0 tokens/h")
         expect(panel).to_contain_text(f"{MINUS}4.3 tokens")
+        link = panel.locator("[data-gpupool='usage-link']")  # issue 15: the way to the usage page
+        expect(link).to_have_attribute("href", "/services/gpupool/")
         page.wait_for_timeout(300)  # let the popup settle before the picture
         screenshot_widget(page, SCREENSHOT)
         page.screenshot(path=str(hub.workdir / "lab.png"))

@@ -54,7 +54,8 @@ def test_forwards_me_with_the_server_token(server, standin):
     standin.set_me(balance="12.345")
     status, body = server.get("gpupool/me")
     assert status == 200, body
-    assert body == standin.me
+    # the service's answer as is, plus where the "My GPU usage" page is (the hub prefix is "/" here)
+    assert body == {**standin.me, "pages_url": "/services/gpupool/"}
     # Exactly one forwarded call, to the service's `me`, with the server's own token.
     assert standin.requests == [("/services/gpupool/api/v1/me", f"token {SERVER_TOKEN}")]
 

@@ -75,6 +75,8 @@ def test_form_shows_the_services_prices_when_the_hub_config_has_no_pool(hub):
     assert "it needs 6 tokens above your floor" in _block(raw, "2x3090")
     # and what is free, also from the service
     assert "8 of 8 GPUs free" in _block(raw, "1gpu") and "4 of 4 GPUs free" in _block(raw, "2x3090")
+    # and a link to the service's own page (issue 15)
+    assert 'class="gpupool-usage-link" href="/services/gpupool/"' in raw
 
 
 def test_form_shows_gpus_taken_by_a_running_server(hub):
