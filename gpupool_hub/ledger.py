@@ -840,6 +840,15 @@ class Ledger:
                 for r in conn.execute(q)
             ]
 
+    def credits_through_of(self, names: Iterable[str]) -> dict[str, date | None]:
+        """``credits_through`` of each existing account among ``names`` (one query per 500)."""
+        out: dict[str, date | None] = {}
+        with self._read() as conn:
+            for chunk in _chunks(sorted(set(names))):
+                q = sa.select(accounts.c.name, accounts.c.credits_through).where(accounts.c.name.in_(chunk))
+                out.update({name: through for name, through in conn.execute(q)})
+        return out
+
     def verify(self) -> VerifyReport:
         """Recompute every balance from its entries; report accounts whose stored balance differs."""
         sums = (

@@ -4,7 +4,8 @@ Two questions, asked in order: which of the allowed GPU models can the user
 afford (``affordable_models``), then where do the GPUs go (``place``). A
 successful placement is recorded in the ledger as an allocation; releasing it
 ends its charge. Everything that changes the placement pool runs on the
-service's event-loop thread, so admission decisions never race.
+service's one writer thread (``threads.CoreThreads``), so admission decisions
+never race.
 """
 
 from __future__ import annotations

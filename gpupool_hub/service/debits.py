@@ -1,7 +1,9 @@
 """Charging GPU time: every closed interval once, oldest first, exactly.
 
-Runs in the job thread; the only writer of debit entries. Rounding remainders
-are carried per (user, model) so totals stay exact for any interval length.
+Runs in the job thread (usage sources may be slow); each interval's entries are
+posted through ``serialize`` (the service's writer thread). The only writer of
+debit entries. Rounding remainders are carried per (user, model) so totals stay
+exact for any interval length.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 from ..keys import entry_key
 from ..ledger import Ledger, Posting
@@ -22,6 +24,12 @@ from ..units import round_milli
 from ..usage import UsageSource, UsageUnavailable
 
 log = logging.getLogger("gpupool.debits")
+
+T = TypeVar("T")
+
+
+def _direct(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    return fn(*args, **kwargs)
 
 DEBIT_JOB = "debit"
 
@@ -40,7 +48,8 @@ class Debits:
 
     def __init__(self, ledger: Ledger, prices: PriceTable, usage_source: UsageSource, *,
                  interval: int, delay_tolerance: int, clock: Callable[[], datetime],
-                 on_charged: Callable[[], None] = lambda: None) -> None:
+                 on_charged: Callable[[], None] = lambda: None,
+                 serialize: Callable[..., Any] = _direct) -> None:
         self.ledger = ledger
         self.prices = prices
         self.usage_source = usage_source
@@ -48,6 +57,7 @@ class Debits:
         self.delay_tolerance = delay_tolerance
         self.clock = clock
         self.on_charged = on_charged
+        self.serialize = serialize
         self.status = DebitStatus()
         self._lock = threading.Lock()
         self._last: tuple[tuple[datetime, datetime] | None] | None = None
@@ -99,7 +109,8 @@ class Debits:
                     self.changed += 1
                     log.warning("Debit delayed: %s", self.status.last_error)
                     break
-                self.ledger.post_many(postings, complete_interval=(DEBIT_JOB, start, end), carry=carry)
+                self.serialize(self.ledger.post_many, postings, complete_interval=(DEBIT_JOB, start, end),
+                               carry=carry)
                 self._last = ((start, end),)
                 self.status.last_error = None
                 self.status.failing_since = None

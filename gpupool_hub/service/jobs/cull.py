@@ -55,10 +55,10 @@ class CullJob:
 
     async def __call__(self) -> None:
         now = datetime.now(timezone.utc)
-        m, culler, enforcement = self.manager, self.culler, self.manager.enforcement
+        m, culler, enforcement, threads = self.manager, self.culler, self.manager.enforcement, self.manager.threads
         servers: dict[str, set[str]] = {}
         allocated = Decimal(0)
-        for record in m.ledger.active_allocations():
+        for record in await threads.read(m.ledger.active_allocations):
             servers.setdefault(record.user, set()).add(record.server)
             allocated += sum((Decimal(g["milli"]) / 1000 for g in record.gpus), Decimal(0))
         for user, server in enforcement.revoked_servers():
@@ -72,7 +72,7 @@ class CullJob:
             try:
                 groups = set(await self.groups(user))
                 rules = m.settings.rules_for(groups)
-                balance = m.ledger.balance(user)
+                balance = await threads.read(m.ledger.balance, user)
             except Exception:
                 log.exception("Cull: cannot judge %s this time", user)
                 continue
@@ -105,25 +105,32 @@ class CullJob:
                 if d.action == AuditAction.CULL_KERNELS:
                     detail["kernels"] = await self.shutdown_kernels(d.user, d.server)
                     m.enforcement.kernels_culled(d.user, d.server, now)
-                    if not detail["kernels"] and not self.holds(d.user, d.server):
+                    if not detail["kernels"] and not await self.holds(d.user, d.server):
                         return  # a revoked server with nothing new to shut down: nothing to record
                 elif d.action == AuditAction.STOP_SERVER:
                     await self.hub.stop_server(d.user, d.server)
                     m.enforcement.server_stopped(d.user, d.server)
-                released = [r.id for r in m.ledger.active_allocations(d.user) if r.server == d.server]
-                for alloc in released:
-                    m.admission.release(alloc, f"{d.action}: {d.reason}")
-                detail["released"] = released
+                detail["released"] = await m.threads.write(self.release, d)
                 log.warning("%s for %s/%s: %s", d.action, d.user, d.server, d.reason)
             except HubError as e:
                 log.error("Could not %s for %s/%s: %s", d.action, d.user, d.server, e)
-                m.ledger.add_audit(AuditEvent(now, d.user, d.server, AuditAction.FAILED.value,
-                                              f"{d.action}: {e}", dry))
+                await m.threads.write(m.ledger.add_audit, AuditEvent(
+                    now, d.user, d.server, AuditAction.FAILED.value, f"{d.action}: {e}", dry))
                 return
-        m.ledger.add_audit(AuditEvent(now, d.user, d.server, str(d.action), d.reason, dry, detail or None))
+        await m.threads.write(m.ledger.add_audit,
+                              AuditEvent(now, d.user, d.server, str(d.action), d.reason, dry, detail or None))
 
-    def holds(self, user: str, server: str) -> bool:
-        return any(r.server == server for r in self.manager.ledger.active_allocations(user))
+    def release(self, d: Decision) -> list[str]:
+        """Release the server's allocations (on the writer thread); their ids."""
+        m = self.manager
+        released = [r.id for r in m.ledger.active_allocations(d.user) if r.server == d.server]
+        for alloc in released:
+            m.admission.release(alloc, f"{d.action}: {d.reason}")
+        return released
+
+    async def holds(self, user: str, server: str) -> bool:
+        records = await self.manager.threads.read(self.manager.ledger.active_allocations, user)
+        return any(r.server == server for r in records)
 
     async def shutdown_kernels(self, user: str, server: str) -> list[str]:
         """Shut down every kernel of the server; notebooks and files stay as they are."""

@@ -1,0 +1,105 @@
+"""Issue 12, "money and safety", in a real JupyterHub running the service over a
+real SQLite ledger: each test is named for the item it guards."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from decimal import Decimal
+from urllib.parse import quote
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+WRITE_TIMEOUT = 2
+
+EXTRA = f"""
+c.GPUPoolService.db_write_timeout = {WRITE_TIMEOUT}
+c.GPUPoolService.reconcile_interval = 3600
+"""
+
+# another process takes the ledger's write lock and keeps it until told to commit
+HOLD_LOCK = """
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("BEGIN IMMEDIATE")
+print("locked", flush=True)
+sys.stdin.readline()
+conn.execute("COMMIT")
+"""
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    from tests.fixtures.hub import Hub, require_hub_binaries
+
+    require_hub_binaries()
+    hub = Hub(tmp_path_factory.mktemp("safety"), extra_config=EXTRA)
+    hub.start()
+    hub.tokens = {}
+    yield hub
+    hub.stop()
+
+
+def user(hub, name: str) -> str:
+    if name not in hub.tokens:
+        hub.create_user(name)
+        hub.tokens[name] = hub.token_for(name)
+    return hub.tokens[name]
+
+
+def me(hub, name: str) -> dict:
+    r = hub.service("GET", "/me", user(hub, name))
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def grant(hub, name: str, amount: str, key: str | None = None):
+    headers = {"Idempotency-Key": key} if key else {}
+    return hub.service("POST", f"/users/{quote(name, safe='')}/grant", hub.tester_token,
+                       json={"amount": amount, "reason": "test"}, headers=headers)
+
+
+# ------------------------------------------------------------------ item 3
+
+def test_12_3_a_held_write_lock_freezes_nothing(hub):
+    """While another process holds the ledger's write lock, a grant waits at most
+    db_write_timeout and answers 503 with Retry-After; meanwhile another user's
+    GET me (and their history, a database read) answers at once; once the lock
+    is free, the same grant succeeds, exactly once."""
+    me(hub, "hal")  # hal's account, credits and cached view exist, as for any lab user
+    user(hub, "gil")
+    assert grant(hub, "gil", "1", "gil-warm").status_code == 201
+    before = Decimal(me(hub, "gil")["balance"])
+    db = hub.workdir / "gpupool.sqlite"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(db)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        latencies = []
+        with ThreadPoolExecutor(1) as pool:
+            started = time.monotonic()
+            pending = pool.submit(grant, hub, "gil", "5", "gil-during-lock")
+            while not pending.done() or len(latencies) < 4:
+                for path in ("/me", "/me/history"):
+                    t = time.monotonic()
+                    r = hub.service("GET", path, user(hub, "hal"))
+                    latencies.append(time.monotonic() - t)
+                    assert r.status_code == 200, r.text
+            busy = pending.result()
+            waited = time.monotonic() - started
+        assert busy.status_code == 503, busy.text
+        assert busy.headers["Retry-After"] == str(WRITE_TIMEOUT)
+        assert "busy" in busy.json()["message"]
+        assert waited < WRITE_TIMEOUT + 1.5, waited
+        assert max(latencies) < 1.0, latencies
+    finally:
+        holder.communicate("\n", timeout=10)
+    assert holder.returncode == 0
+    ok = grant(hub, "gil", "5", "gil-during-lock")
+    assert ok.status_code == 201, ok.text
+    assert Decimal(ok.json()["balance"]) == before + 5
+    assert grant(hub, "gil", "5", "gil-during-lock").status_code == 200  # a replay, not a second grant
