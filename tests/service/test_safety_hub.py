@@ -12,11 +12,17 @@ from urllib.parse import quote
 
 import pytest
 
+from tests.fixtures.hub import DEMO_NODES
+
 pytestmark = pytest.mark.integration
 
+R2080 = "NVIDIA GeForce RTX 2080"
+NODES = DEMO_NODES + [{"name": "node-c", "cpu_milli": 64000, "memory_mib": 262144,
+                       "gpus": {"count": 8, "model": R2080}}]
 WRITE_TIMEOUT = 2
 
 EXTRA = f"""
+c.GPUPool.nodes = {NODES!r}
 c.GPUPoolService.db_write_timeout = {WRITE_TIMEOUT}
 c.GPUPoolService.reconcile_interval = 3600
 """
@@ -63,6 +69,18 @@ def grant(hub, name: str, amount: str, key: str | None = None):
                        json={"amount": amount, "reason": "test"}, headers=headers)
 
 
+def set_balance(hub, name: str, target: str) -> None:
+    balance = Decimal(me(hub, name)["balance"])
+    if Decimal(target) != balance:
+        r = grant(hub, name, str(Decimal(target) - balance))
+        assert r.status_code == 201, r.text
+
+
+def allocate(hub, name: str, server: str, request: dict):
+    return hub.service("POST", "/allocations", hub.spawner_token,
+                       json={"user": name, "server": server, "request": request})
+
+
 # ------------------------------------------------------------------ item 3
 
 def test_12_3_a_held_write_lock_freezes_nothing(hub):
@@ -103,3 +121,19 @@ def test_12_3_a_held_write_lock_freezes_nothing(hub):
     assert ok.status_code == 201, ok.text
     assert Decimal(ok.json()["balance"]) == before + 5
     assert grant(hub, "gil", "5", "gil-during-lock").status_code == 200  # a replay, not a second grant
+
+
+# ------------------------------------------------------------------ item 2
+
+def test_12_2_five_named_2080_servers_at_minus_9_4(hub):
+    """At -9.4 with a floor of -10, one 0.5 tokens/h server fits (0.5 <= 0.6 for an
+    hour); a second does not, because the first one keeps costing."""
+    set_balance(hub, "ann", "-9.4")
+    answers = [allocate(hub, "ann", f"gpu{i}", {"gpus": 1, "models": ["RTX 2080"]}) for i in range(1, 6)]
+    assert [r.status_code for r in answers] == [201, 409, 409, 409, 409], [r.text for r in answers]
+    refusal = answers[1].json()
+    assert refusal["reason"] == "insufficient_balance"
+    assert "gpu1 (0.5/h)" in refusal["message"] and "-10" in refusal["message"]
+    assert refusal["details"]["held"] == [{"server": "gpu1", "price_per_hour": "0.500"}]
+    view = me(hub, "ann")
+    assert [a["server"] for a in view["allocations"]] == ["gpu1"] and view["burn_rate_per_hour"] == "0.500"
