@@ -191,7 +191,7 @@ class Admission:
             raise Refused(RefusalReason.MODEL_UNAVAILABLE, f"This pool can never place {request.describe()}: {e}",
                           details={"available": sorted(self.inventory.models())}) from None
         except NoCapacity:
-            self.enforcement.note_capacity_refusal(self.clock())
+            self.enforcement.note_capacity_refusal(user, self.clock())
             if team is not None and usage is not None:
                 self.reclaims.start(user, server, team, usage, holdings, req, requested_models)
             free = self.pool.free_summary()

@@ -12,7 +12,7 @@ from urllib.parse import quote
 
 import pytest
 
-from tests.fixtures.hub import DEMO_NODES
+from tests.fixtures.hub import DEMO_NODES, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -25,6 +25,10 @@ EXTRA = f"""
 c.GPUPool.nodes = {NODES!r}
 c.GPUPoolService.db_write_timeout = {WRITE_TIMEOUT}
 c.GPUPoolService.reconcile_interval = 3600
+c.Culler.interval = 0.5
+c.Culler.grace_period = 3600
+c.Culler.pressure_allocated_fraction = 0.99
+c.Culler.pressure_refusal_window = 600
 """
 
 # another process takes the ledger's write lock and keeps it until told to commit
@@ -137,3 +141,30 @@ def test_12_2_five_named_2080_servers_at_minus_9_4(hub):
     assert refusal["details"]["held"] == [{"server": "gpu1", "price_per_hour": "0.500"}]
     view = me(hub, "ann")
     assert [a["server"] for a in view["allocations"]] == ["gpu1"] and view["burn_rate_per_hour"] == "0.500"
+
+
+# ----------------------------------------------------------------- item 11
+
+def cull_audit(hub, name: str) -> list[str]:
+    events = hub.service("GET", f"/audit?user={quote(name)}", hub.tester_token).json()["events"]
+    return [e["action"] for e in events][::-1]
+
+
+def test_12_11_bobs_own_refusal_never_warns_bob(hub):
+    """bob's second spawn is refused for lack of capacity. That refusal puts the pool
+    under pressure for everyone else (carol, negative, is warned), never for bob."""
+    for name in ("bob", "carol"):
+        set_balance(hub, name, "100")
+    assert allocate(hub, "bob", "", {"gpus": 1, "models": ["RTX A6000"]}).status_code == 201
+    refused = allocate(hub, "bob", "more", {"gpus": 2, "models": ["RTX A6000"]})
+    assert refused.status_code == 409 and refused.json()["reason"] == "no_capacity", refused.text
+    assert allocate(hub, "carol", "", {"gpus": 1, "models": ["RTX 3090"]}).status_code == 201
+    set_balance(hub, "bob", "-1")
+    set_balance(hub, "carol", "-1")
+    warning = wait_for(lambda: me(hub, "carol")["cull_warning"], 20, "carol's warning from bob's refusal")
+    assert "refused" in warning["reason"]
+    # a cull run that started after bob went negative: carol's top-up withdraws her warning
+    set_balance(hub, "carol", "1")
+    wait_for(lambda: cull_audit(hub, "carol")[-1:] == ["clear_warning"], 20, "carol's warning withdrawn")
+    assert me(hub, "bob")["cull_warning"] is None
+    assert cull_audit(hub, "bob") == []

@@ -64,9 +64,9 @@ class CullJob:
         for user, server in enforcement.revoked_servers():
             servers.setdefault(user, set()).add(server)
         capacity = Decimal(m.inventory.gpu_count())
-        why = pressure(allocated, capacity, enforcement.last_capacity_refusal, now, culler, await self.utilization())
+        utilization = await self.utilization()
         warnings = enforcement.warnings_for(culler.dry_run)
-        states = []
+        grace = timedelta(seconds=culler.grace_period)
         # users the agents enforce against are re-checked too, so a top-up frees them
         for user in set(servers) | set(warnings) | set(enforcement.users):
             try:
@@ -77,14 +77,16 @@ class CullJob:
                 log.exception("Cull: cannot judge %s this time", user)
                 continue
             exempt = user in culler.exempt_users or bool(groups & culler.exempt_groups)
-            states.append(UserState(user, balance, rules.floor, tuple(sorted(servers.get(user, ()))), exempt))
+            state = UserState(user, balance, rules.floor, tuple(sorted(servers.get(user, ()))), exempt)
             if balance >= 0:
                 enforcement.reinstate(user)
-        for d in decide(states, warnings, why, now, timedelta(seconds=culler.grace_period)):
-            try:
-                await self.carry_out(d, warnings)
-            except Exception:
-                log.exception("Cull: could not %s for %s/%s", d.action, d.user, d.server)
+            # the pool is under pressure for this user by others' refusals, never their own
+            why = pressure(allocated, capacity, enforcement.last_refusal_excluding(user), now, culler, utilization)
+            for d in decide([state], warnings, why, now, grace):
+                try:
+                    await self.carry_out(d, warnings)
+                except Exception:
+                    log.exception("Cull: could not %s for %s/%s", d.action, d.user, d.server)
 
     async def carry_out(self, d: Decision, warnings: dict[str, CullWarning]) -> None:
         dry = self.culler.dry_run
