@@ -840,6 +840,22 @@ class Ledger:
                 for r in conn.execute(q)
             ]
 
+    def audit_latest(self, actions: Iterable[str], *, dry_run: bool = False) -> list[AuditEvent]:
+        """The newest event among ``actions`` per (user, server), oldest first: what the
+        service must remember of its own enforcement after a restart."""
+        newest = (
+            sa.select(sa.func.max(audit.c.id))
+            .where(audit.c.action.in_(list(actions)), audit.c.dry_run.is_(dry_run))
+            .group_by(audit.c.user, audit.c.server)
+        )
+        q = sa.select(audit).where(audit.c.id.in_(newest.scalar_subquery())).order_by(audit.c.id)
+        with self._read() as conn:
+            return [
+                AuditEvent(id=r.id, at=_aware(r.at), user=r.user, server=r.server, action=r.action,  # type: ignore[arg-type]
+                           reason=r.reason, dry_run=bool(r.dry_run), detail=r.detail)
+                for r in conn.execute(q)
+            ]
+
     def credits_through_of(self, names: Iterable[str]) -> dict[str, date | None]:
         """``credits_through`` of each existing account among ``names`` (one query per 500)."""
         out: dict[str, date | None] = {}

@@ -2,7 +2,11 @@
 
 The cull job (``jobs/cull.py``) writes here through these methods; the ``me``
 view reads the warnings and the node agents read the enforcement list. Kept in
-memory: the cull job rebuilds it from balances on its next run.
+memory; at start-up the service rebuilds the enforcement list from the audit
+log (``restore``), since the cull job only revisits users it has a reason to
+look at (GPUs held, a warning, already on the list): without it, a user culled
+before a restart would be off the list for good, and their stray GPU
+processes would run on.
 
 Admission (on the writer thread) notes refusals for lack of capacity here, per
 user; the cull job asks for the newest refusal *of others* when it judges a
@@ -12,10 +16,14 @@ user, so a user's own refused spawn never puts that user under pressure.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
+from ..ledger import AuditEvent
+from ..reasons import AuditAction
 from ..timefmt import iso
 from .cull import last_refusal_of_others
 
@@ -58,6 +66,19 @@ class Enforcement:
         with self._lock:
             refusals = dict(self.refusals)
         return last_refusal_of_others(refusals, user)
+
+    def restore(self, events: Iterable[AuditEvent], balances: Mapping[str, Decimal]) -> None:
+        """Rebuild the node agents' list after a restart from the newest non-dry-run
+        ``cull_kernels``/``stop_server`` per (user, server) (``Ledger.audit_latest``):
+        users still below zero go back on the list, and servers whose kernels were
+        culled (not stopped since) are revoked again. A user topped up since is left
+        off, as ``reinstate`` would have done."""
+        for e in events:
+            if e.dry_run or balances.get(e.user, Decimal(0)) >= 0:
+                continue
+            self.users.add(e.user)
+            if e.action == AuditAction.CULL_KERNELS.value:
+                self.revoked[(e.user, e.server)] = e.at
 
     def warnings_for(self, dry_run: bool) -> dict[str, CullWarning]:
         return self.dry_warnings if dry_run else self.warnings

@@ -25,8 +25,9 @@ from collections.abc import Callable
 from datetime import datetime
 
 from ..config import GPUPool
-from ..ledger import Ledger, utcnow
+from ..ledger import Ledger, UnknownAccount, utcnow
 from ..placement.state import Pool
+from ..reasons import AuditAction
 from ..usage import UsageSource
 from .accounts import Accounts
 from .admission import Admission
@@ -71,8 +72,17 @@ class PoolManager:
 
     def restore(self) -> int:
         """At start-up: rebuild the placement pool from the allocations the ledger says are
-        held. Returns how many allocations were restored."""
+        held, and the node agents' enforcement list from the audit log. Returns how many
+        allocations were restored."""
         restored = self.inventory.restore(self.ledger)
+        events = self.ledger.audit_latest([AuditAction.CULL_KERNELS.value, AuditAction.STOP_SERVER.value])
+        balances = {}
+        for name in {e.user for e in events}:
+            try:
+                balances[name] = self.ledger.balance(name)
+            except UnknownAccount:  # no account, no balance below zero: nothing to enforce
+                continue
+        self.enforcement.restore(events, balances)
         # the epoch and the last debit are read by every GET me: read them now, not on the event loop
         self.ledger.epoch(self.clock())
         self.debits.last_debit()

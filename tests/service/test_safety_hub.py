@@ -168,3 +168,29 @@ def test_12_11_bobs_own_refusal_never_warns_bob(hub):
     wait_for(lambda: cull_audit(hub, "carol")[-1:] == ["clear_warning"], 20, "carol's warning withdrawn")
     assert me(hub, "bob")["cull_warning"] is None
     assert cull_audit(hub, "bob") == []
+
+
+# ------------------------------------------------------------------ item 4
+
+def enforced(hub) -> list[str]:
+    r = hub.service("GET", "/nodes/node-a/enforce", hub.tester_token)
+    assert r.status_code == 200, r.text
+    return r.json()["users"]
+
+
+def test_12_4_enforcement_list_survives_a_service_restart(hub):
+    """dora and eve reach the floor: their servers are stopped and the node agents
+    stop their stray GPU processes. eve is topped up (off the list); the service
+    restarts; dora is on the list at once, eve still off."""
+    for name in ("dora", "eve"):
+        set_balance(hub, name, "100")
+        assert allocate(hub, name, "", {"gpus": 1, "models": ["RTX 3090"]}).status_code == 201
+        set_balance(hub, name, "-10")
+    wait_for(lambda: {"dora", "eve"} <= set(enforced(hub)), 20, "dora and eve on the enforcement list")
+    assert cull_audit(hub, "dora") == ["stop_server"]
+    set_balance(hub, "eve", "5")
+    wait_for(lambda: "eve" not in enforced(hub), 20, "eve off the list after her top-up")
+    hub.stop()
+    hub.start()
+    listed = enforced(hub)
+    assert "dora" in listed and "eve" not in listed
