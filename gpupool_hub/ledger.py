@@ -10,19 +10,32 @@ SQLite (the default) and PostgreSQL are both first-class; concurrent writers
 from several processes are safe on both: SQLite transactions take the write
 lock up front (``BEGIN IMMEDIATE``), PostgreSQL relies on the unique key and
 row locks.
+
+Reads never wait for writers: on SQLite they use connections of their own
+(WAL mode, plain deferred ``BEGIN``, ``query_only``), so another process
+holding the write lock delays no read. A write waits for the database at most
+``busy_timeout`` seconds (or until the deadline of :func:`write_deadline`),
+then raises :class:`LedgerBusy`; the API answers that with 503 and
+``Retry-After``.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import sqlite3
+import threading
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import date, datetime, timezone
 from decimal import Decimal
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.pool import StaticPool
 
 from .credits import DueCredit, capped
 from .units import from_milli, to_milli
@@ -138,6 +151,17 @@ audit = sa.Table(
 
 class LedgerError(RuntimeError):
     """The ledger cannot be used (schema too new, database unreachable)."""
+
+
+class LedgerBusy(LedgerError):
+    """A write could not get the database within its time bound (another writer holds
+    the lock). Nothing was written by the transaction that raised it; retry later.
+
+    ``retry_after`` is a suggestion in whole seconds for the ``Retry-After`` header."""
+
+    def __init__(self, message: str, retry_after: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after = max(1, retry_after)
 
 
 class IdempotencyConflict(ValueError):
@@ -279,31 +303,97 @@ def normalize_url(url: str) -> str:
     return url
 
 
-def make_engine(url: str, **kwargs: object) -> Engine:
+#: Default seconds a write waits for the database lock before raising LedgerBusy.
+DEFAULT_BUSY_TIMEOUT = 5.0
+
+BUSY_MESSAGE = ("the ledger database is busy: another writer holds its lock; nothing was changed, "
+                "try again in a few seconds")
+
+_deadline = threading.local()
+
+
+@contextmanager
+def write_deadline(deadline: float | None) -> Iterator[None]:
+    """Writes in this thread give up at ``deadline`` (``time.monotonic()``), not after
+    a full busy timeout each: a request queued behind others keeps one overall bound."""
+    previous = getattr(_deadline, "value", None)
+    _deadline.value = deadline
+    try:
+        yield
+    finally:
+        _deadline.value = previous
+
+
+def _wait_ms(busy_timeout: float) -> int:
+    """How long the next transaction of this thread may wait for the lock, in ms."""
+    deadline = getattr(_deadline, "value", None)
+    if deadline is None:
+        return int(busy_timeout * 1000)
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise LedgerBusy(BUSY_MESSAGE, math.ceil(busy_timeout))
+    return max(1, int(left * 1000))
+
+
+def _is_memory(url: sa.engine.URL) -> bool:
+    return url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:")
+
+
+def make_engine(url: str, *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT, reader: bool = False,
+                **kwargs: object) -> Engine:
+    """An engine for writes (``reader=False``) or for reads only.
+
+    An in-memory SQLite database is one shared connection (``StaticPool``): every
+    thread must see the same database, and the service core runs in threads."""
     url = normalize_url(url)
+    parsed = sa.engine.make_url(url)
+    if _is_memory(parsed):
+        kwargs = {"poolclass": StaticPool, "connect_args": {"check_same_thread": False}, **kwargs}
+    elif parsed.get_backend_name() == "postgresql":
+        # a write waits for row locks at most busy_timeout, then fails with 55P03 (LedgerBusy)
+        options = f"-c lock_timeout={int(busy_timeout * 1000)}"
+        kwargs = {"connect_args": {"options": options}, **kwargs}
     engine = sa.create_engine(url, **kwargs)  # type: ignore[arg-type]
     if engine.dialect.name == "sqlite":
-        _configure_sqlite(engine)
+        _configure_sqlite(engine, busy_timeout, reader)
     return engine
 
 
-def _configure_sqlite(engine: Engine) -> None:
+def _configure_sqlite(engine: Engine, busy_timeout: float, reader: bool) -> None:
     @sa.event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn, _record):  # type: ignore[no-untyped-def]
         # Let SQLAlchemy, not the driver, open transactions, so BEGIN IMMEDIATE below is ours.
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
         cur.execute("PRAGMA foreign_keys=ON")
-        cur.execute("PRAGMA busy_timeout=30000")
+        cur.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
         if engine.url.database not in (None, "", ":memory:"):
             cur.execute("PRAGMA journal_mode=WAL")
+        if reader:
+            cur.execute("PRAGMA query_only=ON")
         cur.close()
 
     @sa.event.listens_for(engine, "begin")
     def _on_begin(conn):  # type: ignore[no-untyped-def]
+        if reader:
+            # A deferred transaction: one consistent snapshot, and in WAL mode it
+            # never waits for a writer (only BEGIN IMMEDIATE takes the write lock).
+            conn.exec_driver_sql("BEGIN")
+            return
         # Take the write lock at the start: two processes posting at once then
-        # queue instead of failing half-way with "database is locked".
+        # queue instead of failing half-way with "database is locked"; wait for
+        # it no longer than this thread's deadline allows.
+        conn.exec_driver_sql(f"PRAGMA busy_timeout={_wait_ms(busy_timeout)}")
         conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def _busy(error: sa.exc.OperationalError) -> bool:
+    """Did the database refuse for lack of a lock (SQLite busy, PostgreSQL lock timeout)?"""
+    orig = error.orig
+    if isinstance(orig, sqlite3.OperationalError):
+        code = getattr(orig, "sqlite_errorcode", None)
+        return code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED) or "locked" in str(orig)
+    return getattr(orig, "sqlstate", None) == "55P03"  # PostgreSQL lock_not_available
 
 
 def _insert(conn: Connection, table: sa.Table):  # type: ignore[no-untyped-def]
@@ -406,13 +496,40 @@ def _same(entry: Entry, posting: Posting) -> bool:
 class Ledger:
     """Append-only token ledger over any SQLAlchemy URL (SQLite or PostgreSQL)."""
 
-    def __init__(self, url: str = "sqlite:///gpupool.sqlite", *, engine: Engine | None = None) -> None:
-        self.engine = engine or make_engine(url)
+    def __init__(self, url: str = "sqlite:///gpupool.sqlite", *, engine: Engine | None = None,
+                 busy_timeout: float = DEFAULT_BUSY_TIMEOUT) -> None:
+        self.busy_timeout = busy_timeout
+        self.engine = engine or make_engine(url, busy_timeout=busy_timeout)
+        # SQLite files get reader connections of their own (see the module docstring);
+        # an in-memory database is one connection, and PostgreSQL readers never wait anyway.
+        self.concurrent_reads = self.engine.dialect.name != "sqlite" or not _is_memory(self.engine.url)
+        if self.engine.dialect.name == "sqlite" and self.concurrent_reads:
+            self.reader = make_engine(self.engine.url.render_as_string(hide_password=False),
+                                      busy_timeout=busy_timeout, reader=True)
+        else:
+            self.reader = self.engine
         self._epoch: datetime | None = None
         migrate(self.engine)
 
     def close(self) -> None:
         self.engine.dispose()
+        if self.reader is not self.engine:
+            self.reader.dispose()
+
+    @contextmanager
+    def _write(self) -> Iterator[Connection]:
+        """One write transaction; ``LedgerBusy`` when the database stays locked too long."""
+        try:
+            with self.engine.begin() as conn:
+                yield conn
+        except sa.exc.OperationalError as e:
+            if not _busy(e):
+                raise
+            raise LedgerBusy(BUSY_MESSAGE, math.ceil(self.busy_timeout)) from e
+
+    def _read(self) -> Connection:
+        """A connection for reads only: never waits for a writer."""
+        return self.reader.connect()
 
     # ---- writes
 
@@ -437,7 +554,7 @@ class Ledger:
         in it too.
         """
         now = now or utcnow()
-        with self.engine.begin() as conn:
+        with self._write() as conn:
             results = self._post(conn, postings, now)
             if complete_interval is not None:
                 job, start, end = complete_interval
@@ -461,7 +578,7 @@ class Ledger:
 
     def carries(self) -> dict[tuple[str, str], Decimal]:
         """Every stored debit remainder (small: one row per user and model that had one)."""
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             return {(r.account, r.model): Decimal(r.residual) for r in conn.execute(sa.select(carries))}
 
     def _ensure_accounts(self, conn: Connection, names: Iterable[str], now: datetime) -> None:
@@ -529,7 +646,7 @@ class Ledger:
 
     def open_account(self, name: str, now: datetime | None = None) -> None:
         """Create an empty account if it does not exist (its grant comes from ``apply_credits``)."""
-        with self.engine.begin() as conn:
+        with self._write() as conn:
             self._ensure_accounts(conn, [name], now or utcnow())
 
     def apply_credits(
@@ -545,7 +662,7 @@ class Ledger:
         were applied ``through`` a day — one transaction, so a crash repeats nothing.
         """
         now = now or utcnow()
-        with self.engine.begin() as conn:
+        with self._write() as conn:
             self._ensure_accounts(conn, [name], now)
             locked = sa.select(accounts.c.balance_milli).where(accounts.c.name == name)
             if conn.dialect.name == "postgresql":
@@ -575,7 +692,7 @@ class Ledger:
     # ---- reads
 
     def balance(self, name: str) -> Decimal:
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             value = conn.execute(
                 sa.select(accounts.c.balance_milli).where(accounts.c.name == name)
             ).scalar_one_or_none()
@@ -584,7 +701,7 @@ class Ledger:
         return from_milli(value)
 
     def account(self, name: str) -> Account:
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             row = conn.execute(sa.select(accounts).where(accounts.c.name == name)).first()
         if row is None:
             raise UnknownAccount(name)
@@ -595,7 +712,7 @@ class Ledger:
         q = sa.select(accounts).order_by(accounts.c.name).limit(limit)
         if after is not None:
             q = q.where(accounts.c.name > after)
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             return [_account(r) for r in conn.execute(q)]
 
     def history(self, name: str, *, limit: int = 50, before: int | None = None) -> list[Entry]:
@@ -608,14 +725,14 @@ class Ledger:
         )
         if before is not None:
             q = q.where(entries.c.id < before)
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             return [_entry(r) for r in conn.execute(q)]
 
     def iter_entries(self, *, batch: int = 1000) -> Iterator[Entry]:
         """Every entry in id order, in pages (for exports)."""
         last = 0
         while True:
-            with self.engine.connect() as conn:
+            with self._read() as conn:
                 rows = conn.execute(
                     sa.select(entries).where(entries.c.id > last).order_by(entries.c.id).limit(batch)
                 ).all()
@@ -626,14 +743,14 @@ class Ledger:
             last = rows[-1]._mapping["id"]
 
     def interval_done(self, job: str, start: datetime) -> bool:
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             return conn.execute(
                 sa.select(intervals.c.job).where(intervals.c.job == job, intervals.c.start == _db_time(start))
             ).first() is not None
 
     def last_interval(self, job: str) -> tuple[datetime, datetime] | None:
         """The most recent completed interval of ``job``, or None."""
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             row = conn.execute(
                 sa.select(intervals.c.start, intervals.c.end, intervals.c.completed_at)
                 .where(intervals.c.job == job)
@@ -649,7 +766,7 @@ class Ledger:
         neither charges the time before it was installed nor skips any after.
         """
         if self._epoch is None:
-            with self.engine.begin() as conn:
+            with self._write() as conn:
                 conn.execute(_insert(conn, meta_table),
                              dict(key="epoch", value=now.astimezone(timezone.utc).isoformat()))
                 value = conn.execute(sa.select(meta_table.c.value).where(meta_table.c.key == "epoch")).scalar_one()
@@ -659,7 +776,7 @@ class Ledger:
     # ---- allocations
 
     def add_allocation(self, record: AllocationRecord) -> None:
-        with self.engine.begin() as conn:
+        with self._write() as conn:
             conn.execute(allocations.insert().values(
                 id=record.id, user=record.user, server=record.server, node=record.node,
                 gpus=list(record.gpus), request=record.request,
@@ -669,7 +786,7 @@ class Ledger:
 
     def release_allocation(self, alloc_id: str, *, at: datetime, reason: str) -> AllocationRecord | None:
         """Mark an allocation released (once: a second release keeps the first time and reason)."""
-        with self.engine.begin() as conn:
+        with self._write() as conn:
             conn.execute(
                 allocations.update()
                 .where(allocations.c.id == alloc_id, allocations.c.released_at.is_(None))
@@ -679,7 +796,7 @@ class Ledger:
         return None if row is None else _allocation(row)
 
     def allocation(self, alloc_id: str) -> AllocationRecord | None:
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             row = conn.execute(sa.select(allocations).where(allocations.c.id == alloc_id)).first()
         return None if row is None else _allocation(row)
 
@@ -687,7 +804,7 @@ class Ledger:
         q = sa.select(allocations).where(allocations.c.released_at.is_(None)).order_by(allocations.c.created_at)
         if user is not None:
             q = q.where(allocations.c.user == user)
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             return [_allocation(r) for r in conn.execute(q)]
 
     def allocations_overlapping(self, start: datetime, end: datetime) -> list[AllocationRecord]:
@@ -696,13 +813,13 @@ class Ledger:
             allocations.c.created_at < _db_time(end),
             sa.or_(allocations.c.released_at.is_(None), allocations.c.released_at > _db_time(start)),
         )
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             return [_allocation(r) for r in conn.execute(q)]
 
     # ---- audit
 
     def add_audit(self, event: AuditEvent) -> AuditEvent:
-        with self.engine.begin() as conn:
+        with self._write() as conn:
             new_id = conn.execute(audit.insert().values(
                 at=_db_time(event.at), user=event.user, server=event.server, action=event.action,
                 reason=event.reason, dry_run=event.dry_run, detail=event.detail,
@@ -716,12 +833,37 @@ class Ledger:
             q = q.where(audit.c.id < before)
         if user is not None:
             q = q.where(audit.c.user == user)
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             return [
                 AuditEvent(id=r.id, at=_aware(r.at), user=r.user, server=r.server, action=r.action,  # type: ignore[arg-type]
                            reason=r.reason, dry_run=bool(r.dry_run), detail=r.detail)
                 for r in conn.execute(q)
             ]
+
+    def audit_latest(self, actions: Iterable[str], *, dry_run: bool = False) -> list[AuditEvent]:
+        """The newest event among ``actions`` per (user, server), oldest first: what the
+        service must remember of its own enforcement after a restart."""
+        newest = (
+            sa.select(sa.func.max(audit.c.id))
+            .where(audit.c.action.in_(list(actions)), audit.c.dry_run.is_(dry_run))
+            .group_by(audit.c.user, audit.c.server)
+        )
+        q = sa.select(audit).where(audit.c.id.in_(newest.scalar_subquery())).order_by(audit.c.id)
+        with self._read() as conn:
+            return [
+                AuditEvent(id=r.id, at=_aware(r.at), user=r.user, server=r.server, action=r.action,  # type: ignore[arg-type]
+                           reason=r.reason, dry_run=bool(r.dry_run), detail=r.detail)
+                for r in conn.execute(q)
+            ]
+
+    def credits_through_of(self, names: Iterable[str]) -> dict[str, date | None]:
+        """``credits_through`` of each existing account among ``names`` (one query per 500)."""
+        out: dict[str, date | None] = {}
+        with self._read() as conn:
+            for chunk in _chunks(sorted(set(names))):
+                q = sa.select(accounts.c.name, accounts.c.credits_through).where(accounts.c.name.in_(chunk))
+                out.update({name: through for name, through in conn.execute(q)})
+        return out
 
     def verify(self) -> VerifyReport:
         """Recompute every balance from its entries; report accounts whose stored balance differs."""
@@ -736,7 +878,7 @@ class Ledger:
         )
         mismatches = []
         n_accounts = n_entries = 0
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             for name, stored, total, n in conn.execute(q):
                 n_accounts += 1
                 n_entries += n or 0

@@ -250,3 +250,53 @@ def test_any_interleaving_of_posts_and_replays_keeps_books_exact(ledger, ops):
         history = ledger.history(account, limit=1000)
         assert sorted(e.key for e in history) == sorted(keys)  # no key twice, none lost
     assert ledger.verify().ok
+
+
+# ------------------------------------------------------------- issue 12, item 3
+
+HOLD_LOCK = """
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("BEGIN IMMEDIATE")
+print("locked", flush=True)
+sys.stdin.readline()
+conn.execute("COMMIT")
+"""
+
+
+def test_12_3_writes_give_up_within_the_bound_and_reads_do_not_wait(tmp_path):
+    """Another process holds the SQLite write lock: reads answer at once, a write
+    raises LedgerBusy after busy_timeout (not 30 s), and succeeds once it is free."""
+    import subprocess
+    import sys
+    import time
+
+    from gpupool_hub.ledger import LedgerBusy, write_deadline
+
+    db = tmp_path / "ledger.sqlite"
+    ledger = Ledger(f"sqlite:///{db}", busy_timeout=0.5)
+    ledger.post(Posting("alice", "grant", Decimal(1), "before"))
+    with ledger.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+    assert ledger.reader is not ledger.engine  # reads on connections of their own
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(db)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        t = time.monotonic()
+        assert ledger.balance("alice") == 1 and ledger.history("alice")[0].key == "before"
+        assert ledger.verify().ok
+        assert time.monotonic() - t < 0.3
+        t = time.monotonic()
+        with pytest.raises(LedgerBusy) as busy:
+            ledger.post(Posting("alice", "grant", Decimal(2), "during"))
+        assert 0.4 < time.monotonic() - t < 2 and busy.value.retry_after == 1
+        # a deadline already spent gives up without waiting at all
+        t = time.monotonic()
+        with write_deadline(time.monotonic() - 1), pytest.raises(LedgerBusy):
+            ledger.post(Posting("alice", "grant", Decimal(2), "during"))
+        assert time.monotonic() - t < 0.2
+    finally:
+        holder.communicate("\n", timeout=10)
+    assert ledger.post(Posting("alice", "grant", Decimal(2), "during")).created
+    assert ledger.balance("alice") == 3 and ledger.verify().ok

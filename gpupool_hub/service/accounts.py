@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterable
-from datetime import datetime
+from datetime import date, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +30,26 @@ class Accounts:
         self.ledger = ledger
         self.cache = cache
         self.clock = clock
+
+    def today(self) -> date:
+        return self.clock().astimezone(self.settings.tz).date()
+
+    def current(self, user: str) -> bool:
+        """Whether ``ensure`` has nothing to post (the account exists and has today's
+        credits): a read only, so a reader thread may answer it."""
+        try:
+            through = self.ledger.account(user).credits_through
+        except UnknownAccount:
+            return False
+        return through is not None and through >= self.today()
+
+    def needing_credits(self, users: Iterable[tuple[str, Iterable[str]]]) -> list[tuple[str, list[str]]]:
+        """The (user, groups) pairs whose accounts ``ensure`` would change: read only,
+        so the replenish job keeps the writer thread for the few that need it."""
+        pairs = [(u, list(g)) for u, g in users]
+        through = self.ledger.credits_through_of(u for u, _ in pairs)
+        today = self.today()
+        return [(u, g) for u, g in pairs if through.get(u) is None or through[u] < today]  # type: ignore[operator]
 
     def ensure(self, user: str, groups: Iterable[str] = ()) -> bool:
         """Open the account and post the credits due (the initial grant for a new user).

@@ -4,7 +4,8 @@ Two questions, asked in order: which of the allowed GPU models can the user
 afford (``affordable_models``), then where do the GPUs go (``place``). A
 successful placement is recorded in the ledger as an allocation; releasing it
 ends its charge. Everything that changes the placement pool runs on the
-service's event-loop thread, so admission decisions never race.
+service's one writer thread (``threads.CoreThreads``), so admission decisions
+never race.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 from .. import fairshare
 from ..config import GPUPool
-from ..credits import affordable_at, can_start
+from ..credits import CreditRules, affordable_at, can_start
 from ..ledger import AllocationRecord, Ledger
 from ..placement.errors import InvalidRequest, ModelUnavailable, NoCapacity
 from ..placement.request import Request
@@ -33,6 +34,11 @@ from .reclaims import Reclaims
 from .views import ViewCache
 
 log = logging.getLogger("gpupool.admission")
+
+def _num(value: Decimal) -> str:
+    """A token amount for a message: 0.5, 4, 10 (no trailing zeros, no exponent)."""
+    return f"{value.normalize():f}"
+
 
 REQUEST_FIELDS = frozenset({"gpus", "gpu_milli", "gpu_fraction", "models", "cpu_milli", "memory_mib"})
 
@@ -92,32 +98,55 @@ class Admission:
 
     def affordable_models(self, user: str, groups: Iterable[str], request: Request,
                           requested_models: list[str] | None) -> frozenset[str]:
-        """The allowed pool models whose price the user's balance covers; ``Refused`` if none."""
+        """The allowed pool models the user's balance covers; ``Refused`` if none.
+
+        A new server starts only if the balance pays for *all* the user's servers,
+        the held ones and this one, for ``min_start_hours`` without going below
+        the floor: otherwise each server alone looks affordable and any number of
+        them start at once (five 0.5 tokens/h servers at -9.4 with a floor of -10).
+        """
         groups = set(groups)
         self.accounts.ensure(user, groups)
         rules = self.settings.rules_for(groups)
         balance = self.ledger.balance(user)
+        held = self.ledger.active_allocations(user)
+        held_price = sum((r.price_per_hour for r in held), Decimal(0))
         allowed = (self.inventory.resolve_models(requested_models) if requested_models
                    else frozenset(self.inventory.models()))
         gpus = Decimal(request.total_gpu_milli) / 1000
         prices = self.inventory.prices
         price = {m: prices.price_per_hour(m, gpus) for m in allowed}  # type: ignore[union-attr]
         hours = self.settings.min_start_hours
-        affordable = frozenset(m for m in price if can_start(balance, price[m], rules, hours))
+        affordable = frozenset(m for m in price if can_start(balance, held_price + price[m], rules, hours))
         if affordable:
             return affordable
-        cheapest = min(price.values())
-        when = affordable_at(balance, cheapest, rules, self.clock(), self.settings.tz, hours)
-        msg = (
-            f"Not enough tokens: your balance is {balance:.1f} and this server costs {cheapest:g} tokens/h; "
-            f"starting needs {cheapest * hours:g} tokens for {hours:g} h without going below "
-            f"the floor of {rules.floor:g}."
-        )
-        msg += (f" With the daily credits you can start it from {when:%Y-%m-%d %H:%M %Z}." if when
-                else " No scheduled credit makes it affordable; ask an admin for a grant.")
-        raise Refused(RefusalReason.INSUFFICIENT_BALANCE, msg, retry_at=when, details={
+        raise self.insufficient(balance, min(price.values()), held, rules, hours)
+
+    def insufficient(self, balance: Decimal, cheapest: Decimal, held: list[AllocationRecord], rules: CreditRules,
+                     hours: Decimal) -> Refused:
+        """The refusal for lack of tokens: what the start needs, what is held, when it fits."""
+        held_price = sum((r.price_per_hour for r in held), Decimal(0))
+        total = held_price + cheapest
+        msg = f"Not enough tokens: your balance is {balance:.1f} and this server costs {_num(cheapest)} tokens/h"
+        if held:
+            servers = ", ".join(f"{r.server or 'default'} ({_num(r.price_per_hour)}/h)" for r in held)
+            msg += (f"; you already run {len(held)} GPU server(s) costing {_num(held_price)} tokens/h: {servers}. "
+                    f"Together they need {_num(total * hours)} tokens for {_num(hours)} h")
+        else:
+            msg += f"; starting needs {_num(total * hours)} tokens for {_num(hours)} h"
+        msg += f" without going below the floor of {_num(rules.floor)}."
+        # credits alone may make it affordable; with servers held, stopping one may too
+        when = affordable_at(balance, total, rules, self.clock(), self.settings.tz, hours)
+        if held and can_start(balance, cheapest, rules, hours):
+            msg += " Stop one of your running GPU servers to start this one."
+        if when:
+            msg += f" With the daily credits you can start it from {when:%Y-%m-%d %H:%M %Z}."
+        elif not held or not can_start(balance, cheapest, rules, hours):
+            msg += " No scheduled credit makes it affordable; ask an admin for a grant."
+        return Refused(RefusalReason.INSUFFICIENT_BALANCE, msg, retry_at=when, details={
             "balance": format_tokens(balance), "price_per_hour": format_tokens(cheapest),
-            "floor": format_tokens(rules.floor)})
+            "floor": format_tokens(rules.floor), "held_price_per_hour": format_tokens(held_price),
+            "held": [{"server": r.server, "price_per_hour": format_tokens(r.price_per_hour)} for r in held]})
 
     def admit(self, user: str, groups: Iterable[str], server: str, request: Request,
               requested_models: list[str] | None = None) -> AllocationRecord:
@@ -162,7 +191,7 @@ class Admission:
             raise Refused(RefusalReason.MODEL_UNAVAILABLE, f"This pool can never place {request.describe()}: {e}",
                           details={"available": sorted(self.inventory.models())}) from None
         except NoCapacity:
-            self.enforcement.note_capacity_refusal(self.clock())
+            self.enforcement.note_capacity_refusal(user, self.clock())
             if team is not None and usage is not None:
                 self.reclaims.start(user, server, team, usage, holdings, req, requested_models)
             free = self.pool.free_summary()

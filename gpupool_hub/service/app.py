@@ -128,6 +128,11 @@ class GPUPoolService(Application):
     ).tag(config=True)
     agent_dry_run = Bool(False, help="Tell node agents to only log the GPU processes they would stop.").tag(config=True)
 
+    db_write_timeout = Float(
+        5, help="""Seconds a write (a grant, an allocation, a debit) waits for the ledger database
+        while another writer holds it; then the API answers 503 with Retry-After. Reads never wait.""",
+    ).tag(config=True)
+
     run_jobs = Bool(True, help="Run the scheduled jobs (turn off for a read-only replica or some tests).").tag(config=True)
 
     @catch_config_error
@@ -142,7 +147,7 @@ class GPUPoolService(Application):
             raise SystemExit(f"gpupool: config file {path!r} not found")
         self._check_profiles()
         self.settings_ = GPUPool(parent=self)
-        self.ledger = Ledger(self.settings_.db_url)
+        self.ledger = Ledger(self.settings_.db_url, busy_timeout=self.db_write_timeout)
         self.manager = PoolManager(
             settings=self.settings_, ledger=self.ledger, pool=self.settings_.make_pool(),
             usage_source=self.make_usage_source() or AllocationRecordsSource(self.ledger),
@@ -161,8 +166,8 @@ class GPUPoolService(Application):
                 f"http://{hub_cfg.get('ip') or '127.0.0.1'}:{hub_cfg.get('port', 8000)}")
         m = self.manager
         self.jobs = JobRunner(self.metrics)
-        self.reconciler = ReconcileJob(self.hub, self.ledger, m.admission, self.reconcile_grace)
-        self.reclaimer = ReclaimExecutor(self.hub, m.reclaims)
+        self.reconciler = ReconcileJob(self.hub, self.ledger, m.admission, m.threads, self.reconcile_grace)
+        self.reclaimer = ReclaimExecutor(self.hub, m.reclaims, m.threads)
         m.reclaims.on_reclaim = self.reclaimer.schedule
         self.context = self.make_context()
 
@@ -221,7 +226,7 @@ class GPUPoolService(Application):
 
     def start_jobs(self) -> None:
         m, jobs = self.manager, self.jobs
-        jobs.every(self.replenish_interval, "replenish", ReplenishJob(self.hub, self.groups, m.accounts, jobs.in_thread))
+        jobs.every(self.replenish_interval, "replenish", ReplenishJob(self.hub, self.groups, m.accounts, m.threads))
         jobs.every(self.debit_check_interval, "debit", DebitJob(m.debits, jobs.in_thread))
         jobs.every(self.reconcile_interval, "reconcile", self.reconciler)
         if self.culler.enabled:
@@ -229,6 +234,7 @@ class GPUPoolService(Application):
             jobs.every(self.culler.interval, "cull", CullJob(self.hub, m, self.culler, self.groups, probe))
 
     def start(self) -> None:
+        self.reclaimer.loop = IOLoop.current()  # reclaims are announced from the writer thread
         app = make_app(self.context, log_function=self._log_request)
         app.listen(self.port, address=self.ip, xheaders=True)
         self.log.info("gpupool service listening on http://%s:%d%s", self.ip, self.port, self.prefix)

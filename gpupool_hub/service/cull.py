@@ -87,6 +87,13 @@ class Decision:
     deadline: datetime | None = None
 
 
+def last_refusal_of_others(refusals: Mapping[str, datetime], user: str) -> datetime | None:
+    """The newest capacity refusal of anyone but ``user``: the refusal signal of
+    ``pressure`` when judging ``user``. A user's own refused spawn says the pool is
+    full *for them*; counting it would warn them for wanting more."""
+    return max((at for who, at in refusals.items() if who != user), default=None)
+
+
 def pressure(allocated: Decimal, capacity: Decimal, last_refusal: datetime | None, now: datetime,
              culler: Culler, utilization: float | None = None) -> str | None:
     """Why the pool is under pressure, or None. Pure: the job gathers the inputs."""

@@ -1,7 +1,12 @@
 """Charging GPU time: every closed interval once, oldest first, exactly.
 
-Runs in the job thread; the only writer of debit entries. Rounding remainders
-are carried per (user, model) so totals stay exact for any interval length.
+Runs in the job thread (usage sources may be slow); each interval's entries are
+posted through ``serialize`` (the service's writer thread). The only writer of
+debit entries. Rounding remainders are carried per (user, model) so totals stay
+exact for any interval length.
+
+An interval that has closed but not settled yet (``UsageNotSettled``) is not a
+failure: it is simply not due, and accounting is not "delayed" for it.
 """
 
 from __future__ import annotations
@@ -12,16 +17,22 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 from ..keys import entry_key
 from ..ledger import Ledger, Posting
 from ..pricing import PriceTable, PricingError
 from ..timefmt import align_down, iso
 from ..units import round_milli
-from ..usage import UsageSource, UsageUnavailable
+from ..usage import UsageNotSettled, UsageSource, UsageUnavailable
 
 log = logging.getLogger("gpupool.debits")
+
+T = TypeVar("T")
+
+
+def _direct(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    return fn(*args, **kwargs)
 
 DEBIT_JOB = "debit"
 
@@ -33,6 +44,8 @@ class DebitStatus:
     last_error: str | None = None
     failing_since: datetime | None = None
     last_attempt: datetime | None = None
+    # the oldest uncharged interval is waiting to settle until then (not a failure)
+    settling_until: datetime | None = None
 
 
 class Debits:
@@ -40,7 +53,8 @@ class Debits:
 
     def __init__(self, ledger: Ledger, prices: PriceTable, usage_source: UsageSource, *,
                  interval: int, delay_tolerance: int, clock: Callable[[], datetime],
-                 on_charged: Callable[[], None] = lambda: None) -> None:
+                 on_charged: Callable[[], None] = lambda: None,
+                 serialize: Callable[..., Any] = _direct) -> None:
         self.ledger = ledger
         self.prices = prices
         self.usage_source = usage_source
@@ -48,6 +62,7 @@ class Debits:
         self.delay_tolerance = delay_tolerance
         self.clock = clock
         self.on_charged = on_charged
+        self.serialize = serialize
         self.status = DebitStatus()
         self._lock = threading.Lock()
         self._last: tuple[tuple[datetime, datetime] | None] | None = None
@@ -66,9 +81,14 @@ class Debits:
         return align_down(self.ledger.epoch(self.clock()), self.interval)
 
     def accounting_status(self) -> dict[str, Any]:
+        """"delayed" only when charging is really behind (past the tolerance) or the
+        usage source is failing; an interval waiting to settle is neither."""
         status = self.status
         now = self.clock()
-        behind = self.next_interval_start() + timedelta(seconds=self.interval + self.delay_tolerance) < now
+        due = self.next_interval_start() + timedelta(seconds=self.interval)
+        if status.settling_until is not None:
+            due = max(due, status.settling_until)
+        behind = due + timedelta(seconds=self.delay_tolerance) < now
         if status.last_error and (behind or status.failing_since):
             return {"status": "delayed", "message": f"{status.last_error}; usage will be charged when it answers"}
         if behind:
@@ -92,6 +112,10 @@ class Debits:
                 try:
                     usage = self.usage_source.usage(start, end)
                     postings, carry = self.postings(usage, start, end)
+                except UsageNotSettled as e:
+                    log.debug("Interval %s–%s not settled yet: %s", iso(start), iso(end), e)
+                    self.status.settling_until = e.settled_at
+                    break
                 except (UsageUnavailable, PricingError) as e:
                     if self.status.failing_since is None:
                         self.status.failing_since = now
@@ -99,8 +123,10 @@ class Debits:
                     self.changed += 1
                     log.warning("Debit delayed: %s", self.status.last_error)
                     break
-                self.ledger.post_many(postings, complete_interval=(DEBIT_JOB, start, end), carry=carry)
+                self.serialize(self.ledger.post_many, postings, complete_interval=(DEBIT_JOB, start, end),
+                               carry=carry)
                 self._last = ((start, end),)
+                self.status.settling_until = None
                 self.status.last_error = None
                 self.status.failing_since = None
                 self.changed += 1

@@ -2,16 +2,30 @@
 
 The cull job (``jobs/cull.py``) writes here through these methods; the ``me``
 view reads the warnings and the node agents read the enforcement list. Kept in
-memory: the cull job rebuilds it from balances on its next run.
+memory; at start-up the service rebuilds the enforcement list from the audit
+log (``restore``), since the cull job only revisits users it has a reason to
+look at (GPUs held, a warning, already on the list): without it, a user culled
+before a restart would be off the list for good, and their stray GPU
+processes would run on.
+
+Admission (on the writer thread) notes refusals for lack of capacity here, per
+user; the cull job asks for the newest refusal *of others* when it judges a
+user, so a user's own refused spawn never puts that user under pressure.
 """
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
+from ..ledger import AuditEvent
+from ..reasons import AuditAction
 from ..timefmt import iso
+from .cull import last_refusal_of_others
 
 
 @dataclass
@@ -38,11 +52,33 @@ class Enforcement:
     # users whose GPU processes the node agents stop; of those, whose kernels too
     users: set[str] = field(default_factory=set)
     kernel_users: set[str] = field(default_factory=set)
-    # the newest refusal for lack of capacity: the pressure signal for culling
-    last_capacity_refusal: datetime | None = None
+    # per user, their newest spawn refused for lack of capacity: a pressure signal for culling
+    refusals: dict[str, datetime] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def note_capacity_refusal(self, at: datetime) -> None:
-        self.last_capacity_refusal = at
+    def note_capacity_refusal(self, user: str, at: datetime) -> None:
+        """Called by admission (writer thread) when ``user``'s spawn found no room."""
+        with self._lock:
+            self.refusals[user] = at
+
+    def last_refusal_excluding(self, user: str) -> datetime | None:
+        """The newest capacity refusal of anyone but ``user`` (the cull job, event loop)."""
+        with self._lock:
+            refusals = dict(self.refusals)
+        return last_refusal_of_others(refusals, user)
+
+    def restore(self, events: Iterable[AuditEvent], balances: Mapping[str, Decimal]) -> None:
+        """Rebuild the node agents' list after a restart from the newest non-dry-run
+        ``cull_kernels``/``stop_server`` per (user, server) (``Ledger.audit_latest``):
+        users still below zero go back on the list, and servers whose kernels were
+        culled (not stopped since) are revoked again. A user topped up since is left
+        off, as ``reinstate`` would have done."""
+        for e in events:
+            if e.dry_run or balances.get(e.user, Decimal(0)) >= 0:
+                continue
+            self.users.add(e.user)
+            if e.action == AuditAction.CULL_KERNELS.value:
+                self.revoked[(e.user, e.server)] = e.at
 
     def warnings_for(self, dry_run: bool) -> dict[str, CullWarning]:
         return self.dry_warnings if dry_run else self.warnings

@@ -16,14 +16,16 @@ import io
 import json
 import logging
 import time
+from collections.abc import Callable
 from decimal import Decimal
 from importlib import resources
-from typing import Any
+from itertools import islice
+from typing import Any, TypeVar
 
 from tornado import web
 from tornado.escape import url_unescape
 
-from ..ledger import Entry, IdempotencyConflict, UnknownAccount
+from ..ledger import Entry, IdempotencyConflict, LedgerBusy, UnknownAccount
 from ..units import AmountError, format_tokens, parse_amount
 from ..timefmt import iso as _iso
 from .admission import parse_request
@@ -35,6 +37,8 @@ from .manager import PoolManager
 log = logging.getLogger("gpupool.api")
 
 MAX_PAGE = 500
+
+T = TypeVar("T")
 
 
 def entry_json(e: Entry) -> dict[str, Any]:
@@ -62,6 +66,14 @@ class APIHandler(web.RequestHandler):
     def set_default_headers(self) -> None:
         self.set_header("Content-Type", "application/json; charset=utf-8")
         self.set_header("Cache-Control", "no-store")
+
+    async def core(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run a core call that may write on the core's writer thread (never on the event loop)."""
+        return await self.manager.threads.write(fn, *args, **kwargs)
+
+    async def read_db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run a call that only reads the database on a reader thread."""
+        return await self.manager.threads.read(fn, *args, **kwargs)
 
     def check_xsrf_cookie(self) -> None:
         """Token-authenticated API: no cookies are honoured, so XSRF does not apply."""
@@ -147,7 +159,7 @@ class APIHandler(web.RequestHandler):
 
     async def known_user(self, name: str) -> bool:
         try:
-            self.manager.ledger.account(name)
+            await self.read_db(self.manager.ledger.account, name)
             return True
         except UnknownAccount:
             pass
@@ -167,6 +179,10 @@ class APIHandler(web.RequestHandler):
         exc = kwargs.get("exc_info", (None, None, None))[1]
         if isinstance(exc, web.HTTPError) and exc.log_message:
             message = exc.log_message % exc.args if exc.args else exc.log_message
+        elif isinstance(exc, LedgerBusy):
+            status_code, message = 503, str(exc)
+            self.set_status(503)
+            self.set_header("Retry-After", str(exc.retry_after))
         elif status_code >= 500:
             message = "internal error in the gpupool service; see its log"
         self.set_header("Content-Type", "application/json; charset=utf-8")
@@ -198,7 +214,7 @@ class OpenAPIHandler(RootHandler):
 class MeHandler(APIHandler):
     async def get(self) -> None:
         user = self.require_user()
-        self.write_json(self.manager.views.me(user, await self.groups_of(user)))
+        self.write_json(await self.manager.views.serve_me(user, await self.groups_of(user)))
 
 
 class HistoryHandler(APIHandler):
@@ -212,17 +228,17 @@ class HistoryHandler(APIHandler):
                 raise web.HTTPError(404, f"no such user {user!r}")
         limit = self.int_arg("limit", 50, minimum=1, maximum=MAX_PAGE)
         before = self.int_arg("before", None, minimum=1)
-        rows = self.manager.ledger.history(user, limit=limit, before=before)  # type: ignore[arg-type]
+        rows = await self.read_db(self.manager.ledger.history, user, limit=limit, before=before)  # type: ignore[arg-type]
         nxt = rows[-1].id if len(rows) == limit else None
         self.write_json({"user": user, "entries": [entry_json(e) for e in rows], "next_before": nxt})
 
 
 class UsersHandler(APIHandler):
-    def get(self) -> None:
+    async def get(self) -> None:
         self.require_admin()
         limit = self.int_arg("limit", 100, minimum=1, maximum=MAX_PAGE)
         after = self.get_argument("after", None)
-        rows = self.manager.ledger.accounts(limit=limit, after=after)  # type: ignore[arg-type]
+        rows = await self.read_db(self.manager.ledger.accounts, limit=limit, after=after)  # type: ignore[arg-type]
         self.write_json({
             "users": [{"name": a.name, "balance": format_tokens(a.balance)} for a in rows],
             "next_after": rows[-1].name if len(rows) == limit else None,
@@ -235,7 +251,7 @@ class UserHandler(APIHandler):
         user = url_unescape(name)
         if not await self.known_user(user):
             raise web.HTTPError(404, f"no such user {user!r}")
-        self.write_json(self.manager.views.me(user, await self.groups_of(user)))
+        self.write_json(await self.manager.views.serve_me(user, await self.groups_of(user)))
 
 
 class GrantHandler(APIHandler):
@@ -267,20 +283,22 @@ class GrantHandler(APIHandler):
             raise web.HTTPError(400, "Idempotency-Key must be 1-200 characters")
         if not await self.known_user(user):
             raise web.HTTPError(404, f"no such user {user!r}")
-        self.manager.accounts.ensure(user, await self.groups_of(user))
+        await self.core(self.manager.accounts.ensure, user, await self.groups_of(user))
         try:
-            entry, created = self.manager.accounts.grant(user, amount, reason.strip(), self.identity["name"], key)
+            entry, created = await self.core(self.manager.accounts.grant, user, amount, reason.strip(),
+                                             self.identity["name"], key)
         except IdempotencyConflict:
             raise web.HTTPError(409, f"Idempotency-Key {key!r} was already used for a different grant") from None
+        balance = await self.read_db(self.manager.ledger.balance, user)
         self.write_json({"entry": entry_json(entry), "created": created,
-                         "balance": format_tokens(self.manager.ledger.balance(user))}, 201 if created else 200)
+                         "balance": format_tokens(balance)}, 201 if created else 200)
 
 
 class PoolHandler(APIHandler):
-    def get(self) -> None:
+    async def get(self) -> None:
         self.require_admin()
-        active = {r.id: r for r in self.manager.ledger.active_allocations()}
-        nodes = self.manager.pool.snapshot()
+        active = {r.id: r for r in await self.read_db(self.manager.ledger.active_allocations)}
+        nodes = await self.core(self.manager.pool.snapshot)
         for node in nodes:
             for gpu in node["gpus"]:
                 gpu["allocated_fraction"] = format_tokens(Decimal(gpu.pop("allocated_milli")) / 1000)
@@ -290,9 +308,11 @@ class PoolHandler(APIHandler):
                      "server": active[a].server if a in active else None}
                     for a, m in gpu["holders"].items()
                 ]
-        self.write_json({"nodes": nodes, "free": self.manager.pool.free_summary().as_dict(),
+        free = await self.core(self.manager.pool.free_summary)
+        teams = await self.core(self.manager.reclaims.team_report)
+        self.write_json({"nodes": nodes, "free": free.as_dict(),
                          "unallocated_servers": self.context.reconcile_report(),
-                         "teams": self.manager.reclaims.team_report()["teams"]})
+                         "teams": teams["teams"]})
 
 
 class ModelsHandler(APIHandler):
@@ -300,22 +320,22 @@ class ModelsHandler(APIHandler):
     spawn form shows. Any caller of the service may read it (prices are public
     within the hub); the pool itself, not ``c.GPUPool.nodes``, is the source."""
 
-    def get(self) -> None:
-        self.write_json(self.manager.inventory.catalog(self.manager.settings.min_start_hours))
+    async def get(self) -> None:
+        self.write_json(await self.core(self.manager.inventory.catalog, self.manager.settings.min_start_hours))
 
 
 class TeamsHandler(APIHandler):
     """Fair share: per team quota, usage, borrowed GPUs; reclaims in progress (admins)."""
 
-    def get(self) -> None:
+    async def get(self) -> None:
         self.require_admin()
-        self.write_json(self.manager.reclaims.team_report())
+        self.write_json(await self.core(self.manager.reclaims.team_report))
 
 
 class VerifyHandler(APIHandler):
-    def get(self) -> None:
+    async def get(self) -> None:
         self.require_admin()
-        report = self.manager.ledger.verify()
+        report = await self.read_db(self.manager.ledger.verify)
         self.write_json({
             "ok": report.ok, "accounts": report.accounts, "entries": report.entries,
             "mismatches": [{"user": m.account, "stored": format_tokens(m.stored), "computed": format_tokens(m.computed)}
@@ -334,24 +354,26 @@ class ExportHandler(APIHandler):
         writer = csv.writer(buf)
         writer.writerow(["id", "user", "kind", "amount", "created_at", "interval_start", "interval_end",
                          "model", "gpu_seconds", "reason", "actor", "idempotency_key"])
-        for i, e in enumerate(self.manager.ledger.iter_entries()):
-            writer.writerow([e.id, e.account, e.kind, format_tokens(e.amount), _iso(e.created_at),
-                             _iso(e.interval_start), _iso(e.interval_end), e.model or "", e.gpu_seconds or "",
-                             e.reason, e.actor, e.key])
-            if i % 1000 == 999:
-                self.write(buf.getvalue())
-                buf.seek(0)
-                buf.truncate()
-                await self.flush()
+        entries = self.manager.ledger.iter_entries()
+        while batch := await self.read_db(lambda: list(islice(entries, 1000))):
+            for e in batch:
+                writer.writerow([e.id, e.account, e.kind, format_tokens(e.amount), _iso(e.created_at),
+                                 _iso(e.interval_start), _iso(e.interval_end), e.model or "", e.gpu_seconds or "",
+                                 e.reason, e.actor, e.key])
+            self.write(buf.getvalue())
+            buf.seek(0)
+            buf.truncate()
+            await self.flush()
         self.write(buf.getvalue())
         self.finish()
 
 
 class AllocationsHandler(APIHandler):
-    def get(self) -> None:
+    async def get(self) -> None:
         self.require_spawner_or_admin()
         views = self.manager.views
-        self.write_json({"allocations": [views.allocation_json(r) for r in self.manager.ledger.active_allocations()]})
+        active = await self.read_db(self.manager.ledger.active_allocations)
+        self.write_json({"allocations": [views.allocation_json(r) for r in active]})
 
     async def post(self) -> None:
         self.require_spawner_or_admin()
@@ -376,7 +398,7 @@ class AllocationsHandler(APIHandler):
         if groups is None:
             groups = await self.groups_of(user)
         try:
-            record = self.manager.admission.admit(user, groups, server, req, models)
+            record = await self.core(self.manager.admission.admit, user, groups, server, req, models)
         except BadRequest as e:
             raise web.HTTPError(400, str(e)) from None
         except Refused as e:
@@ -386,17 +408,17 @@ class AllocationsHandler(APIHandler):
 
 
 class AllocationHandler(APIHandler):
-    def get(self, alloc_id: str) -> None:
+    async def get(self, alloc_id: str) -> None:
         self.require_spawner_or_admin()
-        record = self.manager.ledger.allocation(alloc_id)
+        record = await self.read_db(self.manager.ledger.allocation, alloc_id)
         if record is None:
             raise web.HTTPError(404, f"no allocation {alloc_id!r}")
         self.write_json({"allocation": self.manager.views.allocation_json(record)})
 
-    def delete(self, alloc_id: str) -> None:
+    async def delete(self, alloc_id: str) -> None:
         self.require_spawner_or_admin()
         reason = self.get_argument("reason", "server stopped")[:200]
-        record = self.manager.admission.release(alloc_id, reason)
+        record = await self.core(self.manager.admission.release, alloc_id, reason)
         if record is None:
             raise web.HTTPError(404, f"no allocation {alloc_id!r}")
         self.write_json({"allocation": self.manager.views.allocation_json(record)})
@@ -405,12 +427,12 @@ class AllocationHandler(APIHandler):
 class AuditHandler(APIHandler):
     """Every cull action with its reason (admins)."""
 
-    def get(self) -> None:
+    async def get(self) -> None:
         self.require_admin()
         limit = self.int_arg("limit", 100, minimum=1, maximum=MAX_PAGE)
         before = self.int_arg("before", None, minimum=1)
         user = self.get_argument("user", None)
-        events = self.manager.ledger.audit_log(limit=limit, before=before, user=user)  # type: ignore[arg-type]
+        events = await self.read_db(self.manager.ledger.audit_log, limit=limit, before=before, user=user)  # type: ignore[arg-type]
         self.write_json({
             "events": [{"id": e.id, "at": _iso(e.at), "user": e.user, "server": e.server, "action": e.action,
                         "reason": e.reason, "dry_run": e.dry_run, "detail": e.detail} for e in events],
@@ -422,14 +444,14 @@ class MetricsHandler(APIHandler):
     def set_default_headers(self) -> None:
         self.set_header("Cache-Control", "no-store")
 
-    def get(self) -> None:
+    async def get(self) -> None:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
         scopes = set(self.identity.get("scopes", []))
         if not (self.is_admin or self.is_spawner or "read:metrics" in scopes):
             raise web.HTTPError(403, "metrics need the admin scope or read:metrics")
         self.set_header("Content-Type", CONTENT_TYPE_LATEST)
-        self.finish(generate_latest(self.context.metrics.registry))  # type: ignore[union-attr]
+        self.finish(await self.core(generate_latest, self.context.metrics.registry))  # type: ignore[union-attr]
 
 
 def routes(prefix: str) -> list[tuple[str, type[web.RequestHandler]]]:

@@ -13,9 +13,10 @@ views      the ``me`` view (cached) and allocation JSON
 enforcement cull warnings, revoked servers, the node agents' list
 ========== ================================================================
 
-Handlers and jobs call the units directly. The debit and replenish jobs only
-touch the ledger and may run in a worker thread; everything that changes the
-placement pool runs on the service's event loop.
+The units are plain synchronous code. The service runs them off its event
+loop through ``threads`` (:class:`CoreThreads`): every call that may write, or
+change the pool and caches, on the one writer thread; calls that only read the
+database on reader threads. In-process tests call the units directly.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from collections.abc import Callable
 from datetime import datetime
 
 from ..config import GPUPool
-from ..ledger import Ledger, utcnow
+from ..ledger import Ledger, UnknownAccount, utcnow
 from ..placement.state import Pool
+from ..reasons import AuditAction
 from ..usage import UsageSource
 from .accounts import Accounts
 from .admission import Admission
@@ -33,6 +35,7 @@ from .debits import Debits
 from .enforcement import CullWarning, Enforcement
 from .inventory import PoolInventory
 from .reclaims import Reclaims
+from .threads import CoreThreads
 from .views import ViewCache, Views
 
 
@@ -41,10 +44,11 @@ class PoolManager:
 
     def __init__(self, settings: GPUPool, ledger: Ledger, pool: Pool, usage_source: UsageSource, *,
                  debit_interval: int = 3600, debit_delay_tolerance: int = 900,
-                 clock: Callable[[], datetime] = utcnow) -> None:
+                 clock: Callable[[], datetime] = utcnow, threads: CoreThreads | None = None) -> None:
         self.settings = settings
         self.ledger = ledger
         self.clock = clock
+        self.threads = threads or CoreThreads(ledger.busy_timeout, concurrent_reads=ledger.concurrent_reads)
         self.cache = ViewCache()
         self.inventory = PoolInventory(pool, settings.price_table(), clock)
         self.enforcement = Enforcement()
@@ -54,9 +58,9 @@ class PoolManager:
                                    self.enforcement, self.cache, clock)
         self.debits = Debits(ledger, self.inventory.prices, usage_source, interval=debit_interval,
                              delay_tolerance=debit_delay_tolerance, clock=clock,
-                             on_charged=self.cache.forget)
+                             on_charged=self.cache.forget, serialize=self.threads.run_write)
         self.views = Views(settings, ledger, self.inventory, self.debits, self.accounts, self.cache,
-                           self.warning_for, clock)
+                           self.warning_for, clock, self.threads)
 
     @property
     def pool(self) -> Pool:
@@ -67,5 +71,22 @@ class PoolManager:
         return self.enforcement.warnings.get(user) or self.reclaims.warnings.get(user)
 
     def restore(self) -> int:
-        """Rebuild the placement pool from the allocations the ledger says are held."""
-        return self.inventory.restore(self.ledger)
+        """At start-up: rebuild the placement pool from the allocations the ledger says are
+        held, and the node agents' enforcement list from the audit log. Returns how many
+        allocations were restored."""
+        restored = self.inventory.restore(self.ledger)
+        events = self.ledger.audit_latest([AuditAction.CULL_KERNELS.value, AuditAction.STOP_SERVER.value])
+        balances = {}
+        for name in {e.user for e in events}:
+            try:
+                balances[name] = self.ledger.balance(name)
+            except UnknownAccount:  # no account, no balance below zero: nothing to enforce
+                continue
+        self.enforcement.restore(events, balances)
+        # the epoch and the last debit are read by every GET me: read them now, not on the event loop
+        self.ledger.epoch(self.clock())
+        self.debits.last_debit()
+        return restored
+
+    def close(self) -> None:
+        self.threads.close()

@@ -3,14 +3,20 @@
 The ``me`` view is read far more often than it changes (every lab tab polls
 it), so its ledger-derived part is cached per user (``ViewCache``) and dropped
 whenever this service, the ledger's only writer, changes that user's account.
-Writers in the job thread bump the generation, so a view computed while they
-committed is never stored.
+Views are computed on reader threads while the writer thread changes accounts,
+so each ``forget`` bumps a version (per user, or the generation for everyone)
+and a view computed across a change is never stored.
+
+``serve_me`` answers ``GET me`` without touching the writer unless it must: from
+the cache on the event loop, else from the database on a reader thread, and on
+the writer only when the account must be opened or credited first.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable
-from datetime import datetime
+from datetime import date, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -23,24 +29,45 @@ from .accounts import Accounts
 from .debits import Debits
 from .enforcement import CullWarning
 from .inventory import PoolInventory
+from .threads import CoreThreads
+
+ViewKey = tuple[frozenset[str], date]
 
 
 class ViewCache:
     """The cached, ledger-derived part of each user's ``me`` view.
 
-    Every unit that changes an account calls ``forget``; a job-thread writer
-    that changes many accounts forgets everyone, which bumps the generation."""
+    Every unit that changes an account calls ``forget``. A view is stored only
+    if nothing was forgotten for its user since ``token`` was taken before
+    reading it (``store``), so a read racing a write never caches the old state."""
 
     def __init__(self) -> None:
-        self.entries: dict[str, tuple[tuple[frozenset[str], Any], dict[str, Any]]] = {}
+        self.entries: dict[str, tuple[ViewKey, dict[str, Any]]] = {}
         self.generation = 0
+        self.versions: dict[str, int] = {}
+        self._lock = threading.Lock()
 
     def forget(self, user: str | None = None) -> None:
-        if user is None:
-            self.generation += 1
-            self.entries.clear()
-        else:
-            self.entries.pop(user, None)
+        with self._lock:
+            if user is None:
+                self.generation += 1
+                self.entries.clear()
+            else:
+                self.versions[user] = self.versions.get(user, 0) + 1
+                self.entries.pop(user, None)
+
+    def token(self, user: str) -> tuple[int, int]:
+        with self._lock:
+            return self.generation, self.versions.get(user, 0)
+
+    def get(self, user: str, key: ViewKey) -> dict[str, Any] | None:
+        cached = self.entries.get(user)
+        return cached[1] if cached is not None and cached[0] == key else None
+
+    def store(self, user: str, key: ViewKey, view: dict[str, Any], token: tuple[int, int]) -> None:
+        with self._lock:
+            if token == (self.generation, self.versions.get(user, 0)):
+                self.entries[user] = (key, view)
 
 
 class Views:
@@ -48,7 +75,7 @@ class Views:
 
     def __init__(self, settings: GPUPool, ledger: Ledger, inventory: PoolInventory, debits: Debits,
                  accounts: Accounts, cache: ViewCache, warning_for: Callable[[str], CullWarning | None],
-                 clock: Callable[[], datetime]) -> None:
+                 clock: Callable[[], datetime], threads: CoreThreads) -> None:
         self.settings = settings
         self.ledger = ledger
         self.inventory = inventory
@@ -57,6 +84,7 @@ class Views:
         self.cache = cache
         self.warning_for = warning_for
         self.clock = clock
+        self.threads = threads
         self._clock_cache: tuple[int, int, int, dict[str, Any]] | None = None
 
     def allocation_json(self, record: AllocationRecord) -> dict[str, Any]:
@@ -69,18 +97,46 @@ class Views:
             "description": self.inventory.describe(record),
         }
 
-    def me(self, user: str, groups: Iterable[str] = ()) -> dict[str, Any]:
+    def _key(self, groups: frozenset[str]) -> ViewKey:
+        return groups, self.clock().astimezone(self.settings.tz).date()
+
+    async def serve_me(self, user: str, groups: Iterable[str] = ()) -> dict[str, Any]:
+        """``GET me`` off the event loop: cache, else a reader thread, else the writer."""
         groups = frozenset(groups)
-        today = self.clock().astimezone(self.settings.tz).date()
-        cached = self.cache.entries.get(user)
-        if cached is None or cached[0] != (groups, today):
-            generation = self.cache.generation
-            self.accounts.ensure(user, groups)
+        return (self.cached_me(user, groups) or await self.threads.read(self.read_me, user, groups)
+                or await self.threads.write(self.me, user, groups))
+
+    def cached_me(self, user: str, groups: Iterable[str] = ()) -> dict[str, Any] | None:
+        """The view from memory only, or None."""
+        groups = frozenset(groups)
+        view = self.cache.get(user, self._key(groups))
+        return None if view is None else self._finish(user, view)
+
+    def read_me(self, user: str, groups: Iterable[str] = ()) -> dict[str, Any] | None:
+        """The view from database reads only; None when the account must be written first."""
+        groups = frozenset(groups)
+        key = self._key(groups)
+        token = self.cache.token(user)
+        if not self.accounts.current(user):
+            return None
+        view = self._account_view(user, groups)
+        self.cache.store(user, key, view, token)
+        return self._finish(user, view)
+
+    def me(self, user: str, groups: Iterable[str] = ()) -> dict[str, Any]:
+        """The view, opening and crediting the account first if needed (may write)."""
+        groups = frozenset(groups)
+        key = self._key(groups)
+        view = self.cache.get(user, key)
+        if view is None:
+            self.accounts.ensure(user, groups)  # forgets the user: take the token after it
+            token = self.cache.token(user)
             view = self._account_view(user, groups)
-            if generation == self.cache.generation:
-                self.cache.entries[user] = ((groups, today), view)
-        else:
-            view = cached[1]
+            self.cache.store(user, key, view, token)
+        return self._finish(user, view)
+
+    def _finish(self, user: str, view: dict[str, Any]) -> dict[str, Any]:
+        """The cached part plus what changes without the account changing."""
         warning = self.warning_for(user)
         clock = self._clock_view()
         return {

@@ -1,6 +1,6 @@
 """Usage sources: who used how many GPU-seconds on which GPU model, per interval."""
 
-from gpupool_hub.usage.base import Usage, UsageSource, UsageUnavailable
+from gpupool_hub.usage.base import Usage, UsageNotSettled, UsageSource, UsageUnavailable
 from gpupool_hub.usage.prometheus import PrometheusUsageSource
 
-__all__ = ["PrometheusUsageSource", "Usage", "UsageSource", "UsageUnavailable"]
+__all__ = ["PrometheusUsageSource", "Usage", "UsageNotSettled", "UsageSource", "UsageUnavailable"]

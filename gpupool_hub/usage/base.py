@@ -13,7 +13,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Protocol, runtime_checkable
 
-__all__ = ["Usage", "UsageSource", "UsageUnavailable"]
+__all__ = ["Usage", "UsageNotSettled", "UsageSource", "UsageUnavailable"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,16 @@ class Usage:
 
 class UsageUnavailable(Exception):
     """The source cannot answer for this interval yet (unreachable, garbage answer, data not complete). Nothing must be charged; the job retries later."""
+
+
+class UsageNotSettled(UsageUnavailable):
+    """The interval has closed but its data may still arrive (e.g. Prometheus's settle
+    delay): nothing is wrong, the job charges it once ``settled_at`` has passed.
+    Not a failure, so accounting is not reported as delayed for it."""
+
+    def __init__(self, message: str, settled_at: datetime) -> None:
+        super().__init__(message)
+        self.settled_at = settled_at
 
 
 @runtime_checkable

@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 import requests
 
-from gpupool_hub.usage.base import Usage, UsageUnavailable
+from gpupool_hub.usage.base import Usage, UsageNotSettled, UsageUnavailable
 
 __all__ = [
     "PRESETS",
@@ -338,9 +338,10 @@ class PrometheusUsageSource:
         now = self._clock()
         settled_at = end + timedelta(seconds=self.settle_seconds)
         if now < settled_at:
-            raise UsageUnavailable(
+            raise UsageNotSettled(
                 f"interval ending {end.isoformat()} is not settled yet: samples may still arrive "
-                f"until {settled_at.isoformat()} (now {now.isoformat()}, settle {self.settle_seconds}s)"
+                f"until {settled_at.isoformat()} (now {now.isoformat()}, settle {self.settle_seconds}s)",
+                settled_at,
             )
         totals: dict[tuple[str, str], Decimal] = {}
         chunk = MAX_POINTS_PER_QUERY * step

@@ -84,3 +84,40 @@ def test_admission(case: Case) -> None:
     if case.gpus is not None:
         assert tuple(g["index"] for g in record.gpus) == case.gpus
     assert record.id in m.pool and m.ledger.allocation(record.id) is not None
+
+
+# Issue 12, item 2: a new server must be affordable together with those already held.
+CASES_12_2 = [
+    Case("a second server needs the first one's price too", 150, Request(gpus=1), ["RTX 3090"],
+         held=[("a", Request(gpus=1), ["RTX 3090"])], refused=RefusalReason.INSUFFICIENT_BALANCE),
+    Case("two held servers, the third fits exactly", 300, Request(gpus=1), ["RTX 3090"],
+         held=[("a", Request(gpus=1), ["RTX 3090"]), ("b", Request(gpus=1), ["RTX 3090"])], node="node-3090"),
+    Case("a held share counts by its price", 300, Request(gpus=1), ["RTX 3090"],
+         held=[("a", Request(gpu_milli=500), ["RTX A6000"])], node="node-3090"),
+    Case("with a share held, the dear model no longer fits", 300, Request(gpu_milli=500), ["RTX A6000"],
+         held=[("a", Request(gpu_milli=500), ["RTX A6000"])], refused=RefusalReason.INSUFFICIENT_BALANCE),
+    Case("held servers leave the cheaper model", 600, Request(gpus=1), ["RTX A6000", "RTX 3090"],
+         held=[("a", Request(gpus=1), ["RTX A6000"])], node="node-3090"),
+]
+
+
+@pytest.mark.parametrize("case", CASES_12_2, ids=[c.name for c in CASES_12_2])
+def test_12_2_start_check_counts_held_servers(case: Case) -> None:
+    """``grant`` is in hundredths of a token here; the floor is 0 and min_start_hours 1."""
+    from decimal import Decimal
+
+    m = make_manager(NODES, PRICES, clock=Clock(), initial_grant=Decimal(case.grant) / 100, floor=0,
+                     daily_credit=0, monthly_credit=0)
+    held = [m.admission.admit("alice", [], server, req, models) for server, req, models in case.held]
+    if case.refused is not None:
+        with pytest.raises(Refused) as refusal:
+            m.admission.admit("alice", [], case.server, case.ask, case.models)
+        assert refusal.value.reason is case.refused, refusal.value.message
+        assert len(m.pool) == len(held)
+        # the refusal says what is held and what it costs
+        assert all(f"{r.server} ({r.price_per_hour.normalize():f}/h)" in refusal.value.message for r in held)
+        assert refusal.value.details["held"] == [{"server": r.server, "price_per_hour": f"{r.price_per_hour:.3f}"}
+                                                 for r in held]
+        return
+    record = m.admission.admit("alice", [], case.server, case.ask, case.models)
+    assert record.node == case.node

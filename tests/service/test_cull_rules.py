@@ -80,3 +80,34 @@ def test_pressure_from_allocation_refusals_and_utilization():
 def test_server_api_url_quotes_names():
     assert server_api_url("http://h:8000/", "o'brien@x", "") == "http://h:8000/user/o%27brien%40x/api/"
     assert server_api_url("http://h:8000", "a", "my srv") == "http://h:8000/user/a/my%20srv/api/"
+
+
+# Issue 12, item 11: a user's own refused spawn is no pressure on that user.
+@pytest.mark.parametrize(
+    "refusals, judged, under_pressure",
+    [
+        ({"bob": 3}, "bob", False),             # only bob was refused: not pressure for bob
+        ({"bob": 3}, "alice", True),            # ... but for everyone else
+        ({"bob": 3, "carol": 5}, "bob", True),  # carol was refused too: pressure for bob
+        ({"bob": 3, "carol": 30}, "bob", False),  # carol's refusal is too old
+        ({}, "bob", False),
+    ],
+)
+def test_12_11_own_refusal_is_not_pressure(refusals, judged, under_pressure):
+    from gpupool_hub.service.cull import last_refusal_of_others
+
+    at = {user: NOW - timedelta(minutes=minutes) for user, minutes in refusals.items()}
+    why = pressure(Decimal(0), Decimal(16), last_refusal_of_others(at, judged), NOW, culler())
+    assert (why is not None) == under_pressure, why
+    decisions = decide([user(judged, -1)], {}, why, NOW, GRACE)
+    assert [d.action for d in decisions] == (["warn"] if under_pressure else [])
+
+
+def test_12_11_enforcement_keeps_refusals_per_user():
+    from gpupool_hub.service.enforcement import Enforcement
+
+    e = Enforcement()
+    e.note_capacity_refusal("bob", NOW - timedelta(minutes=2))
+    e.note_capacity_refusal("bob", NOW - timedelta(minutes=1))
+    assert e.last_refusal_excluding("bob") is None
+    assert e.last_refusal_excluding("alice") == NOW - timedelta(minutes=1)

@@ -25,7 +25,9 @@ Job = Callable[[], Awaitable[Any]]
 
 
 class JobRunner:
-    """Runs jobs periodically on the event loop; ledger-heavy work goes to one worker thread."""
+    """Runs jobs periodically on the event loop. Slow work that is not the core's (a
+    debit job's usage queries) goes to one job thread; the core's own calls go to
+    its writer and reader threads (``CoreThreads``)."""
 
     def __init__(self, metrics: ServiceMetrics | None) -> None:
         self.metrics = metrics

@@ -9,12 +9,14 @@ from ..accounts import Accounts
 from ..debits import Debits
 from ..groups import GroupCache
 from ..hubapi import HubClient
+from ..threads import CoreThreads
 
 InThread = Callable[..., Awaitable[Any]]
 
 
 class DebitJob:
-    """Charge every closed interval not yet charged (in the worker thread)."""
+    """Charge every closed interval not yet charged: usage is fetched in the job thread,
+    each interval posted on the writer thread (``Debits.serialize``)."""
 
     def __init__(self, debits: Debits, in_thread: InThread) -> None:
         self.debits = debits
@@ -25,16 +27,24 @@ class DebitJob:
 
 
 class ReplenishJob:
-    """Post the credits due to every hub user, including those who never logged in."""
+    """Post the credits due to every hub user, including those who never logged in.
 
-    def __init__(self, hub: HubClient, groups: GroupCache, accounts: Accounts, in_thread: InThread) -> None:
+    Which accounts need credits is read on a reader thread; only those are
+    written, a batch at a time, so allocations queued on the writer thread wait
+    for one batch at most."""
+
+    BATCH = 100
+
+    def __init__(self, hub: HubClient, groups: GroupCache, accounts: Accounts, threads: CoreThreads) -> None:
         self.hub = hub
         self.groups = groups
         self.accounts = accounts
-        self.in_thread = in_thread
+        self.threads = threads
 
     async def __call__(self) -> None:
         pairs = [(u["name"], u.get("groups", [])) async for u in self.hub.users()]
         for name, groups in pairs:
             self.groups.remember(name, groups)
-        await self.in_thread(self.accounts.replenish, pairs)
+        due = await self.threads.read(self.accounts.needing_credits, pairs)
+        for i in range(0, len(due), self.BATCH):
+            await self.threads.write(self.accounts.replenish, due[i:i + self.BATCH])

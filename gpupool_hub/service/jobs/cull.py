@@ -55,36 +55,38 @@ class CullJob:
 
     async def __call__(self) -> None:
         now = datetime.now(timezone.utc)
-        m, culler, enforcement = self.manager, self.culler, self.manager.enforcement
+        m, culler, enforcement, threads = self.manager, self.culler, self.manager.enforcement, self.manager.threads
         servers: dict[str, set[str]] = {}
         allocated = Decimal(0)
-        for record in m.ledger.active_allocations():
+        for record in await threads.read(m.ledger.active_allocations):
             servers.setdefault(record.user, set()).add(record.server)
             allocated += sum((Decimal(g["milli"]) / 1000 for g in record.gpus), Decimal(0))
         for user, server in enforcement.revoked_servers():
             servers.setdefault(user, set()).add(server)
         capacity = Decimal(m.inventory.gpu_count())
-        why = pressure(allocated, capacity, enforcement.last_capacity_refusal, now, culler, await self.utilization())
+        utilization = await self.utilization()
         warnings = enforcement.warnings_for(culler.dry_run)
-        states = []
+        grace = timedelta(seconds=culler.grace_period)
         # users the agents enforce against are re-checked too, so a top-up frees them
         for user in set(servers) | set(warnings) | set(enforcement.users):
             try:
                 groups = set(await self.groups(user))
                 rules = m.settings.rules_for(groups)
-                balance = m.ledger.balance(user)
+                balance = await threads.read(m.ledger.balance, user)
             except Exception:
                 log.exception("Cull: cannot judge %s this time", user)
                 continue
             exempt = user in culler.exempt_users or bool(groups & culler.exempt_groups)
-            states.append(UserState(user, balance, rules.floor, tuple(sorted(servers.get(user, ()))), exempt))
+            state = UserState(user, balance, rules.floor, tuple(sorted(servers.get(user, ()))), exempt)
             if balance >= 0:
                 enforcement.reinstate(user)
-        for d in decide(states, warnings, why, now, timedelta(seconds=culler.grace_period)):
-            try:
-                await self.carry_out(d, warnings)
-            except Exception:
-                log.exception("Cull: could not %s for %s/%s", d.action, d.user, d.server)
+            # the pool is under pressure for this user by others' refusals, never their own
+            why = pressure(allocated, capacity, enforcement.last_refusal_excluding(user), now, culler, utilization)
+            for d in decide([state], warnings, why, now, grace):
+                try:
+                    await self.carry_out(d, warnings)
+                except Exception:
+                    log.exception("Cull: could not %s for %s/%s", d.action, d.user, d.server)
 
     async def carry_out(self, d: Decision, warnings: dict[str, CullWarning]) -> None:
         dry = self.culler.dry_run
@@ -102,29 +104,36 @@ class CullJob:
             m.cache.forget(d.user)
         elif not dry:
             # what the server holds now: stopping it makes its spawner release these itself
-            held = [r.id for r in m.ledger.active_allocations(d.user) if r.server == d.server]
+            held = [r.id for r in await m.threads.read(m.ledger.active_allocations, d.user) if r.server == d.server]
             try:
                 if d.action == AuditAction.CULL_KERNELS:
                     detail["kernels"] = await self.shutdown_kernels(d.user, d.server)
                     m.enforcement.kernels_culled(d.user, d.server, now)
-                    if not detail["kernels"] and not self.holds(d.user, d.server):
+                    if not detail["kernels"] and not await self.holds(d.user, d.server):
                         return  # a revoked server with nothing new to shut down: nothing to record
                 elif d.action == AuditAction.STOP_SERVER:
                     await self.hub.stop_server(d.user, d.server)
                     m.enforcement.server_stopped(d.user, d.server)
-                for alloc in held:  # a no-op for those the spawner already released
-                    m.admission.release(alloc, f"{d.action}: {d.reason}")
-                detail["released"] = held
+                detail["released"] = await m.threads.write(self.release, d, held)
                 log.warning("%s for %s/%s: %s", d.action, d.user, d.server, d.reason)
             except HubError as e:
                 log.error("Could not %s for %s/%s: %s", d.action, d.user, d.server, e)
-                m.ledger.add_audit(AuditEvent(now, d.user, d.server, AuditAction.FAILED.value,
-                                              f"{d.action}: {e}", dry))
+                await m.threads.write(m.ledger.add_audit, AuditEvent(
+                    now, d.user, d.server, AuditAction.FAILED.value, f"{d.action}: {e}", dry))
                 return
-        m.ledger.add_audit(AuditEvent(now, d.user, d.server, str(d.action), d.reason, dry, detail or None))
+        await m.threads.write(m.ledger.add_audit,
+                              AuditEvent(now, d.user, d.server, str(d.action), d.reason, dry, detail or None))
 
-    def holds(self, user: str, server: str) -> bool:
-        return any(r.server == server for r in self.manager.ledger.active_allocations(user))
+    def release(self, d: Decision, held: list[str]) -> list[str]:
+        """Release what the server held (on the writer thread; a no-op for allocations its
+        spawner already released while stopping); their ids, for the audit log."""
+        for alloc in held:
+            self.manager.admission.release(alloc, f"{d.action}: {d.reason}")
+        return held
+
+    async def holds(self, user: str, server: str) -> bool:
+        records = await self.manager.threads.read(self.manager.ledger.active_allocations, user)
+        return any(r.server == server for r in records)
 
     async def shutdown_kernels(self, user: str, server: str) -> list[str]:
         """Shut down every kernel of the server; notebooks and files stay as they are."""

@@ -12,18 +12,25 @@ from tornado.ioloop import IOLoop
 
 from ..hubapi import HubClient, HubError
 from ..reclaims import Reclaim, Reclaims
+from ..threads import CoreThreads
 
 log = logging.getLogger("gpupool.reclaims")
 
 
 class ReclaimExecutor:
-    def __init__(self, hub: HubClient, reclaims: Reclaims) -> None:
+    """Runs reclaims on the event loop ``loop`` (set when the service starts): the
+    reclaims unit announces them from the writer thread."""
+
+    def __init__(self, hub: HubClient, reclaims: Reclaims, threads: CoreThreads,
+                 loop: IOLoop | None = None) -> None:
         self.hub = hub
         self.reclaims = reclaims
+        self.threads = threads
+        self.loop = loop
 
     def schedule(self, reclaim: Reclaim) -> None:
-        """Called by the reclaims unit for each new reclaim (from the event loop)."""
-        IOLoop.current().add_callback(self.run, reclaim)
+        """Called by the reclaims unit for each new reclaim (on the writer thread)."""
+        (self.loop or IOLoop.current()).add_callback(self.run, reclaim)  # thread-safe
 
     async def run(self, reclaim: Reclaim) -> None:
         delay = (reclaim.deadline - datetime.now(timezone.utc)).total_seconds()
@@ -38,4 +45,4 @@ class ReclaimExecutor:
             except HubError as e:  # released anyway: the GPUs are reassigned as announced
                 error = str(e)
                 log.error("Could not stop %s/%s to reclaim its borrowed GPUs: %s", victim.user, victim.server, e)
-            self.reclaims.preempt(reclaim, victim, stopped=error is None, error=error)
+            await self.threads.write(self.reclaims.preempt, reclaim, victim, stopped=error is None, error=error)

@@ -10,6 +10,7 @@ from typing import Any
 from ...ledger import Ledger
 from ..admission import Admission
 from ..hubapi import HubClient
+from ..threads import CoreThreads
 
 log = logging.getLogger("gpupool.reconcile")
 
@@ -17,11 +18,12 @@ log = logging.getLogger("gpupool.reconcile")
 class ReconcileJob:
     """Release allocations whose server is gone; report servers claiming unknown allocations."""
 
-    def __init__(self, hub: HubClient, ledger: Ledger, admission: Admission, grace: float,
+    def __init__(self, hub: HubClient, ledger: Ledger, admission: Admission, threads: CoreThreads, grace: float,
                  clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc)) -> None:
         self.hub = hub
         self.ledger = ledger
         self.admission = admission
+        self.threads = threads
         self.grace = timedelta(seconds=grace)
         self.clock = clock
         self.findings: list[dict[str, Any]] = []
@@ -35,14 +37,14 @@ class ReconcileJob:
             for server_name, server in (user.get("servers") or {}).items():
                 running[(user["name"], server_name)] = server
         now = self.clock()
-        active = self.ledger.active_allocations()
+        active = await self.threads.read(self.ledger.active_allocations)
         for record in active:
             if (record.user, record.server) in running or now - record.created_at < self.grace:
                 continue
             try:
                 log.warning("Releasing allocation %s: server %s/%s is not running", record.id, record.user,
                             record.server)
-                self.admission.release(record.id, "reconcile: server not running")
+                await self.threads.write(self.admission.release, record.id, "reconcile: server not running")
             except Exception:
                 log.exception("Could not release allocation %s of %s", record.id, record.user)
         known = {r.id for r in active}
