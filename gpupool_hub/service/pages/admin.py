@@ -39,12 +39,12 @@ class PoolMapHandler(AdminPage):
 
     title = "Pool map"
 
-    def get(self) -> None:
+    async def get(self) -> None:
         m = self.manager
-        active = {r.id: r for r in m.ledger.active_allocations()}
+        active = {r.id: r for r in await m.threads.read(m.ledger.active_allocations)}
         # reservations of a reclaim in progress are not allocations: their cells say "reserved"
         who = {a: (r.user, r.server, r.borrowed) for a, r in active.items()}
-        snapshot = m.pool.snapshot()
+        snapshot = await m.threads.write(m.pool.snapshot)  # the pool lives on the writer thread
         colours = holder_colours(who.get(a, (RESERVED,))[0]
                                  for n in snapshot for g in n["gpus"] for a in g["holders"])
         nodes = []
@@ -71,7 +71,7 @@ class AccountsHandler(AdminPage):
 
     title = "Accounts"
 
-    def get(self) -> None:
+    async def get(self) -> None:
         query = self.get_argument("q", "").strip()[:255]
         sort = self.get_argument("sort", "name")
         if sort not in SORTS:
@@ -81,8 +81,9 @@ class AccountsHandler(AdminPage):
             page = max(1, int(self.get_argument("page", "1")))
         except ValueError:
             raise web.HTTPError(400, "page must be a whole number") from None
-        rows, total = search_accounts(self.manager.ledger, query=query, negative=negative, sort=sort,
-                                      limit=ACCOUNTS_PAGE, offset=(page - 1) * ACCOUNTS_PAGE)
+        rows, total = await self.manager.threads.read(
+            search_accounts, self.manager.ledger, query=query, negative=negative, sort=sort,
+            limit=ACCOUNTS_PAGE, offset=(page - 1) * ACCOUNTS_PAGE)
         self.render_page("admin/accounts.html", rows=rows, total=total, q=query, sort=sort, negative=negative,
                          page=page, pages=max(1, -(-total // ACCOUNTS_PAGE)), from_milli=from_milli)
 
@@ -136,35 +137,41 @@ class GrantHandler(AdminPage):
                 raise GrantError(f"No user {user!r} in the ledger or the hub.")
         except GrantError as e:
             return self.show(form=form, error=str(e), status=400)
-        accounts = self.manager.accounts
-        accounts.ensure(user, await self.groups_of(user))  # a first visit posts the initial grant
+        groups = await self.groups_of(user)
+        m = self.manager
+
+        def grant() -> tuple[Any, bool, Decimal]:
+            m.accounts.ensure(user, groups)  # a first visit posts the initial grant
+            entry, created = m.accounts.grant(user, amount, reason, self.user["name"], f"page:{key}")
+            return entry, created, m.ledger.balance(user)
+
         try:
-            entry, created = accounts.grant(user, amount, reason, self.user["name"], f"page:{key}")
+            entry, created, balance = await m.threads.write(grant)
         except IdempotencyConflict:
             return self.show(form=form, status=409,
                              error="This form was already used for a different grant; nothing was changed.")
-        result = {"entry": entry, "created": created, "user": user,
-                  "balance": format_tokens(self.manager.ledger.balance(user))}
+        result = {"entry": entry, "created": created, "user": user, "balance": format_tokens(balance)}
         self.show(form={"user": "", "amount": "", "reason": ""}, result=result, status=201 if created else 200)
 
 
 class TeamsHandler(AdminPage):
     title = "Teams"
 
-    def get(self) -> None:
-        self.render_page("admin/teams.html", report=self.manager.reclaims.team_report())
+    async def get(self) -> None:
+        self.render_page("admin/teams.html", report=await self.manager.threads.write(self.manager.reclaims.team_report))
 
 
 class AuditHandler(AdminPage):
     title = "Audit log"
 
-    def get(self) -> None:
+    async def get(self) -> None:
         user = self.get_argument("user", "").strip() or None
         try:
             before = int(self.get_argument("before", "0")) or None
         except ValueError:
             raise web.HTTPError(400, "before must be a whole number") from None
-        events = self.manager.ledger.audit_log(limit=AUDIT_PAGE, before=before, user=user)
+        events = await self.manager.threads.read(self.manager.ledger.audit_log, limit=AUDIT_PAGE, before=before,
+                                                 user=user)
         self.render_page("admin/audit.html", events=events, user=user or "",
                          next_before=events[-1].id if len(events) == AUDIT_PAGE else None)
 
@@ -178,5 +185,5 @@ class LedgerHandler(AdminPage):
     def get(self) -> None:
         self.render_page("admin/ledger.html", report=None)
 
-    def post(self) -> None:
-        self.render_page("admin/ledger.html", report=self.manager.ledger.verify())
+    async def post(self) -> None:
+        self.render_page("admin/ledger.html", report=await self.manager.threads.read(self.manager.ledger.verify))

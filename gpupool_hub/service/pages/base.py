@@ -203,7 +203,7 @@ class PageHandler(HubOAuthenticated, web.RequestHandler):
     async def known_user(self, name: str) -> bool:
         """Whether ``name`` has an account, or is a hub user (who may never have logged in)."""
         try:
-            self.manager.ledger.account(name)
+            await self.manager.threads.read(self.manager.ledger.account, name)
             return True
         except UnknownAccount:
             pass

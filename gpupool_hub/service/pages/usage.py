@@ -152,14 +152,17 @@ class UsageBase(PageHandler):
 
     async def render_usage(self, user: str, base: str, csv_url: str) -> None:
         days = self.int_arg("days", RANGES) or RANGES[0]
-        view = build_view(self.manager, user, await self.groups_of(user), days, self.int_arg("before"))
+        groups, m = await self.groups_of(user), self.manager
+        await m.threads.write(m.accounts.ensure, user, groups)  # credits due first, as GET me posts them
+        view = await m.threads.read(build_view, m, user, groups, days, self.int_arg("before"))
         self.render_page("usage.html", view=view, base=base, csv_url=csv_url, ranges=RANGES)
 
     async def send_csv(self, user: str) -> None:
         self.set_header("Content-Type", "text/csv; charset=utf-8")
         self.set_header("Content-Disposition", f"attachment; filename*=UTF-8''{quote(f'gpupool-{user}.csv')}")
         self.write(",".join(CSV_HEADER) + "\r\n")
-        for page in iter_user_entries(self.manager.ledger, user):
+        pages = iter_user_entries(self.manager.ledger, user)
+        while page := await self.manager.threads.read(next, pages, None):
             self.write(csv_rows(page))
             await self.flush()
         self.finish()
@@ -180,8 +183,9 @@ class MyHistoryCSVHandler(UsageBase):
     users_only = True
 
     async def get(self) -> None:
-        self.manager.accounts.ensure(self.user["name"], await self.groups_of(self.user["name"]))
-        await self.send_csv(self.user["name"])
+        m, user = self.manager, self.user["name"]
+        await m.threads.write(m.accounts.ensure, user, await self.groups_of(user))
+        await self.send_csv(user)
 
 
 class AdminUserMixin(UsageBase):
@@ -207,5 +211,5 @@ class UserUsageHandler(AdminUserMixin):
 class UserHistoryCSVHandler(AdminUserMixin):
     async def get(self, name: str) -> None:
         user = await self.known(name)
-        self.manager.accounts.ensure(user, await self.groups_of(user))
+        await self.manager.threads.write(self.manager.accounts.ensure, user, await self.groups_of(user))
         await self.send_csv(user)
