@@ -14,12 +14,14 @@ from tornado import web
 
 from .agents import agent_routes
 from .context import ServiceContext
-from .handlers import routes
+from .handlers import MAX_BODY_SIZE, NotFoundHandler, routes
+
+__all__ = ["MAX_BODY_SIZE", "make_app"]
 
 
 def make_app(context: ServiceContext, *, log_function: Callable[[web.RequestHandler], None] | None = None,
              **tornado_settings: Any) -> web.Application:
-    settings: dict[str, Any] = {"context": context, **tornado_settings}
+    settings: dict[str, Any] = {"context": context, "default_handler_class": NotFoundHandler, **tornado_settings}
     if log_function is not None:
         settings["log_function"] = log_function
     return web.Application(routes(context.prefix) + agent_routes(context.prefix), **settings)
