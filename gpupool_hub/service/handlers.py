@@ -431,8 +431,8 @@ class GrantHandler(APIHandler):
         if not isinstance(reason, str) or not reason.strip() or len(reason) > 1000:
             raise web.HTTPError(400, "a grant needs a 'reason' (a non-empty string of at most 1000 characters)")
         key = self.request.headers.get("Idempotency-Key")
-        if key is not None and not (0 < len(key) <= 200):
-            raise web.HTTPError(400, "Idempotency-Key must be 1-200 characters")
+        if key is not None and text_problem(key, max_length=200):
+            raise web.HTTPError(400, f"Idempotency-Key {text_problem(key, max_length=200)}")
         if not await self.known_user(user):
             raise web.HTTPError(404, f"no such user {user!r}")
         self.manager.accounts.ensure(user, await self.groups_of(user))

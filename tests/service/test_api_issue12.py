@@ -224,6 +224,14 @@ def test_12_8_bad_input_is_400_never_500(hub, who, method, path, body, needle):
     assert needle in r.json()["message"], r.json()["message"]
 
 
+@pytest.mark.parametrize("key, needle", [("", "must not be empty"), ("k\x85", "control character"),
+                                         ("k" * 201, "at most 200")])
+def test_12_8_bad_idempotency_keys_are_400(hub, key, needle):
+    r = admin(hub, "POST", "/users/alice/grant", json={"amount": "1", "reason": "key"}, headers={"Idempotency-Key": key})
+    assert r.status_code == 400, r.text
+    assert needle in r.json()["message"]
+
+
 def test_12_8_amounts_are_plain_decimals_recorded_as_sent(hub):
     hub.create_user("dora")
     for amount, recorded in [("7", "7.000"), ("-2.5", "-2.500"), ("+0.125", "0.125"), (12, "12.000")]:
