@@ -5,7 +5,11 @@ token …``) that the hub resolves to a user or service with scopes. A user sees
 only their own account; admin endpoints need the admin scope (default
 ``custom:gpupool:admin``); the spawner, inside the hub, uses the service's own
 API token. Every error is JSON ``{"status": N, "message": "…"}``, never a 500
-for bad input.
+for bad input; unknown paths are a JSON 404 too.
+
+Path segments (user, node, allocation names) are URL-decoded once, by tornado.
+Request bodies are streamed: the token is checked before any of the body is
+read, and each handler keeps at most its ``max_body_bytes``.
 """
 
 from __future__ import annotations
@@ -51,9 +55,8 @@ MAX_BODY_SIZE = 8 * 1024 * 1024
 #: seconds a client should wait before retrying a 503 (the ledger database busy, the hub away)
 BUSY_RETRY_AFTER = 2
 
-
 #: what no text from a request may contain: control characters (C0, DEL, C1) and lone surrogates
-UNSAFE_CHARACTER = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+UNSAFE_CHARACTER = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 def text_problem(value: str, *, max_length: int, allow_empty: bool = False) -> str | None:
