@@ -172,6 +172,29 @@ class UnknownAccount(LookupError):
     pass
 
 
+#: PostgreSQL states that mean "busy, try again": lock_not_available, query_canceled
+#: (lock_timeout/statement_timeout), deadlock_detected, serialization_failure
+_BUSY_SQLSTATES = frozenset({"55P03", "57014", "40P01", "40001"})
+
+
+def is_database_busy(exc: BaseException) -> bool:
+    """Whether ``exc`` says the database was busy (as opposed to broken or a bug).
+
+    The service answers these with 503 and Retry-After: SQLite's "database is
+    locked"/"database is busy" past ``busy_timeout``, PostgreSQL's lock and
+    statement timeouts, an exhausted connection pool, or :class:`LedgerBusy`.
+    """
+    if isinstance(exc, (LedgerBusy, sa.exc.TimeoutError)):
+        return True
+    if isinstance(exc, sa.exc.OperationalError):
+        orig = exc.orig
+        if getattr(orig, "sqlstate", None) in _BUSY_SQLSTATES:
+            return True
+        text = str(orig).lower()
+        return "database is locked" in text or "database is busy" in text or "database table is locked" in text
+    return False
+
+
 @dataclass(frozen=True)
 class Posting:
     """An entry to record. ``amount`` is signed: debits are negative."""

@@ -7,7 +7,8 @@ place (``round_milli``), once per ledger entry, so a statement always adds up.
 
 from __future__ import annotations
 
-from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+import re
+from decimal import ROUND_HALF_UP, Decimal
 
 MILLI = Decimal("0.001")
 
@@ -20,23 +21,37 @@ class AmountError(ValueError):
     """An amount that cannot be a token amount (not a number, NaN, too precise, absurd)."""
 
 
-def parse_amount(value: object, *, what: str = "amount", allow_negative: bool = True) -> Decimal:
+#: the only way an amount may be written as text: plain ASCII digits, an optional
+#: sign and an optional decimal part ("12", "-2.5"; not "1e3", "5_000", "１２", " 7")
+AMOUNT_TEXT = re.compile(r"[+-]?[0-9]+(\.[0-9]+)?", re.ASCII)
+MAX_AMOUNT_TEXT = 40
+
+
+def parse_amount(value: object, *, what: str = "amount", allow_negative: bool = True,
+                 places: int | None = None) -> Decimal:
     """Turn user or config input into an exact Decimal, refusing floats' surprises.
 
+    Text must be a plain decimal (``AMOUNT_TEXT``): no exponents, underscores,
+    non-ASCII digits or spaces, so what a person typed is what is recorded.
     Floats are accepted (configs say ``0.5``) but converted through ``repr`` so
-    that ``0.1`` means one tenth, not 0.1000000000000000055.
+    that ``0.1`` means one tenth, not 0.1000000000000000055. ``places`` refuses
+    amounts with more decimal places than that.
     """
     if isinstance(value, bool):
         raise AmountError(f"{what} must be a number, not a boolean ({value!r})")
     if isinstance(value, float):
-        value = repr(value)
-    if isinstance(value, int):
+        amount = Decimal(repr(value))
+    elif isinstance(value, int):
+        if abs(value) > MAX_ABS_TOKENS:
+            raise AmountError(f"{what} is beyond the accepted range (±{MAX_ABS_TOKENS:,})")
         amount = Decimal(value)
-    elif isinstance(value, (str, Decimal)):
-        try:
-            amount = Decimal(str(value).strip())
-        except InvalidOperation:
-            raise AmountError(f"{what} must be a number, got {value!r}") from None
+    elif isinstance(value, Decimal):
+        amount = value
+    elif isinstance(value, str):
+        if len(value) > MAX_AMOUNT_TEXT or not AMOUNT_TEXT.fullmatch(value):
+            raise AmountError(f"{what} must be a plain decimal number such as \"12\" or \"-2.5\", "
+                              f"got {value[:MAX_AMOUNT_TEXT]!r}")
+        amount = Decimal(value)
     else:
         raise AmountError(f"{what} must be a number, got {type(value).__name__} {value!r}")
     if not amount.is_finite():
@@ -45,6 +60,8 @@ def parse_amount(value: object, *, what: str = "amount", allow_negative: bool = 
         raise AmountError(f"{what} must not be negative, got {value!r}")
     if abs(amount) > MAX_ABS_TOKENS:
         raise AmountError(f"{what} {value!r} is beyond the accepted range (±{MAX_ABS_TOKENS:,})")
+    if places is not None and amount != amount.quantize(Decimal(1).scaleb(-places)):
+        raise AmountError(f"{what} {value!r} has more than {places} decimal places")
     return amount
 
 

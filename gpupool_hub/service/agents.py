@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import hmac
 import logging
-import time
 
 from tornado import web
-from tornado.escape import url_unescape
 
 from ..placement.errors import InventoryError
 from ..placement.inventory import load_node
@@ -35,9 +33,9 @@ class AgentHandler(APIHandler):
 
     node: str
 
-    async def prepare(self) -> None:  # type: ignore[override]
-        self._started = time.perf_counter()
-        self.node = url_unescape(self.path_args[0], plus=False) if self.path_args else ""
+    async def authenticate(self) -> None:
+        # tornado has URL-decoded the path argument once: that is the node's name
+        self.node = self.path_args[0] if self.path_args else ""
         token = self._token()
         tokens = self.context.agent_tokens or {}
         if token is not None:
@@ -49,7 +47,7 @@ class AgentHandler(APIHandler):
                     return
             if self.context.hub_auth is None:  # no hub to ask (agent-only deployments, tests)
                 raise web.HTTPError(401, "invalid agent token")
-        await super().prepare()  # 401 without a token; hub check otherwise
+        await super().authenticate()  # 401 without a token; hub check otherwise
         if not self.is_admin:
             raise web.HTTPError(403, f"node endpoints need node {self.node!r}'s agent token or the admin scope")
 
@@ -60,9 +58,9 @@ class AgentHandler(APIHandler):
 
 
 class InventoryHandler(AgentHandler):
+    max_body_bytes = MAX_INVENTORY_BYTES
+
     def put(self, _node: str) -> None:
-        if len(self.request.body or b"") > MAX_INVENTORY_BYTES:
-            raise web.HTTPError(413, f"inventory larger than {MAX_INVENTORY_BYTES} bytes")
         body = self.json_body()
         name = body.setdefault("name", self.node)
         if name != self.node:

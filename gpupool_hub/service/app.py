@@ -37,7 +37,7 @@ from .jobs.reclaim import ReclaimExecutor
 from .jobs.reconcile import ReconcileJob
 from .manager import PoolManager
 from .metrics import ServiceMetrics
-from .webapp import make_app
+from .webapp import MAX_BODY_SIZE, make_app
 
 log = logging.getLogger("gpupool")
 
@@ -236,7 +236,7 @@ class GPUPoolService(Application):
     def start(self) -> None:
         self.reclaimer.loop = IOLoop.current()  # reclaims are announced from the writer thread
         app = make_app(self.context, log_function=self._log_request)
-        app.listen(self.port, address=self.ip, xheaders=True)
+        app.listen(self.port, address=self.ip, xheaders=True, max_body_size=MAX_BODY_SIZE)
         self.log.info("gpupool service listening on http://%s:%d%s", self.ip, self.port, self.prefix)
         if self.run_jobs:
             IOLoop.current().add_callback(self.start_jobs)

@@ -5,7 +5,11 @@ token …``) that the hub resolves to a user or service with scopes. A user sees
 only their own account; admin endpoints need the admin scope (default
 ``custom:gpupool:admin``); the spawner, inside the hub, uses the service's own
 API token. Every error is JSON ``{"status": N, "message": "…"}``, never a 500
-for bad input.
+for bad input; unknown paths are a JSON 404 too.
+
+Path segments (user, node, allocation names) are URL-decoded once, by tornado.
+Request bodies are streamed: the token is checked before any of the body is
+read, and each handler keeps at most its ``max_body_bytes``.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import hmac
 import io
 import json
 import logging
+import re
 import time
 from collections.abc import Callable
 from decimal import Decimal
@@ -23,9 +28,8 @@ from itertools import islice
 from typing import Any, TypeVar
 
 from tornado import web
-from tornado.escape import url_unescape
 
-from ..ledger import Entry, IdempotencyConflict, LedgerBusy, UnknownAccount
+from ..ledger import Entry, IdempotencyConflict, LedgerBusy, UnknownAccount, is_database_busy
 from ..units import AmountError, format_tokens, parse_amount
 from ..timefmt import iso as _iso
 from .admission import parse_request
@@ -40,6 +44,68 @@ MAX_PAGE = 500
 
 T = TypeVar("T")
 
+#: query integers (ids, limits) are 64-bit signed, as the database stores them
+INT64_MAX = 2**63 - 1
+INTEGER = re.compile(r"[+-]?[0-9]+", re.ASCII)
+
+#: JSON bodies are flat objects with a list or an object inside; deeper nesting is refused
+MAX_JSON_DEPTH = 8
+
+#: the largest request body the service's HTTP server reads at all (each endpoint has its own,
+#: smaller ``max_body_bytes``; the largest, a node's inventory, is 1 MiB). Bodies of refused
+#: requests up to this size are drained and dropped; larger ones make tornado close the connection.
+MAX_BODY_SIZE = 8 * 1024 * 1024
+
+#: seconds a client should wait before retrying a 503 (the ledger database busy, the hub away)
+BUSY_RETRY_AFTER = 2
+
+#: what no text from a request may contain: control characters (C0, DEL, C1) and lone surrogates
+UNSAFE_CHARACTER = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def text_problem(value: str, *, max_length: int, allow_empty: bool = False) -> str | None:
+    """What is wrong with a piece of text from a request, or None: lone surrogates
+    (unstorable), control characters (log and CSV injection), absurd lengths."""
+    if not value and not allow_empty:
+        return "must not be empty"
+    if len(value) > max_length:
+        return f"must be at most {max_length} characters"
+    bad = UNSAFE_CHARACTER.search(value)
+    if bad is None:
+        return None
+    if 0xD800 <= ord(bad.group()) <= 0xDFFF:
+        return "contains a lone surrogate (not valid Unicode text)"
+    return f"contains the control character U+{ord(bad.group()):04X}"
+
+
+def parse_json(raw: bytes) -> Any:
+    """A request body as JSON, or 400: not UTF-8, not JSON, nested deeper than
+    ``MAX_JSON_DEPTH``, or a string (or key) that is not clean text."""
+    try:
+        body = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise web.HTTPError(400, "request body is not UTF-8") from None
+    except RecursionError:
+        raise web.HTTPError(400, f"request body is nested more than {MAX_JSON_DEPTH} levels deep") from None
+    except ValueError as e:
+        raise web.HTTPError(400, f"request body is not valid JSON: {e}") from None
+    stack: list[tuple[Any, int]] = [(body, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise web.HTTPError(400, f"request body is nested more than {MAX_JSON_DEPTH} levels deep")
+        if isinstance(value, dict):
+            for key, item in value.items():
+                stack.append((key, depth + 1))
+                stack.append((item, depth + 1))
+        elif isinstance(value, list):
+            stack.extend((item, depth + 1) for item in value)
+        elif isinstance(value, str):
+            problem = text_problem(value, max_length=100_000, allow_empty=True)
+            if problem:
+                raise web.HTTPError(400, f"a string in the request body {problem}")
+    return body
+
 
 def entry_json(e: Entry) -> dict[str, Any]:
     return {
@@ -50,10 +116,26 @@ def entry_json(e: Entry) -> dict[str, Any]:
     }
 
 
+@web.stream_request_body
 class APIHandler(web.RequestHandler):
-    """JSON in, JSON out, hub-token authentication in ``prepare``."""
+    """JSON in, JSON out, hub-token authentication in ``prepare``.
+
+    Bodies are streamed (``stream_request_body``): ``prepare`` authenticates
+    the caller before a single byte of the body is read, and ``data_received``
+    keeps at most ``max_body_bytes`` (413 past it). An unauthenticated upload
+    costs the service nothing but the bytes it discards.
+    """
 
     identity: dict[str, Any]
+
+    #: the largest request body this endpoint reads, in bytes; larger bodies get 413
+    max_body_bytes = 4 * 1024
+
+    _body: bytearray
+    #: the answer to give once the body is drained (set in prepare, or when the body is too large)
+    _refusal: web.HTTPError | None = None
+    #: prepare finished: the body will be read (an error before that leaves it unread)
+    _prepared = False
 
     @property
     def context(self) -> ServiceContext:
@@ -87,6 +169,18 @@ class APIHandler(web.RequestHandler):
 
     async def prepare(self) -> None:
         self._started = time.perf_counter()
+        self._body = bytearray()
+        try:
+            await self.authenticate()
+            self._check_declared_length()
+        except web.HTTPError as e:
+            if self._declared_length() > MAX_BODY_SIZE:
+                raise  # tornado will not read this body: answer now (and close the connection)
+            self._refuse_after_body(e)
+        self._prepared = True
+
+    async def authenticate(self) -> None:
+        """Set ``self.identity`` from the request's token, or raise 401/403/503."""
         token = self._token()
         if token is None:
             raise web.HTTPError(401, "missing token: send 'Authorization: token <JupyterHub API token>'")
@@ -129,25 +223,76 @@ class APIHandler(web.RequestHandler):
             raise web.HTTPError(400, f"'me' is a user's own view; this token belongs to a {self.identity.get('kind')}")
         return self.identity["name"]
 
+    # ---- the request body: read only after authentication, never more than max_body_bytes
+
+    def _declared_length(self) -> int:
+        declared = self.request.headers.get("Content-Length", "")
+        return int(declared) if declared.isdigit() else 0
+
+    def _too_large(self) -> web.HTTPError:
+        return web.HTTPError(413, f"request body larger than {self.max_body_bytes} bytes, "
+                                  f"the most {self.request.method} {self.request.path} accepts")
+
+    def _check_declared_length(self) -> None:
+        if self._declared_length() > self.max_body_bytes:
+            raise self._too_large()
+
+    def _refuse_after_body(self, error: web.HTTPError) -> None:
+        """Answer ``error`` instead of the method once the body has arrived, keeping none of it.
+
+        Answering at once would make tornado close the connection with the body
+        unread, which resets it before most clients (and the hub's proxy) read
+        the answer; so the body is drained and dropped chunk by chunk instead.
+        """
+        self._refusal = error
+        self._body = bytearray()
+
+        def refuse(*args: Any, **kwargs: Any) -> None:
+            raise error
+
+        setattr(self, self.request.method.lower(), refuse)  # type: ignore[union-attr]
+
+    def data_received(self, chunk: bytes) -> None:
+        if self._refusal is not None:
+            return
+        if len(self._body) + len(chunk) > self.max_body_bytes:  # chunked uploads declare no length
+            self._refuse_after_body(self._too_large())
+            return
+        self._body += chunk
+
     def json_body(self) -> dict[str, Any]:
-        try:
-            body = json.loads(self.request.body or b"{}")
-        except (ValueError, UnicodeDecodeError) as e:
-            raise web.HTTPError(400, f"request body is not valid JSON: {e}") from None
+        body = parse_json(bytes(self._body) or b"{}")
         if not isinstance(body, dict):
             raise web.HTTPError(400, "request body must be a JSON object")
         return body
 
-    def int_arg(self, name: str, default: int | None, *, minimum: int = 0, maximum: int | None = None) -> int | None:
+    # ---- path and query arguments (tornado has URL-decoded path arguments once already)
+
+    def path_name(self, value: str, what: str = "user name") -> str:
+        """A user, node or allocation name from the path, as sent (decoded once, by tornado)."""
+        problem = text_problem(value, max_length=255)
+        if problem:
+            raise web.HTTPError(400, f"{what} {problem}")
+        return value
+
+    def text_arg(self, name: str, default: str | None = None, *, max_length: int = 255) -> str | None:
         raw = self.get_argument(name, None)
         if raw is None:
             return default
-        try:
-            value = int(raw)
-        except ValueError:
-            raise web.HTTPError(400, f"{name} must be a whole number, got {raw!r}") from None
-        if value < minimum or (maximum is not None and value > maximum):
-            raise web.HTTPError(400, f"{name} must be between {minimum} and {maximum}, got {value}")
+        problem = text_problem(raw, max_length=max_length, allow_empty=True)
+        if problem:
+            raise web.HTTPError(400, f"{name} {problem}")
+        return raw
+
+    def int_arg(self, name: str, default: int | None, *, minimum: int = 0, maximum: int = INT64_MAX) -> int | None:
+        raw = self.get_argument(name, None)
+        if raw is None:
+            return default
+        if not INTEGER.fullmatch(raw):
+            raise web.HTTPError(400, f"{name} must be a whole number in plain digits, got {raw[:40]!r}")
+        value = int(raw) if len(raw.lstrip("+-0")) <= 19 else None  # past 64 bits either way
+        if value is None or not minimum <= value <= maximum:
+            raise web.HTTPError(400, f"{name} must be between {minimum} and {maximum}, got {raw[:40]}")
         return value
 
     async def groups_of(self, name: str) -> list[str]:
@@ -175,18 +320,34 @@ class APIHandler(web.RequestHandler):
         self.finish(json.dumps(data))
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
-        message = self._reason
+        """Every error as ``{"status": N, "message": "…"}``; a busy database is 503 with Retry-After."""
+        message = kwargs.get("message") or self._reason
         exc = kwargs.get("exc_info", (None, None, None))[1]
+        retry_after = BUSY_RETRY_AFTER
         if isinstance(exc, web.HTTPError) and exc.log_message:
             message = exc.log_message % exc.args if exc.args else exc.log_message
-        elif isinstance(exc, LedgerBusy):
-            status_code, message = 503, str(exc)
-            self.set_status(503)
-            self.set_header("Retry-After", str(exc.retry_after))
+        elif exc is not None and is_database_busy(exc):
+            status_code = 503
+            self.set_status(status_code)
+            retry_after = exc.retry_after if isinstance(exc, LedgerBusy) else BUSY_RETRY_AFTER
+            message = (f"the ledger database is busy: {exc}; nothing was changed, try again in {retry_after} s"
+                       if isinstance(exc, LedgerBusy) else
+                       f"the ledger database is busy; nothing was changed, try again in {retry_after} s")
         elif status_code >= 500:
             message = "internal error in the gpupool service; see its log"
+        if status_code == 503:  # the hub or the database is busy or away, not the caller wrong
+            self.set_header("Retry-After", str(retry_after))
         self.set_header("Content-Type", "application/json; charset=utf-8")
+        self.set_header("Cache-Control", "no-store")
+        if not self._prepared:  # answered before the body was read: tornado closes the connection
+            self.set_header("Connection", "close")
         self.finish(json.dumps({"status": status_code, "message": message}))
+
+    def log_exception(self, typ: Any, value: BaseException | None, tb: Any) -> None:
+        if value is not None and is_database_busy(value):
+            log.warning("Database busy, answered 503: %s %s: %s", self.request.method, self.request.path, value)
+            return
+        super().log_exception(typ, value, tb)
 
     def on_finish(self) -> None:
         metrics = self.context.metrics
@@ -197,8 +358,10 @@ class APIHandler(web.RequestHandler):
 
 
 class RootHandler(APIHandler):
-    async def prepare(self) -> None:  # public: tells clients what this is
-        self._started = time.perf_counter()
+    max_body_bytes = 0
+
+    async def authenticate(self) -> None:  # public: tells clients what this is
+        self.identity = {"kind": "anonymous", "name": "", "scopes": [], "groups": []}
 
     def get(self) -> None:
         from .. import __version__
@@ -209,6 +372,14 @@ class RootHandler(APIHandler):
 class OpenAPIHandler(RootHandler):
     def get(self) -> None:
         self.finish(resources.files("gpupool_hub.service").joinpath("openapi.json").read_text())
+
+
+class NotFoundHandler(RootHandler):
+    """Every path no route matches: a JSON 404, before any body is read, whoever asks."""
+
+    async def authenticate(self) -> None:
+        raise web.HTTPError(404, f"no such endpoint: {self.request.method} {self.request.path}; "
+                                 f"the API is described in {self.context.prefix.rstrip('/')}/api/v1/openapi.json")
 
 
 class MeHandler(APIHandler):
@@ -223,7 +394,7 @@ class HistoryHandler(APIHandler):
             user = self.require_user()
         else:
             self.require_admin()
-            user = url_unescape(name)
+            user = self.path_name(name)
             if not await self.known_user(user):
                 raise web.HTTPError(404, f"no such user {user!r}")
         limit = self.int_arg("limit", 50, minimum=1, maximum=MAX_PAGE)
@@ -237,7 +408,7 @@ class UsersHandler(APIHandler):
     async def get(self) -> None:
         self.require_admin()
         limit = self.int_arg("limit", 100, minimum=1, maximum=MAX_PAGE)
-        after = self.get_argument("after", None)
+        after = self.text_arg("after")
         rows = await self.read_db(self.manager.ledger.accounts, limit=limit, after=after)  # type: ignore[arg-type]
         self.write_json({
             "users": [{"name": a.name, "balance": format_tokens(a.balance)} for a in rows],
@@ -248,16 +419,18 @@ class UsersHandler(APIHandler):
 class UserHandler(APIHandler):
     async def get(self, name: str) -> None:
         self.require_spawner_or_admin()  # the spawner shows the balance on the options form
-        user = url_unescape(name)
+        user = self.path_name(name)
         if not await self.known_user(user):
             raise web.HTTPError(404, f"no such user {user!r}")
         self.write_json(await self.manager.views.serve_me(user, await self.groups_of(user)))
 
 
 class GrantHandler(APIHandler):
+    max_body_bytes = 16 * 1024
+
     async def post(self, name: str) -> None:
         self.require_admin()
-        user = url_unescape(name)
+        user = self.path_name(name)
         body = self.json_body()
         unknown = sorted(set(body) - {"amount", "reason"})
         if unknown:
@@ -267,20 +440,18 @@ class GrantHandler(APIHandler):
         if isinstance(body["amount"], float):
             raise web.HTTPError(400, "send 'amount' as a string or integer (e.g. \"12.5\") so it stays exact")
         try:
-            amount = parse_amount(body["amount"], what="amount")
+            amount = parse_amount(body["amount"], what="amount", places=3)
         except AmountError as e:
             raise web.HTTPError(400, str(e)) from None
         limit = self.context.max_grant
         if amount == 0 or abs(amount) > limit:
             raise web.HTTPError(400, f"amount must be non-zero and at most {limit} tokens either way, got {amount}")
-        if (amount * 1000) % 1:
-            raise web.HTTPError(400, f"amount {amount} has more than three decimal places")
         reason = body.get("reason")
         if not isinstance(reason, str) or not reason.strip() or len(reason) > 1000:
             raise web.HTTPError(400, "a grant needs a 'reason' (a non-empty string of at most 1000 characters)")
         key = self.request.headers.get("Idempotency-Key")
-        if key is not None and not (0 < len(key) <= 200):
-            raise web.HTTPError(400, "Idempotency-Key must be 1-200 characters")
+        if key is not None and text_problem(key, max_length=200):
+            raise web.HTTPError(400, f"Idempotency-Key {text_problem(key, max_length=200)}")
         if not await self.known_user(user):
             raise web.HTTPError(404, f"no such user {user!r}")
         await self.core(self.manager.accounts.ensure, user, await self.groups_of(user))
@@ -369,6 +540,8 @@ class ExportHandler(APIHandler):
 
 
 class AllocationsHandler(APIHandler):
+    max_body_bytes = 64 * 1024
+
     async def get(self) -> None:
         self.require_spawner_or_admin()
         views = self.manager.views
@@ -410,15 +583,15 @@ class AllocationsHandler(APIHandler):
 class AllocationHandler(APIHandler):
     async def get(self, alloc_id: str) -> None:
         self.require_spawner_or_admin()
-        record = await self.read_db(self.manager.ledger.allocation, alloc_id)
+        record = await self.read_db(self.manager.ledger.allocation, self.path_name(alloc_id, "allocation id"))
         if record is None:
             raise web.HTTPError(404, f"no allocation {alloc_id!r}")
         self.write_json({"allocation": self.manager.views.allocation_json(record)})
 
     async def delete(self, alloc_id: str) -> None:
         self.require_spawner_or_admin()
-        reason = self.get_argument("reason", "server stopped")[:200]
-        record = await self.core(self.manager.admission.release, alloc_id, reason)
+        reason = self.text_arg("reason", "server stopped", max_length=1000)[:200]  # type: ignore[index]
+        record = await self.core(self.manager.admission.release, self.path_name(alloc_id, "allocation id"), reason)
         if record is None:
             raise web.HTTPError(404, f"no allocation {alloc_id!r}")
         self.write_json({"allocation": self.manager.views.allocation_json(record)})
@@ -431,7 +604,7 @@ class AuditHandler(APIHandler):
         self.require_admin()
         limit = self.int_arg("limit", 100, minimum=1, maximum=MAX_PAGE)
         before = self.int_arg("before", None, minimum=1)
-        user = self.get_argument("user", None)
+        user = self.text_arg("user")
         events = await self.read_db(self.manager.ledger.audit_log, limit=limit, before=before, user=user)  # type: ignore[arg-type]
         self.write_json({
             "events": [{"id": e.id, "at": _iso(e.at), "user": e.user, "server": e.server, "action": e.action,

@@ -14,13 +14,16 @@ from tornado import web
 
 from .agents import agent_routes
 from .context import ServiceContext
-from .handlers import routes
+from .handlers import MAX_BODY_SIZE, NotFoundHandler, routes
 from .pages import page_routes
+
+__all__ = ["MAX_BODY_SIZE", "make_app"]
 
 
 def make_app(context: ServiceContext, *, log_function: Callable[[web.RequestHandler], None] | None = None,
              **tornado_settings: Any) -> web.Application:
-    settings: dict[str, Any] = {"context": context, "cookie_secret": context.cookie_secret, **tornado_settings}
+    settings: dict[str, Any] = {"context": context, "cookie_secret": context.cookie_secret,
+                                "default_handler_class": NotFoundHandler, **tornado_settings}
     if log_function is not None:
         settings["log_function"] = log_function
     return web.Application(routes(context.prefix) + agent_routes(context.prefix) + page_routes(context.prefix),

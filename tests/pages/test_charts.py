@@ -155,7 +155,7 @@ def test_forecast_names_the_rate_and_when_the_floor_is_reached():
 
 @pytest.mark.parametrize("form, message", [
     ({"user": "", "amount": "1", "reason": "r", "key": "k"}, "Name the user"),
-    ({"user": "u", "amount": "x", "reason": "r", "key": "k"}, "must be a number"),
+    ({"user": "u", "amount": "x", "reason": "r", "key": "k"}, "must be a plain decimal number"),
     ({"user": "u", "amount": "0", "reason": "r", "key": "k"}, "non-zero"),
     ({"user": "u", "amount": "2000", "reason": "r", "key": "k"}, "at most 1000"),
     ({"user": "u", "amount": "1.0001", "reason": "r", "key": "k"}, "three decimal places"),
