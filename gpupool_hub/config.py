@@ -143,7 +143,14 @@ class GPUPool(Configurable):
     ).tag(config=True)
 
     preempt_cooldown = Float(
-        600, help="Seconds after a team was preempted during which it may not preempt anyone itself.",
+        600, help="""Seconds after a team was preempted during which it may not preempt anyone itself;
+        also how long a preempted (user, server) is not preempted again when it restarts
+        on borrowed GPUs. Both are derived from the audit log, so a restart keeps them.""",
+    ).tag(config=True)
+
+    preempt_min_runtime = Float(
+        300, help="""Seconds a borrowed server runs before it may be preempted: a younger one is
+        never chosen as a victim, so a server is not stopped moments after it started.""",
     ).tag(config=True)
 
     @validate("teams")
@@ -162,7 +169,7 @@ class GPUPool(Configurable):
             raise TraitError("c.GPUPool.default_team must be a non-empty group name")
         return proposal["value"]
 
-    @validate("preempt_grace", "preempt_cooldown")
+    @validate("preempt_grace", "preempt_cooldown", "preempt_min_runtime")
     def _check_preempt_times(self, proposal: Any) -> float:
         name = proposal["trait"].name
         if not 0 <= proposal["value"] <= 86400:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 
@@ -207,6 +207,23 @@ def may_preempt(teams: Teams, team: str, milli: int, usage: Usage, now: datetime
     if models is None:
         return teams.within_quota(team, milli, usage)
     return any(teams.within_quota(team, milli, usage, m) for m in models)
+
+
+def preemptible(holdings: Iterable[Holding], now: datetime, min_runtime: timedelta,
+                victim_cooldown_until: Mapping[tuple[str, str], datetime]) -> list[Holding]:
+    """Holdings minus borrowed servers that are protected from preemption for now:
+    younger than ``min_runtime``, or a (user, server) preempted within the cool-down.
+    Guaranteed servers pass through (they are never victims anyway)."""
+    out = []
+    for h in holdings:
+        if h.borrowed:
+            if now - h.created_at < min_runtime:
+                continue
+            until = victim_cooldown_until.get((h.user, h.server))
+            if until is not None and now < until:
+                continue
+        out.append(h)
+    return out
 
 
 def victim_order(teams: Teams, team: str, milli: int, holdings: Iterable[Holding], usage: Usage) -> list[Holding]:

@@ -818,6 +818,11 @@ class Ledger:
             row = conn.execute(sa.select(allocations).where(allocations.c.id == alloc_id)).first()
         return None if row is None else _allocation(row)
 
+    def set_borrowed(self, alloc_id: str, borrowed: bool) -> None:
+        """Re-classify a held allocation (fair share, after the quotas changed)."""
+        with self._write() as conn:
+            conn.execute(allocations.update().where(allocations.c.id == alloc_id).values(borrowed=borrowed))
+
     def allocation(self, alloc_id: str) -> AllocationRecord | None:
         with self._read() as conn:
             row = conn.execute(sa.select(allocations).where(allocations.c.id == alloc_id)).first()
@@ -872,6 +877,18 @@ class Ledger:
             .group_by(audit.c.user, audit.c.server)
         )
         q = sa.select(audit).where(audit.c.id.in_(newest.scalar_subquery())).order_by(audit.c.id)
+        with self._read() as conn:
+            return [
+                AuditEvent(id=r.id, at=_aware(r.at), user=r.user, server=r.server, action=r.action,  # type: ignore[arg-type]
+                           reason=r.reason, dry_run=bool(r.dry_run), detail=r.detail)
+                for r in conn.execute(q)
+            ]
+
+    def audit_events(self, actions: Iterable[str], *, since: datetime | None = None) -> list[AuditEvent]:
+        """Every non-dry-run event among ``actions`` (since ``since``), oldest first."""
+        q = sa.select(audit).where(audit.c.action.in_(list(actions)), audit.c.dry_run.is_(False)).order_by(audit.c.id)
+        if since is not None:
+            q = q.where(audit.c.at >= _db_time(since))
         with self._read() as conn:
             return [
                 AuditEvent(id=r.id, at=_aware(r.at), user=r.user, server=r.server, action=r.action,  # type: ignore[arg-type]

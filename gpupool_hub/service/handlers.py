@@ -597,6 +597,20 @@ class AllocationHandler(APIHandler):
         self.write_json({"allocation": self.manager.views.allocation_json(record)})
 
 
+class ReclaimsHandler(APIHandler):
+    """The spawner gives up a spawn that waits for a reclaim: its victims keep their GPUs."""
+
+    async def delete(self) -> None:
+        self.require_spawner_or_admin()
+        user = self.text_arg("user")
+        if not user:
+            raise web.HTTPError(400, "'user' is required")
+        server = self.text_arg("server", "") or ""
+        why = self.text_arg("reason", "the spawn was cancelled", max_length=1000)[:200]  # type: ignore[index]
+        cancelled = await self.core(self.manager.reclaims.cancel_pending, user, server, why)
+        self.write_json({"cancelled": cancelled})
+
+
 class AuditHandler(APIHandler):
     """Every cull action with its reason (admins)."""
 
@@ -646,6 +660,7 @@ def routes(prefix: str) -> list[tuple[str, type[web.RequestHandler]]]:
         (rf"{api}/ledger/export", ExportHandler),
         (rf"{api}/audit", AuditHandler),
         (rf"{api}/allocations", AllocationsHandler),
+        (rf"{api}/reclaims", ReclaimsHandler),
         (rf"{api}/allocations/{name}", AllocationHandler),
         (rf"{prefix.rstrip('/')}/metrics", MetricsHandler),
     ]

@@ -83,6 +83,9 @@ class PoolManager:
             except UnknownAccount:  # no account, no balance below zero: nothing to enforce
                 continue
         self.enforcement.restore(events, balances)
+        # fair share: cool-downs and counters from the preempt events; held servers re-classified
+        self.reclaims.restore(self.ledger.audit_events([AuditAction.PREEMPT.value]),
+                              self.ledger.active_allocations())
         # the epoch and the last debit are read by every GET me: read them now, not on the event loop
         self.ledger.epoch(self.clock())
         self.debits.last_debit()

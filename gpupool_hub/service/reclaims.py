@@ -3,7 +3,15 @@ borrowed GPUs for a team within its quota.
 
 The rules are pure (:mod:`gpupool_hub.fairshare`); this unit keeps their state:
 reclaims in progress per requesting (user, server), the warnings their victims
-see in ``GET me``, and until when a preempted team may not be preempted again.
+see in ``GET me``, until when a preempted team may not preempt anyone, and until
+when a preempted (user, server) is not preempted again.
+
+What outlives a restart is derived at start-up (``restore``): cool-downs and
+preemption counts from the ``preempt`` audit events, and the guaranteed/borrowed
+mark of held servers from the current quotas. Reclaims in progress do not
+survive; nor does a reclaim its spawn gave up: the spawner cancels it
+(``cancel_pending``), and one nobody asked about for ``ABANDONED_AFTER`` is
+dropped before its victims are stopped.
 """
 
 from __future__ import annotations
@@ -29,6 +37,10 @@ from .views import ViewCache
 
 log = logging.getLogger("gpupool.reclaims")
 
+# a waiting spawner asks again at least every 10 s; a reclaim nobody asked about for
+# this long belongs to a spawn that is gone (hub timeout, cancelled, hub restart)
+ABANDONED_AFTER = timedelta(seconds=60)
+
 
 @dataclass
 class Reclaim:
@@ -51,6 +63,7 @@ class Reclaim:
     deadline: datetime
     expires: datetime
     done: set[str] = field(default_factory=set)
+    last_asked: datetime | None = None  # the requester's newest (re)try
 
     @property
     def ready(self) -> bool:
@@ -82,7 +95,9 @@ class Reclaims:
         self.active: dict[tuple[str, str], Reclaim] = {}
         self.warnings: dict[str, CullWarning] = {}
         self.cooldown_until: dict[str, datetime] = {}
-        self.preemptions: dict[str, int] = {}  # per victim team, since start
+        self.preemptions: dict[str, int] = {}  # per victim team, in the audit log
+        # a preempted (user, server) restarted on borrowed GPUs is spared until then
+        self.victim_cooldown_until: dict[tuple[str, str], datetime] = {}
         # called with a new Reclaim; the service stops the victims' servers after the grace
         # and calls preempt() for each (without it, callers do that themselves)
         self.on_reclaim: Callable[[Reclaim], None] | None = None
@@ -141,7 +156,9 @@ class Reclaims:
             ok = [m for m in models if self.teams.within_quota(team, req.total_gpu_milli, usage, m)]
             req = Request(cpu_milli=req.cpu_milli, memory_mib=req.memory_mib, gpus=req.gpus,
                           gpu_milli=req.gpu_milli, models=frozenset(ok))
-        victims = fairshare.choose_victims(self.pool, req, self.teams, team, holdings, usage)
+        candidates = fairshare.preemptible(
+            holdings, now, timedelta(seconds=self.settings.preempt_min_runtime), self.victim_cooldown_until)
+        victims = fairshare.choose_victims(self.pool, req, self.teams, team, candidates, usage)
         if not victims:
             return
         released = {h.id: self.pool.release(h.id) for h in victims}
@@ -158,7 +175,7 @@ class Reclaims:
         rc = Reclaim(id=reclaim_id, user=user, server=server, team=team, request=req,
                      requested_models=requested_models, placement=placement,
                      victims=[records[h.id] for h in victims], created_at=now, deadline=now + grace,
-                     expires=now + grace + timedelta(seconds=300))
+                     expires=now + grace + timedelta(seconds=300), last_asked=now)
         self.active[(user, server)] = rc
         for v in rc.victims:
             self.warnings[v.user] = CullWarning(
@@ -172,6 +189,7 @@ class Reclaims:
         raise self.refusal(rc)
 
     def refusal(self, rc: Reclaim) -> Refused:
+        rc.last_asked = self.clock()
         n = sum(len(v.gpus) for v in rc.victims)
         return Refused(
             RefusalReason.RECLAIMING,
@@ -204,6 +222,8 @@ class Reclaims:
         vteam = victim.request.get("team") or self.teams.default_team
         self.cooldown_until[vteam] = now + timedelta(seconds=self.settings.preempt_cooldown)
         self.preemptions[vteam] = self.preemptions.get(vteam, 0) + 1
+        self.victim_cooldown_until[(victim.user, victim.server)] = (
+            now + timedelta(seconds=self.settings.preempt_cooldown))
         if not any(v.user == victim.user and v.id not in r.done for r in self.active.values() for v in r.victims):
             self.warnings.pop(victim.user, None)
         detail = {"allocation": victim.id, "team": vteam, "for_team": rc.team, "for_user": rc.user,
@@ -231,8 +251,50 @@ class Reclaims:
             self.cache.forget(v.user)
         log.info("Reclaim for %s/%s dropped: %s", rc.user, rc.server, why)
 
+    def cancel_pending(self, user: str, server: str, why: str) -> bool:
+        """The spawn waiting for a reclaim is gone (stopped, timed out): drop the reclaim
+        now, so its victims not yet stopped keep their GPUs. False if there was none."""
+        rc = self.active.get((user, server))
+        if rc is None:
+            return False
+        self.cancel(rc, why)
+        return True
+
     def expire(self) -> None:
+        """Drop reclaims never claimed after their grace + 5 minutes, and those whose
+        requester stopped asking (``ABANDONED_AFTER``) before their victims are stopped."""
         now = self.clock()
         for rc in list(self.active.values()):
             if now >= rc.expires:
                 self.cancel(rc, "not claimed in time")
+            elif not rc.ready and rc.last_asked is not None and now - rc.last_asked >= ABANDONED_AFTER:
+                self.cancel(rc, f"the spawn stopped asking for it {int((now - rc.last_asked).total_seconds())} s ago")
+
+    def restore(self, preempts: list[AuditEvent], held: list[AllocationRecord]) -> int:
+        """At start-up: cool-downs and counters from the ``preempt`` audit events (oldest
+        first), and the borrowed mark of held servers recomputed against the current
+        quotas, oldest server first (a quota lowered while they ran turns the newest
+        into borrowed ones). Returns how many servers were re-classified."""
+        cooldown = timedelta(seconds=self.settings.preempt_cooldown)
+        for e in preempts:
+            team = (e.detail or {}).get("team") or self.teams.default_team
+            self.preemptions[team] = self.preemptions.get(team, 0) + 1
+            self.cooldown_until[team] = max(self.cooldown_until.get(team, e.at), e.at + cooldown)
+            self.victim_cooldown_until[(e.user, e.server)] = e.at + cooldown
+        if not self.teams.enabled:
+            return 0
+        changed = 0
+        so_far: list[fairshare.Holding] = []
+        for r in sorted(held, key=lambda r: (r.created_at, r.id)):
+            team = r.request.get("team") or self.teams.default_team
+            milli = sum(g["milli"] for g in r.gpus)
+            model = r.gpus[0]["model"] if r.gpus else ""
+            borrowed = self.teams.classify(team, milli, model, self.teams.usage(so_far)) == "borrowed"
+            if borrowed != r.borrowed:
+                self.ledger.set_borrowed(r.id, borrowed)
+                changed += 1
+                log.warning("%s/%s (team %s) is now %s under the current quotas", r.user, r.server or "-", team,
+                            "borrowed" if borrowed else "guaranteed")
+            so_far.append(fairshare.Holding(id=r.id, team=team, milli=milli, model=model, borrowed=borrowed,
+                                            created_at=r.created_at, node=r.node, user=r.user, server=r.server))
+        return changed

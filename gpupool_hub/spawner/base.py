@@ -24,7 +24,9 @@ from typing import Any
 from jupyterhub.spawner import Spawner
 from traitlets import Bool, Float, List, Unicode, default, observe, validate
 
+from ..config import GPUPool
 from ..profiles import InvalidOptions, Profile, choose_profile, default_profile, parse_profiles
+from ..reasons import RefusalReason
 from .client import (
     DEFAULT_API_URL, GPUPoolClient, ServiceError, ServiceUnavailable, api_token_from_config, api_url_from_config,
 )
@@ -36,6 +38,10 @@ from .progress import ProgressLog
 __all__ = ["STATE_KEY", "GPUPoolSpawner"]
 
 STATE_KEY = "gpupool_allocation"
+# a reclaim wait ends this long before the hub's start_timeout, so the spawn fails with a message
+START_MARGIN = 5.0
+# start_timeout covers c.GPUPool.preempt_grace plus this much for the server itself to start
+RECLAIM_START_ALLOWANCE = 60.0
 
 
 class GPUPoolSpawner(Spawner):
@@ -136,6 +142,7 @@ class GPUPoolSpawner(Spawner):
         self.gpupool_profile_overrides = TraitOverrides(self)
         self.gpupool_allocation_overrides = TraitOverrides(self)
         self._gpupool_parsed = parse_profiles(self.profiles)
+        self._gpupool_cover_preempt_grace()
 
     # -------------------------------------------------------------- traits
 
@@ -240,19 +247,58 @@ class GPUPoolSpawner(Spawner):
         )
 
     async def _gpupool_allocate_waiting(self, profile: Profile, gpus: int) -> dict[str, Any]:
-        """Allocate; while the pool says asking again will help (a reclaim in progress), say so and retry."""
+        """Allocate; while the pool says asking again will help (a reclaim in progress), say so and retry.
+
+        A spawn that ends while it waits (stopped, cancelled, timed out, or giving up
+        here) cancels the reclaim it waited for, so no borrowed server is stopped for
+        nobody. The wait ends, with a message, before the hub's ``start_timeout`` would."""
         loop = asyncio.get_event_loop()
         give_up = loop.time() + self.reclaim_wait
-        while True:
-            try:
-                return await self.gpupool_allocate(profile, gpus)
-            except GPUPoolRefused as e:
-                if not e.retryable or loop.time() >= give_up:
-                    raise
-                wait = min(max(_retry_delay(e.retry_at), 0.5), 10.0, max(give_up - loop.time(), 0.5))
-                title = e.refusal.title if e.refusal else "Waiting"
-                self._gpupool_progress.add(20, f"{title}: {e.message}")
-                await asyncio.sleep(wait)
+        hub_gives_up = loop.time() + max(self.start_timeout - START_MARGIN, 0)
+        waited_for_reclaim = False
+        try:
+            while True:
+                try:
+                    return await self.gpupool_allocate(profile, gpus)
+                except GPUPoolRefused as e:
+                    if not e.retryable or loop.time() >= give_up:
+                        raise
+                    waited_for_reclaim = waited_for_reclaim or e.refusal == RefusalReason.RECLAIMING
+                    delay = _retry_delay(e.retry_at)
+                    if loop.time() + delay >= hub_gives_up:
+                        msg = (f"{e.message} That is after this hub's start timeout ({self.start_timeout:g} s), "
+                               "so this spawn gives up now; try again later.")
+                        if e.refusal == RefusalReason.RECLAIMING:
+                            msg += (" The borrowed servers keep running. An admin can raise c.Spawner.start_timeout"
+                                    " above c.GPUPool.preempt_grace.")
+                        raise GPUPoolRefused(msg, reason=SpawnFailure.START_TIMEOUT, status_code=409) from None
+                    wait = min(max(delay, 0.5), 10.0, max(give_up - loop.time(), 0.5))
+                    title = e.refusal.title if e.refusal else "Waiting"
+                    self._gpupool_progress.add(20, f"{title}: {e.message}")
+                    await asyncio.sleep(wait)
+        except BaseException:
+            if waited_for_reclaim:
+                await self._gpupool_cancel_reclaim()
+            raise
+
+    async def _gpupool_cancel_reclaim(self) -> None:
+        try:
+            await self.gpupool_client.cancel_reclaim(self.user.name, self.name or "", "the spawn ended while waiting")
+        except (ServiceError, ServiceUnavailable) as e:  # the service drops it once nobody asks
+            self.log.warning("Could not cancel the reclaim %s waited for: %s", self._log_name, e)
+
+    def _gpupool_cover_preempt_grace(self) -> None:
+        """With team fair share on, a spawn may wait ``c.GPUPool.preempt_grace`` for a reclaim:
+        raise ``start_timeout`` so that the hub does not give up on it first."""
+        section = self.config.GPUPool if "GPUPool" in self.config else {}
+        if not section.get("teams"):
+            return
+        grace = float(section.get("preempt_grace", GPUPool.class_traits()["preempt_grace"].default_value))
+        needed = grace + RECLAIM_START_ALLOWANCE
+        if self.start_timeout < needed:
+            self.log.warning("Raising start_timeout from %g s to %g s to cover c.GPUPool.preempt_grace (%g s) "
+                             "of reclaims", self.start_timeout, needed, grace)
+            self.start_timeout = needed
 
     async def gpupool_release(self, reason: str) -> bool:
         """Give the held allocation back; True when the service confirmed (or never knew it)."""

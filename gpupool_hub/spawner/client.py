@@ -219,6 +219,14 @@ class GPUPoolClient:
         if status not in (200, 404):
             raise ServiceError(status, _message(data))
 
+    async def cancel_reclaim(self, user: str, server: str, reason: str) -> bool:
+        """``DELETE /reclaims``: the spawn waiting for a reclaim is gone; True if one was cancelled."""
+        status, data = await self.request("DELETE", "/reclaims",
+                                          params={"user": user, "server": server, "reason": reason[:200]})
+        if status != 200:
+            raise ServiceError(status, _message(data))
+        return bool(isinstance(data, dict) and data.get("cancelled"))
+
     async def account(self, user: str) -> dict[str, Any]:
         """``GET /users/{name}``: the user's balance, floor and credits (the ``me`` view)."""
         return await self._get_object(f"/users/{quote(user, safe='')}")

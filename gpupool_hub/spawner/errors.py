@@ -28,6 +28,7 @@ class SpawnFailure(str, Enum):
     AUTH = "gpupool_auth"  # the service rejected the spawner's token: an admin must fix it
     BAD_REQUEST = "gpupool_bad_request"  # the service could not read the request
     CONFIG = "gpupool_config"  # the profile list does not fit this spawner class
+    START_TIMEOUT = "gpupool_start_timeout"  # a reclaim would outlast the hub's start_timeout
 
     def __str__(self) -> str:
         return self.value

@@ -19,7 +19,7 @@ GROUPS = {"vision": ["vision"], "nlp": ["nlp"]}
 
 
 def make_manager(db: str = "sqlite://", teams=TEAMS, clock=None, **settings) -> PoolManager:
-    settings = {"initial_grant": 100000, "preempt_grace": 1, **settings}
+    settings = {"initial_grant": 100000, "preempt_grace": 1, "preempt_min_runtime": 0, **settings}
     return make_core(NODES, {"H100": 1}, db, clock=clock or Clock(), teams=teams, **settings)
 
 

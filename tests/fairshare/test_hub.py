@@ -27,6 +27,7 @@ c.GPUPool.prices = {{"H100": 1}}
 c.GPUPool.initial_grant = 100000
 c.GPUPool.teams = {{"vision": {{"gpus": 20}}, "nlp": {{"gpus": 20}}}}
 c.GPUPool.preempt_grace = 1
+c.GPUPool.preempt_min_runtime = 0
 c.GPUPoolSpawner.profiles = [{{"slug": "h100", "display_name": "H100", "gpus": 1, "max_gpus": 10, "models": ["H100"]}}]
 c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0}}
 c.GPUPoolService.reconcile_interval = 3600

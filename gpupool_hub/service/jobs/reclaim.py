@@ -1,12 +1,15 @@
 """Carrying out a fair-share reclaim: after the grace, stop the borrowed servers
 it preempts and release their allocations; the requester's retry then gets
-the reserved GPUs."""
+the reserved GPUs.
+
+A reclaim that ended before its deadline (the spawn was stopped or timed out
+and the spawner cancelled it, or it stopped asking) stops nobody: the executor
+drops abandoned reclaims first and checks before every victim."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from datetime import datetime, timezone
 
 from tornado.ioloop import IOLoop
 
@@ -33,9 +36,10 @@ class ReclaimExecutor:
         (self.loop or IOLoop.current()).add_callback(self.run, reclaim)  # thread-safe
 
     async def run(self, reclaim: Reclaim) -> None:
-        delay = (reclaim.deadline - datetime.now(timezone.utc)).total_seconds()
+        delay = (reclaim.deadline - self.reclaims.clock()).total_seconds()
         if delay > 0:
             await asyncio.sleep(delay)
+        await self.threads.write(self.reclaims.expire)  # a spawn that stopped asking keeps nobody waiting
         for victim in reclaim.victims:
             if self.reclaims.pending(reclaim.user, reclaim.server) is not reclaim:
                 return  # cancelled meanwhile: the remaining victims keep their GPUs

@@ -1,0 +1,111 @@
+"""Issue 18 with a real hub: a reclaim's wait against the hub's start timeout, and a
+cancelled spawn that cancels its reclaim (4 nodes x 10 GPUs, two teams of 20)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tests.fixtures.hub import wait_for
+from tests.spawner.conftest import (
+    allocations, progress_events, server_path, spawn, spawner_hub, stop_everything, user_model,
+)
+
+from .conftest import NODES
+
+pytestmark = pytest.mark.integration
+
+GRACE = 8
+EXTRA = f"""
+c.GPUPool.nodes = {json.dumps(NODES)}
+c.GPUPool.prices = {{"H100": 1}}
+c.GPUPool.initial_grant = 100000
+c.GPUPool.teams = {{"vision": {{"gpus": 20}}, "nlp": {{"gpus": 20}}}}
+c.GPUPool.preempt_grace = {GRACE}
+c.GPUPool.preempt_min_runtime = 0
+c.GPUPool.preempt_cooldown = 0
+c.Spawner.start_timeout = 5
+c.GPUPoolSpawner.profiles = [{{"slug": "h100", "display_name": "H100", "gpus": 1, "max_gpus": 10, "models": ["H100"]}}]
+c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0}}
+c.GPUPoolService.reconcile_interval = 3600
+"""
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    for hub in spawner_hub(tmp_path_factory, "fairhub18", EXTRA):
+        for i in range(4):
+            hub.create_user(f"a{i}", ["vision"])
+            hub.create_user(f"b{i}", ["nlp"])
+        yield hub
+
+
+@pytest.fixture(autouse=True)
+def _clean(hub):
+    yield
+    stop_everything(hub)
+    for a in allocations(hub):
+        hub.service("DELETE", f"/allocations/{a['id']}", hub.spawner_token)
+
+
+def vision_borrows(hub):
+    """a0-a2 hold 8 GPUs each (allocations only); a3 runs a real, borrowed 8-GPU server, the newest."""
+    for i in range(3):
+        r = hub.service("POST", "/allocations", hub.spawner_token,
+                        json={"user": f"a{i}", "request": {"gpus": 8, "models": ["H100"]}})
+        assert r.status_code == 201, r.text
+    r = spawn(hub, "a3", {"profile": "h100", "gpus": 8})
+    assert r.status_code in (201, 202), r.text
+    assert progress_events(hub, "a3")[-1].get("ready")
+
+
+def reclaims(hub):
+    r = hub.service("GET", "/teams", hub.tester_token)
+    assert r.status_code == 200, r.text
+    return r.json()["reclaims"]
+
+
+def preempts(hub):
+    r = hub.service("GET", "/audit", hub.tester_token)
+    return [e for e in r.json()["events"] if e["action"] == "preempt"]
+
+
+def test_18_4_reclaim_wait_outlasting_start_timeout_still_starts(hub):
+    # preempt_grace (8 s) is above the hub's start_timeout (5 s): the spawner raised its
+    # own start_timeout to cover the grace, so the waiting spawn is not killed with an
+    # empty "Spawn failed:" while the victim is stopped later for nobody
+    vision_borrows(hub)
+    r = spawn(hub, "b0", {"profile": "h100", "gpus": 8})
+    assert r.status_code in (201, 202), r.text
+    events = progress_events(hub, "b0", timeout=60)
+    text = " ".join(e.get("message", "") for e in events)
+    assert events[-1].get("ready"), events
+    assert "Waiting for borrowed GPUs to be reclaimed" in text
+    assert [a["user"] for a in allocations(hub) if a["user"] == "b0"] == ["b0"]
+    wait_for(lambda: "" not in user_model(hub, "a3").get("servers", {}), what="a3's server to stop")
+
+
+def test_18_2_cancelled_spawn_cancels_its_reclaim(hub):
+    vision_borrows(hub)
+    seen = len(preempts(hub))
+    r = spawn(hub, "b1", {"profile": "h100", "gpus": 8})
+    assert r.status_code in (201, 202), r.text
+    wait_for(lambda: reclaims(hub), what="the reclaim for b1")
+    [rc] = reclaims(hub)
+    assert rc["user"] == "b1" and [v["user"] for v in rc["victims"]] == ["a3"]
+    deadline = time.time() + GRACE
+    # b1 deletes the pending server: the reclaim ends at once, well before its deadline
+    r = hub.hub_request("DELETE", server_path("b1"))
+    assert r.status_code in (202, 204), r.text
+    wait_for(lambda: not reclaims(hub), what="the reclaim to be cancelled", timeout=GRACE - 2)
+    assert time.time() < deadline
+    me = hub.service("GET", "/me", hub.token_for("a3")).json()
+    assert me["cull_warning"] is None
+    # past the deadline the victim still runs, nobody was preempted, the GPUs are a3's
+    wait_for(lambda: time.time() > deadline + 3, what="the reclaim's deadline to pass")
+    assert user_model(hub, "a3")["servers"][""]["ready"]
+    assert len(preempts(hub)) == seen
+    assert [a["user"] for a in allocations(hub)].count("a3") == 1
+    assert not any(a["user"] == "b1" for a in allocations(hub))
