@@ -27,6 +27,7 @@ import signal
 import socket
 import time
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any
 
 from tornado.escape import url_escape
@@ -53,6 +54,8 @@ class EnforceList:
     users: frozenset[str]
     kernels: frozenset[str] = frozenset()
     dry_run: bool = False
+    # per user whose GPU access was revoked: the GPU UUIDs they still hold
+    allowed: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -126,7 +129,13 @@ class ServiceClient:
         if not isinstance(users, list) or not all(isinstance(u, str) for u in users) or \
                 not isinstance(kernels, list) or not all(isinstance(u, str) for u in kernels):
             raise ServiceError(f"enforcement answer is malformed: {data!r:.200}")
-        return EnforceList(frozenset(users), frozenset(kernels), bool(data.get("dry_run", False)))
+        allowed = data.get("allowed", {})
+        if not isinstance(allowed, dict) or not all(
+                isinstance(u, str) and isinstance(g, list) and all(isinstance(x, str) for x in g)
+                for u, g in allowed.items()):
+            raise ServiceError(f"enforcement answer is malformed: {data!r:.200}")
+        return EnforceList(frozenset(users), frozenset(kernels), bool(data.get("dry_run", False)),
+                           {u: frozenset(g) for u, g in allowed.items()})
 
 
 class GPUPoolAgent(Application):
@@ -305,12 +314,14 @@ class GPUPoolAgent(Application):
         self.metrics.service_up.set(1 if result.service_ok else 0)
         if result.enforce is not None:
             self.metrics.enforcement_users.set(len(result.enforce.users))
-        if result.enforce is not None and result.snapshot is not None and result.enforce.users:
+        if result.enforce is not None and result.snapshot is not None and (
+                result.enforce.users or result.enforce.allowed):
             enforce = result.enforce
             try:
                 result.actions = await loop.run_in_executor(
                     None, lambda: self.enforcer.enforce(result.snapshot, enforce.users, enforce.kernels,
-                                                        dry_run=enforce.dry_run))
+                                                        dry_run=enforce.dry_run)
+                    + self.enforcer.enforce_stray(result.snapshot, enforce.allowed, dry_run=enforce.dry_run))
             except Exception:
                 self.log.exception("Enforcement failed")
                 self.metrics.loop_errors.labels("enforce").inc()

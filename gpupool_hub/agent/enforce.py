@@ -25,7 +25,7 @@ import os
 import signal
 import time
 from dataclasses import dataclass
-from typing import Collection, Iterable
+from typing import Collection, Iterable, Mapping
 
 import psutil
 
@@ -162,6 +162,21 @@ class Enforcer:
             signalled.append((proc, uuids, live))
         actions.extend(self._reap(signalled))
         return actions
+
+    def enforce_stray(self, snapshot: Snapshot, allowed: Mapping[str, Collection[str]], *,
+                      dry_run: bool | None = None) -> list[Action]:
+        """Users whose GPU access was revoked (kernels culled): stop their processes, kernels
+        included, on any GPU not in ``allowed[user]`` (what they still hold). A process on
+        one of their own GPUs is left alone; root, system users and the agent never."""
+        stray = [p for p in snapshot.processes
+                 if p.user is not None and p.user in allowed and p.gpu_uuid not in allowed[p.user]]
+        if not stray:
+            return []
+        for p in stray:
+            log.warning("Stray GPU process pid %d of %s on %s: GPU access revoked, stopping it",
+                        p.pid, p.user, p.gpu_uuid)
+        users = {p.user for p in stray if p.user}
+        return self.enforce(Snapshot(snapshot.taken_at, snapshot.gpus, stray), users, users, dry_run=dry_run)
 
     def _reap(self, signalled: list[tuple[GpuProcess, tuple[str, ...], psutil.Process]]) -> list[Action]:
         """Wait out the grace for all signalled processes together, then SIGKILL the rest."""

@@ -84,11 +84,15 @@ class InventoryHandler(AgentHandler):
 
 
 class EnforceHandler(AgentHandler):
-    def get(self, _node: str) -> None:
+    async def get(self, _node: str) -> None:
         self.touch()
         # "kernels": users whose kernels of a running server may be stopped too (default: none;
-        # the hub culls those)
-        self.write_json({**self.manager.enforcement.agent_list(), "dry_run": self.context.agent_dry_run})
+        # the hub culls those); "allowed": GPUs still held by users whose kernels were culled
+        held: dict[str, list[str]] = {}
+        if self.manager.enforcement.stray_users():
+            for r in await self.read_db(self.manager.ledger.active_allocations):
+                held.setdefault(r.user, []).extend(g["uuid"] for g in r.gpus)
+        self.write_json({**self.manager.enforcement.agent_list(held), "dry_run": self.context.agent_dry_run})
 
 
 def agent_routes(prefix: str) -> list[tuple[str, type[web.RequestHandler]]]:

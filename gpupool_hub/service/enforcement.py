@@ -100,6 +100,15 @@ class Enforcement:
     def revoked_servers(self) -> list[tuple[str, str]]:
         return list(self.revoked)
 
-    def agent_list(self) -> dict[str, list[str]]:
-        """What node agents enforce: users whose GPU processes stop, and whose kernels too."""
-        return {"users": sorted(self.users), "kernels": sorted(self.kernel_users & self.users)}
+    def stray_users(self) -> set[str]:
+        """Users whose kernels were culled while their server runs: their GPU access was
+        revoked, so any process of theirs on a GPU they no longer hold is stray."""
+        return {user for user, _server in self.revoked}
+
+    def agent_list(self, held: Mapping[str, Iterable[str]] | None = None) -> dict[str, Any]:
+        """What node agents enforce: users whose GPU processes stop, whose kernels too, and
+        (``allowed``) per revoked user the GPU UUIDs they still hold (``held``): their
+        processes on other GPUs, kernels included, are stopped."""
+        held = held or {}
+        return {"users": sorted(self.users), "kernels": sorted(self.kernel_users & self.users),
+                "allowed": {u: sorted(held.get(u, ())) for u in sorted(self.stray_users())}}

@@ -122,7 +122,7 @@ async def test_agent_endpoints_need_the_nodes_token_or_admin(service, token, sta
     code, body = await service.call("GET", "nodes/n1/enforce", token)
     assert code == status, body
     if status == 200:
-        assert body == {"users": [], "kernels": [], "dry_run": False}
+        assert body == {"users": [], "kernels": [], "allowed": {}, "dry_run": False}
     else:
         assert body["status"] == status and body["message"]
     inv = {"cpu_milli": 1000, "memory_mib": 1024}
@@ -207,3 +207,24 @@ async def test_the_loop_keeps_running_through_nvml_and_service_failures(make_nvm
     agent.stop()
     await asyncio.wait_for(task, 5)
     assert not task.exception() and nv.initialized == 0
+
+
+async def test_18_7_stray_kernel_on_a_gpu_the_user_no_longer_holds_is_stopped(service, procs, make_nvml):
+    from gpupool_hub.service.admission import parse_request
+
+    record = service.manager.admission.admit("gpupool-t1", [], "", parse_request({"gpus": 1}))
+    mine = record.gpus[0]["uuid"]
+    kept = procs.sleeper("gpupool-t1")  # on the GPU the user still holds
+    server, kernel = procs.server_with_kernel("gpupool-t1")  # a new kernel on the other GPU
+    on_mine, on_other = ((kept.pid,), (kernel,)) if mine == "GPU-0000-fake" else ((kernel,), (kept.pid,))
+    nv = make_nvml(two_gpus(on_mine, on_other))
+    agent = make_agent(nv, service.url)
+    assert (await agent.tick()).actions == []  # nothing revoked: the kernel is left alone
+    # the user's kernels were culled (their GPUs went to someone else); pressure is over,
+    # the user is on no list, but the server runs on with a stale CUDA_VISIBLE_DEVICES
+    service.manager.enforcement.revoked[("gpupool-t1", "")] = service.manager.clock()
+    code, body = await service.call("GET", "nodes/n1/enforce", TOKENS["n1"])
+    assert code == 200 and body["allowed"] == {"gpupool-t1": [mine]} and body["users"] == []
+    result = await agent.tick()
+    assert {a.pid: a.action for a in result.actions} == {kernel: TERMINATED}
+    assert alive(kept.pid) and alive(server.pid)
