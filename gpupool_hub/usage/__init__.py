@@ -2,5 +2,6 @@
 
 from gpupool_hub.usage.base import Usage, UsageSource, UsageUnavailable
 from gpupool_hub.usage.prometheus import PrometheusUsageSource
+from gpupool_hub.usage.slurm import SlurmUsageSource
 
-__all__ = ["PrometheusUsageSource", "Usage", "UsageSource", "UsageUnavailable"]
+__all__ = ["PrometheusUsageSource", "SlurmUsageSource", "Usage", "UsageSource", "UsageUnavailable"]
