@@ -80,6 +80,14 @@ def _running(pid: int) -> bool:
     return state != "Z"  # a zombie waiting for init to reap it is not running
 
 
+def test_missing_binaries_give_a_clear_skip_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    import tests.fixtures.slurm as fixture
+
+    monkeypatch.setattr(fixture.shutil, "which", lambda name, path=None: None if name == "slurmd" else "/x")
+    reason = fixture._skip_reason()
+    assert reason is not None and "slurmd" in reason and "apt-get install" in reason
+
+
 def test_startup_was_quick(slurm_cluster: SlurmCluster) -> None:
     # everything, MariaDB and slurmdbd included; ~3-5 s on a loaded 2-core machine
     assert slurm_cluster.startup_seconds < 30

@@ -24,12 +24,19 @@ A6000, RTX3090 = MODELS["a6000"], MODELS["rtx3090"]
 
 
 def ctld_times(slurm: SlurmCluster, job_id: int) -> tuple[int, int | None]:
-    """(start, end) epoch seconds from slurmctld; end None while running."""
+    """(start, end) epoch seconds from slurmctld; end None while running.
+
+    While a job runs, slurmctld's EndTime is its expected end (a year ahead
+    for an unlimited job), so it is only read once the job has ended.
+    """
     out = stdout_of(slurm, ["scontrol", "show", "job", "--oneliner", str(job_id)], SLURM_TIME_FORMAT="%s")
     start = re.search(r" StartTime=(\d+) ", out)
     end = re.search(r" EndTime=(\S+) ", out)
-    assert start and end, out
-    return int(start.group(1)), (int(end.group(1)) if end.group(1).isdigit() else None)
+    state = re.search(r" JobState=(\S+) ", out)
+    assert start and end and state, out
+    if state.group(1) in ("RUNNING", "SUSPENDED", "CONFIGURING"):
+        return int(start.group(1)), None
+    return int(start.group(1)), int(end.group(1))
 
 
 def utc(epoch: float) -> datetime:
@@ -124,9 +131,11 @@ def test_running_job_counts_up_to_the_interval_end(slurm_accounting: SlurmCluste
     assert end is None
     assert slurm.wait_accounted(job, running=True) == (start, None)
     t0, t1 = start - 1, start + 2
-    wait_until(t1)
+    wait_until(start + 4)
     src = source(slurm)
     assert table(src.usage(utc(t0), utc(t1))) == {("nobody", RTX3090): Decimal(2 * 2)}
+    # an interval that begins after the job started
+    assert table(src.usage(utc(start + 1), utc(start + 4))) == {("nobody", RTX3090): Decimal(2 * 3)}
     # the comment of a running job comes from slurmctld
     assert table(source(slurm, comment_prefix="gpupool:").usage(utc(t0), utc(t1))) == {
         ("nobody", RTX3090): Decimal(4)}
