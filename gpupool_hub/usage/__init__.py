@@ -2,5 +2,6 @@
 
 from gpupool_hub.usage.base import Usage, UsageNotSettled, UsageSource, UsageUnavailable
 from gpupool_hub.usage.prometheus import PrometheusUsageSource
+from gpupool_hub.usage.slurm import SlurmUsageSource
 
-__all__ = ["PrometheusUsageSource", "Usage", "UsageNotSettled", "UsageSource", "UsageUnavailable"]
+__all__ = ["PrometheusUsageSource", "SlurmUsageSource", "Usage", "UsageNotSettled", "UsageSource", "UsageUnavailable"]
