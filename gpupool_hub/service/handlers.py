@@ -27,6 +27,7 @@ from ..ledger import Entry, IdempotencyConflict, UnknownAccount
 from ..units import AmountError, format_tokens, parse_amount
 from ..timefmt import iso as _iso
 from .admission import parse_request
+from .attempts import KEY_MAX_LENGTH, AttemptAbandoned, parse_instant
 from .context import ServiceContext
 from .errors import BadRequest, Refused
 from .hubapi import HubError
@@ -356,9 +357,12 @@ class AllocationsHandler(APIHandler):
     async def post(self) -> None:
         self.require_spawner_or_admin()
         body = self.json_body()
-        unknown = sorted(set(body) - {"user", "server", "request", "groups"})
+        unknown = sorted(set(body) - {"user", "server", "request", "groups", "key"})
         if unknown:
-            raise web.HTTPError(400, f"unknown field(s) {unknown}; expected user, server, request, groups")
+            raise web.HTTPError(400, f"unknown field(s) {unknown}; expected user, server, request, groups, key")
+        key = body.get("key")
+        if key is not None and not (isinstance(key, str) and 0 < len(key) <= KEY_MAX_LENGTH):
+            raise web.HTTPError(400, f"'key' must be the spawn attempt's key, 1-{KEY_MAX_LENGTH} characters")
         user, server = body.get("user"), body.get("server", "")
         if not isinstance(user, str) or not user or len(user) > 255:
             raise web.HTTPError(400, "'user' must be a JupyterHub username")
@@ -376,9 +380,12 @@ class AllocationsHandler(APIHandler):
         if groups is None:
             groups = await self.groups_of(user)
         try:
-            record = self.manager.admission.admit(user, groups, server, req, models)
+            record = self.manager.admission.admit(user, groups, server, req, models, key=key)
         except BadRequest as e:
             raise web.HTTPError(400, str(e)) from None
+        except AttemptAbandoned as e:
+            self.write_json({"allocated": False, "reason": "abandoned", "message": str(e)}, 410)
+            return
         except Refused as e:
             self.write_json({"allocated": False, **e.as_dict()}, 409)
             return
@@ -396,10 +403,29 @@ class AllocationHandler(APIHandler):
     def delete(self, alloc_id: str) -> None:
         self.require_spawner_or_admin()
         reason = self.get_argument("reason", "server stopped")[:200]
-        record = self.manager.admission.release(alloc_id, reason)
+        at = self.get_argument("at", None)  # when the server stopped, for a release that comes late
+        try:
+            stopped = parse_instant(at) if at is not None else None
+        except ValueError as e:
+            raise web.HTTPError(400, f"'at' must be an ISO 8601 instant: {e}") from None
+        record = self.manager.admission.release(alloc_id, reason, at=stopped)
         if record is None:
             raise web.HTTPError(404, f"no allocation {alloc_id!r}")
         self.write_json({"allocation": self.manager.views.allocation_json(record)})
+
+
+class AllocationByKeyHandler(APIHandler):
+    """``DELETE /allocations/by-key/{key}``: the spawner gave up on a spawn attempt."""
+
+    def delete(self, key: str) -> None:
+        self.require_spawner_or_admin()
+        key = url_unescape(key)
+        if not 0 < len(key) <= KEY_MAX_LENGTH:
+            raise web.HTTPError(400, f"a spawn attempt's key has 1-{KEY_MAX_LENGTH} characters")
+        reason = self.get_argument("reason", "spawn abandoned")[:200]
+        record = self.manager.admission.release_key(key, reason)
+        views = self.manager.views
+        self.write_json({"allocation": views.allocation_json(record) if record is not None else None})
 
 
 class AuditHandler(APIHandler):
@@ -451,6 +477,7 @@ def routes(prefix: str) -> list[tuple[str, type[web.RequestHandler]]]:
         (rf"{api}/ledger/export", ExportHandler),
         (rf"{api}/audit", AuditHandler),
         (rf"{api}/allocations", AllocationsHandler),
+        (rf"{api}/allocations/by-key/{name}", AllocationByKeyHandler),
         (rf"{api}/allocations/{name}", AllocationHandler),
         (rf"{prefix.rstrip('/')}/metrics", MetricsHandler),
     ]
