@@ -34,7 +34,7 @@ from .jobs import JobRunner
 from .jobs.accounting import DebitJob, ReplenishJob
 from .jobs.cull import CullJob, UtilizationProbe
 from .jobs.reclaim import ReclaimExecutor
-from .jobs.reconcile import ReconcileJob
+from .jobs.reconcile import DebitAfterReconcile, ReconcileJob
 from .manager import PoolManager
 from .metrics import ServiceMetrics
 from .webapp import make_app
@@ -214,7 +214,9 @@ class GPUPoolService(Application):
     def start_jobs(self) -> None:
         m, jobs = self.manager, self.jobs
         jobs.every(self.replenish_interval, "replenish", ReplenishJob(self.hub, self.groups, m.accounts, jobs.in_thread))
-        jobs.every(self.debit_check_interval, "debit", DebitJob(m.debits, jobs.in_thread))
+        # an interval is charged once the servers were reconciled after it closed (jobs/reconcile.py)
+        debit = DebitAfterReconcile(self.reconciler, DebitJob(m.debits, jobs.in_thread), m.debits)
+        jobs.every(self.debit_check_interval, "debit", debit)
         jobs.every(self.reconcile_interval, "reconcile", self.reconciler)
         if self.culler.enabled:
             probe = UtilizationProbe(self.culler, self.prometheus_url, self.prometheus_token)
