@@ -26,6 +26,7 @@ from ..config import GPUPool
 from ..ledger import Ledger
 from ..profiles import parse_profiles
 from ..usage.records import AllocationRecordsSource
+from .configfile import CONFIG_FILE_ENV
 from .context import ServiceContext
 from .cull import Culler
 from .groups import GroupCache
@@ -59,7 +60,12 @@ class GPUPoolService(Application):
 
     config_file = Unicode(
         "jupyterhub_config.py",
-        help="The hub's configuration file, read for c.GPUPool and c.GPUPoolService settings.",
+        help="""The hub's configuration file, read for c.GPUPool and c.GPUPoolService settings.
+
+        The example configuration passes the hub's own file (its ``-f``) as
+        ``--config``, found by ``gpupool_hub.service.configfile.hub_config_file``,
+        so a file that ``load_subconfig``s the example is the one read.
+        Env ``GPUPOOL_CONFIG_FILE`` overrides it.""",
     ).tag(config=True)
 
     ip = Unicode(help="Interface to listen on (default: from JUPYTERHUB_SERVICE_URL).").tag(config=True)
@@ -134,12 +140,16 @@ class GPUPoolService(Application):
     def initialize(self, argv: list[str] | None = None) -> None:
         super().initialize(argv)
         explicit = "config_file" in self.cli_config.get("GPUPoolService", {})
-        path = os.environ.get("GPUPOOL_CONFIG_FILE") or self.config_file
+        path = os.path.abspath(os.environ.get(CONFIG_FILE_ENV) or self.config_file)
         if os.path.exists(path):
+            self.config_file = path  # what the configuration's own hub_config_file() sees while it loads
             self.load_config_file(path)
             self.update_config(self.cli_config)  # command line wins over the file
-        elif explicit or "GPUPOOL_CONFIG_FILE" in os.environ:
+            log.info("gpupool: configuration from %s", path)  # (the Application's own log shows WARNING and up)
+        elif explicit or CONFIG_FILE_ENV in os.environ:
             raise SystemExit(f"gpupool: config file {path!r} not found")
+        else:
+            log.warning("gpupool: no configuration file (%s not found); running with the defaults", path)
         self._check_profiles()
         self.settings_ = GPUPool(parent=self)
         self.ledger = Ledger(self.settings_.db_url)
@@ -232,7 +242,13 @@ class GPUPoolService(Application):
 
 
 def main(argv: list[str] | None = None) -> None:
+    # The ledger (SQLite files) and anything else the service creates is for the service
+    # alone: users' servers must not read other users' balances from the database file.
+    os.umask(0o077)
     logging.basicConfig(level=logging.INFO, format="[%(levelname)1.1s %(asctime)s %(name)s] %(message)s")
     app = GPUPoolService.instance()
     app.initialize(argv)
-    app.start()
+    try:
+        app.start()
+    except KeyboardInterrupt:  # the hub stops its managed services with SIGINT: a normal stop
+        log.info("gpupool service stopped")
