@@ -18,8 +18,8 @@ Two things went wrong when a release was a single request that could fail:
 
 A :class:`Release` is one such fact for the service. The process-wide
 :data:`outbox` sends each at once and, while the service does not answer,
-keeps it and tries again every ``retry_interval`` seconds, one request at a
-time and in order, until the service confirms. It outlives the spawner
+keeps it and tries again every ``retry_interval`` seconds, in order for each
+server, until the service confirms. It outlives the spawner
 object that queued it. A hub restart loses it; the service's reconcile job
 then releases the allocation at the time the hub last saw its server.
 """
@@ -93,10 +93,13 @@ class Release:
 
 
 class ReleaseOutbox:
-    """Releases not yet confirmed by the service, delivered in order until each is."""
+    """Releases not yet confirmed by the service, delivered until each is: in order for one
+    server, up to ``concurrency`` servers at a time (a paused service makes each request wait
+    for its timeout, and one server's releases must not wait behind every other's)."""
 
-    def __init__(self, retry_interval: float = 5.0) -> None:
+    def __init__(self, retry_interval: float = 5.0, concurrency: int = 8) -> None:
         self.retry_interval = retry_interval
+        self.concurrency = concurrency
         self.pending: list[Release] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._changed: asyncio.Condition | None = None
@@ -175,13 +178,11 @@ class ReleaseOutbox:
         assert self._wake is not None
         while True:
             self._wake.clear()
-            for release in list(self.pending):
-                if await self._deliver(release):
-                    self.pending.remove(release)
-                    release.confirmed = True
-                    if release.on_confirmed is not None:
-                        release.on_confirmed()
-                    await self._notify()
+            servers: dict[tuple[str, str], list[Release]] = {}
+            for release in self.pending:
+                servers.setdefault((release.user, release.server), []).append(release)
+            limit = asyncio.Semaphore(self.concurrency)
+            await asyncio.gather(*(self._deliver_in_order(queue, limit) for queue in servers.values()))
             if not self.pending:
                 await self._notify()
                 if not self.pending:  # nothing was queued meanwhile: done (no await after this check)
@@ -191,6 +192,19 @@ class ReleaseOutbox:
                 await asyncio.wait_for(self._wake.wait(), timeout=self.retry_interval)
             except asyncio.TimeoutError:
                 pass
+
+    async def _deliver_in_order(self, queue: list[Release], limit: asyncio.Semaphore) -> None:
+        """One server's releases, oldest first, stopping at the first the service does not take
+        (an abandoned attempt must reach it before a later release of the same server)."""
+        async with limit:
+            for release in queue:
+                if not await self._deliver(release):
+                    return
+                self.pending.remove(release)
+                release.confirmed = True
+                if release.on_confirmed is not None:
+                    release.on_confirmed()
+                await self._notify()
 
     async def _deliver(self, release: Release) -> bool:
         try:
