@@ -134,9 +134,10 @@ def test_12_10_demo_stops_within_10_s_and_leaves_no_process(demo, sig):
 
     def server_up() -> bool:
         assert demo.poll() is None, f"demo.sh exited early:\n{log_tail(demo)}"
-        try:
-            return requests.get(f"{url}/user/alice/api", timeout=5).status_code == 200
-        except requests.RequestException:
+        try:  # the server itself answers (not the hub's redirect to its login page)
+            r = requests.get(f"{url}/user/alice/api", timeout=5, allow_redirects=False)
+            return r.status_code == 200 and "version" in r.json()
+        except (requests.RequestException, ValueError):
             return False
 
     wait_for(server_up, 180, "alice's JupyterLab")
