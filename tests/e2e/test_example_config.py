@@ -38,7 +38,7 @@ def debits(hub, token: str) -> list[dict]:
     return [e for e in r.json()["entries"] if e["kind"] == "debit"]
 
 
-def test_example_config_charges_a_priced_profile(example_hub_factory, unix_users, probe_cmd):
+def test_example_config_charges_a_priced_profile(unix_users, probe_cmd, example_hub_factory):
     assert EXAMPLE_CONFIG.is_file()
     name = unix_users("alice")
     hub = example_hub_factory(debit_interval=INTERVAL, debit_check_interval=1, server_cmd=probe_cmd)

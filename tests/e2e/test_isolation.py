@@ -31,7 +31,8 @@ pytestmark = pytest.mark.integration
 
 
 def test_12_6_alices_server_cannot_read_the_service_token_bobs_files_or_bobs_balance(
-        example_hub_factory, unix_users, probe_cmd, shared_dir):
+        shared_dir, unix_users, probe_cmd, example_hub_factory):
+    # (fixtures in this order: the hub stops before the users and its folder are removed)
     alice, bob = unix_users("alice"), unix_users("bob")
     hub = example_hub_factory(workdir=shared_dir / "hub", server_cmd=probe_cmd)
     spawn(hub, bob, {"profile": "1x2080"})
