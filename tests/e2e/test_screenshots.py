@@ -26,7 +26,7 @@ def git_ignored(path: Path) -> bool:
     return r.returncode == 0
 
 
-def test_12c_browser_tests_write_screenshots_under_build_not_docs():
+def test_12_12c_browser_tests_write_screenshots_under_build_not_docs():
     for module in (test_browser, test_widget_hub):
         shot = module.SCREENSHOT.resolve()
         assert shot.is_relative_to(REPO / "build" / "screenshots"), (module.__name__, shot)
@@ -34,7 +34,7 @@ def test_12c_browser_tests_write_screenshots_under_build_not_docs():
         assert git_ignored(shot), f"{shot} would be tracked by git"
 
 
-def test_12c_update_screenshots_copies_every_png_from_build(tmp_path):
+def test_12_12c_update_screenshots_copies_every_png_from_build(tmp_path):
     shots, images = tmp_path / "shots", tmp_path / "images"
     (shots / "pages").mkdir(parents=True)
     images.mkdir()
@@ -50,7 +50,7 @@ def test_12c_update_screenshots_copies_every_png_from_build(tmp_path):
     assert (images / "widget.png").read_bytes() == PNG + b"w"
 
 
-def test_12c_update_screenshots_says_when_there_is_nothing_to_copy(tmp_path):
+def test_12_12c_update_screenshots_says_when_there_is_nothing_to_copy(tmp_path):
     env = {**os.environ, "SCREENSHOTS": str(tmp_path / "none"), "DOCS_IMAGES": str(tmp_path / "images")}
     r = subprocess.run(["bash", str(SCRIPT), "--no-run"], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "run without --no-run" in r.stderr
