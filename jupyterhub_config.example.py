@@ -1,21 +1,33 @@
 # jupyterhub_config.example.py — a JupyterHub with a gpupool: token balances,
 # priced GPU profiles, packed placement and usage debits.
 #
-# The hub and the gpupool service both read this one file: the hub for its own
-# settings and the spawner, the service (started below as a managed service)
-# for c.GPUPool and c.GPUPoolService. Copy it to jupyterhub_config.py and
-# adapt the marked parts. `scripts/demo.sh` runs it as is, with a simulated
-# pool (no GPU needed).
+# The hub and the gpupool service both read the hub's configuration file: the
+# hub for its own settings and the spawner, the service (started below as a
+# managed service) for c.GPUPool and c.GPUPoolService. Copy this file to
+# jupyterhub_config.py and adapt the marked parts, or load it from yours with
+# load_subconfig("jupyterhub_config.example.py") and override after it: the
+# service reads your file either way.
+#
+# Safe to copy: every user's server runs as that user's own Unix account, so
+# code in one user's server cannot read another user's files, the service's
+# token or the ledger. That needs a Unix account per hub user and the hub
+# running as root (or the sudospawner route: docs/admin-guide.md, "User
+# isolation"). `scripts/demo.sh` runs this file with a simulated pool (no GPU
+# needed) and demo-only shortcuts in its own generated config (one Unix user
+# for everybody, any password): never copy those.
 
 import os
 import secrets
 import sys
 
+from gpupool_hub.service.configfile import hub_config_file
+
 c = get_config()  # noqa: F821  (provided by JupyterHub's config loader)
 
-# This file's path, so the service reads the same configuration. The demo
-# points it at its own wrapper file through GPUPOOL_CONFIG_FILE.
-CONFIG_FILE = os.environ.get("GPUPOOL_CONFIG_FILE", os.path.abspath(__file__))
+# The hub's own configuration file (its -f), so the service reads the same
+# settings, including whatever a file that load_subconfig()s this one sets
+# after it. GPUPOOL_CONFIG_FILE overrides it (e.g. a file just for the service).
+CONFIG_FILE = hub_config_file(fallback=__file__)
 
 # One secret shared by the hub's spawner and the service: the service's API
 # token. Set GPUPOOL_API_TOKEN in production so it survives restarts; random
@@ -24,19 +36,27 @@ GPUPOOL_API_TOKEN = os.environ.get("GPUPOOL_API_TOKEN") or secrets.token_hex(32)
 
 # ----------------------------------------------------------------- the hub
 c.JupyterHub.bind_url = "http://127.0.0.1:8000"         # where users connect (CHANGE in production)
-c.JupyterHub.authenticator_class = "dummy"               # demo only: any password works (CHANGE)
-c.Authenticator.allow_all = True                         # demo only: anyone may log in (CHANGE)
+c.JupyterHub.authenticator_class = "pam"                 # the machine's Unix accounts and their passwords
+c.Authenticator.allowed_users = {"alice", "bob"}         # who may log in (CHANGE; or c.PAMAuthenticator.allowed_groups)
 c.Authenticator.admin_users = {"admin"}                  # hub admins (also gpupool admins, see roles)
 
-# Spawners that ask the gpupool before starting a server. Others:
-# "gpupool-localprocess" (real Unix users), "gpupool-systemd",
-# "gpupool-kubernetes" (see the Kubernetes section at the end).
-c.JupyterHub.spawner_class = "gpupool-simple"
+# Spawners that ask the gpupool before starting a server. "gpupool-localprocess"
+# runs each server as its user's Unix account (the hub runs as root), with a
+# umask of 077 so files users create are private. Others: "gpupool-systemd"
+# (one systemd unit per server, also per-user), "gpupool-kubernetes" (see the
+# Kubernetes section at the end). Never "gpupool-simple" outside a demo: it runs
+# every user's server as the hub's own user, where any user's code can read
+# the gpupool service's API token and every other user's files.
+c.JupyterHub.spawner_class = "gpupool-localprocess"
 c.Spawner.default_url = "/lab"                           # open JupyterLab, where the balance widget lives
 c.JupyterHub.allow_named_servers = True                  # each named server holds its own GPUs
 c.JupyterHub.cleanup_servers = False                     # a hub restart keeps servers and their GPUs
 
 # --------------------------------------------------- the gpupool service
+# The service runs as the hub's Unix user (root here) with its API token only in
+# its own environment, which users' servers (other Unix users) cannot read. To run
+# it as a Unix user of its own, add "user": "gpupool" (it must be able to read
+# this file and write its database; docs/admin-guide.md, "User isolation").
 c.JupyterHub.services = [
     {
         "name": "gpupool",

@@ -4,9 +4,11 @@
     .venv/bin/python docs/gen_config_reference.py --check  # exit 1 if the file is out of date
 
 It imports the Configurable classes and lists, for each, the traits it defines
-itself (``class_own_traits(config=True)``): name, type, default and help string.
-Inherited traits (JupyterHub's Spawner, traitlets' Application) are documented
-by those projects. Needs the ``kubernetes`` extra (KubeSpawner) to be installed,
+itself (``class_own_traits(config=True)``) and those of gpupool_hub base
+classes that have no section of their own (e.g. the spawner's release half,
+``GPUPoolReleases``, under ``c.GPUPoolSpawner``, the first section whose class
+has it): name, type, default and help string. Inherited traits (JupyterHub's
+Spawner, traitlets' Application) are documented by those projects. Needs the ``kubernetes`` extra (KubeSpawner) to be installed,
 since GPUPoolKubeSpawner is part of the reference.
 """
 
@@ -39,6 +41,10 @@ SECTIONS = [
      "Settings of the spawner mixin, whichever concrete spawner class you use "
      "(`gpupool-localprocess`, `gpupool-systemd`, `gpupool-kubernetes`, your own). "
      "Plain `c.Spawner` / `c.LocalProcessSpawner` / `c.KubeSpawner` settings keep working."),
+    ("c.GPUPoolLocalProcessSpawner", "gpupool_hub.spawner", "GPUPoolLocalProcessSpawner",
+     "the hub, with `c.JupyterHub.spawner_class = \"gpupool-localprocess\"`",
+     "Each server runs as its user's Unix account (the hub runs as root). "
+     "See [User isolation](admin-guide.md#user-isolation)."),
     ("c.GPUPoolKubeSpawner", "gpupool_hub.kubespawner", "GPUPoolKubeSpawner",
      "the hub, with `c.JupyterHub.spawner_class = \"gpupool-kubernetes\"`",
      "How an allocation becomes node affinity and GPU resource limits on the pod."),
@@ -85,6 +91,8 @@ def _default(cls, name: str, trait) -> str:
         value = repr(trait.default_value)
     if value in ("traitlets.Undefined", "Undefined"):
         return "unset"
+    if name.endswith("umask") and isinstance(trait.default_value, int):
+        return f"`{trait.default_value:#o}`"  # a mode reads in octal
     if type(trait).__name__ == "TokenAmount" and value not in ("None",):
         value = value.replace("Decimal(", "").rstrip(")").strip("'")
     return f"`{value}`"
@@ -124,6 +132,18 @@ def _help(trait) -> str:
     return "\n".join(out)
 
 
+def _traits(cls, sections: set[type], documented: set[tuple[type, str]]) -> dict:
+    """The class's own traits plus those of its gpupool_hub bases without a section (once)."""
+    traits = {}
+    for name, trait in cls.class_traits(config=True).items():
+        owner = trait.this_class
+        mine = owner is cls or (owner not in sections and owner.__module__.startswith("gpupool_hub"))
+        if mine and (owner, name) not in documented:
+            documented.add((owner, name))
+            traits[name] = trait
+    return traits
+
+
 def render() -> str:
     parts = [
         "# Configuration reference",
@@ -144,8 +164,11 @@ def render() -> str:
         "For how the settings work together, see the [Admin guide](admin-guide.md).",
         "",
     ]
-    for title, cls, reader, intro in _classes():
-        traits = cls.class_own_traits(config=True)
+    classes = _classes()
+    sections = {cls for _, cls, _, _ in classes}
+    documented: set[tuple[type, str]] = set()
+    for title, cls, reader, intro in classes:
+        traits = _traits(cls, sections, documented)
         parts += [f"## {title}", "", f"Read by {reader}. {intro}", ""]
         parts += ["| trait | type | default |", "|---|---|---|"]
         for name in sorted(traits):

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import math
-import sqlite3
 import threading
 import time
 from collections import defaultdict
@@ -410,15 +409,6 @@ def _configure_sqlite(engine: Engine, busy_timeout: float, reader: bool) -> None
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
-def _busy(error: sa.exc.OperationalError) -> bool:
-    """Did the database refuse for lack of a lock (SQLite busy, PostgreSQL lock timeout)?"""
-    orig = error.orig
-    if isinstance(orig, sqlite3.OperationalError):
-        code = getattr(orig, "sqlite_errorcode", None)
-        return code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED) or "locked" in str(orig)
-    return getattr(orig, "sqlstate", None) == "55P03"  # PostgreSQL lock_not_available
-
-
 def _insert(conn: Connection, table: sa.Table):  # type: ignore[no-untyped-def]
     """INSERT ... ON CONFLICT DO NOTHING for the connection's dialect."""
     if conn.dialect.name == "postgresql":
@@ -546,7 +536,7 @@ class Ledger:
             with self.engine.begin() as conn:
                 yield conn
         except sa.exc.OperationalError as e:
-            if not _busy(e):
+            if not is_database_busy(e):
                 raise
             raise LedgerBusy(BUSY_MESSAGE, math.ceil(self.busy_timeout)) from e
 
@@ -854,6 +844,11 @@ class Ledger:
             )).inserted_primary_key[0]
         return AuditEvent(**{**event.__dict__, "id": new_id})
 
+    def _audit_query(self, q: sa.Select) -> list[AuditEvent]:  # type: ignore[type-arg]
+        with self._read() as conn:
+            return [AuditEvent(id=r.id, at=_aware(r.at), user=r.user, server=r.server, action=r.action,
+                               reason=r.reason, dry_run=bool(r.dry_run), detail=r.detail) for r in conn.execute(q)]
+
     def audit_log(self, *, limit: int = 100, before: int | None = None, user: str | None = None) -> list[AuditEvent]:
         """Audit events, newest first; ``before`` = the last id of the previous page."""
         q = sa.select(audit).order_by(audit.c.id.desc()).limit(limit)
@@ -861,12 +856,7 @@ class Ledger:
             q = q.where(audit.c.id < before)
         if user is not None:
             q = q.where(audit.c.user == user)
-        with self._read() as conn:
-            return [
-                AuditEvent(id=r.id, at=_aware(r.at), user=r.user, server=r.server, action=r.action,  # type: ignore[arg-type]
-                           reason=r.reason, dry_run=bool(r.dry_run), detail=r.detail)
-                for r in conn.execute(q)
-            ]
+        return self._audit_query(q)
 
     def audit_latest(self, actions: Iterable[str], *, dry_run: bool = False) -> list[AuditEvent]:
         """The newest event among ``actions`` per (user, server), oldest first: what the
@@ -877,24 +867,14 @@ class Ledger:
             .group_by(audit.c.user, audit.c.server)
         )
         q = sa.select(audit).where(audit.c.id.in_(newest.scalar_subquery())).order_by(audit.c.id)
-        with self._read() as conn:
-            return [
-                AuditEvent(id=r.id, at=_aware(r.at), user=r.user, server=r.server, action=r.action,  # type: ignore[arg-type]
-                           reason=r.reason, dry_run=bool(r.dry_run), detail=r.detail)
-                for r in conn.execute(q)
-            ]
+        return self._audit_query(q)
 
     def audit_events(self, actions: Iterable[str], *, since: datetime | None = None) -> list[AuditEvent]:
         """Every non-dry-run event among ``actions`` (since ``since``), oldest first."""
         q = sa.select(audit).where(audit.c.action.in_(list(actions)), audit.c.dry_run.is_(False)).order_by(audit.c.id)
         if since is not None:
             q = q.where(audit.c.at >= _db_time(since))
-        with self._read() as conn:
-            return [
-                AuditEvent(id=r.id, at=_aware(r.at), user=r.user, server=r.server, action=r.action,  # type: ignore[arg-type]
-                           reason=r.reason, dry_run=bool(r.dry_run), detail=r.detail)
-                for r in conn.execute(q)
-            ]
+        return self._audit_query(q)
 
     def credits_through_of(self, names: Iterable[str]) -> dict[str, date | None]:
         """``credits_through`` of each existing account among ``names`` (one query per 500)."""

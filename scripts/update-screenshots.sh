@@ -1,31 +1,47 @@
 #!/usr/bin/env bash
-# Refresh the screenshots of the gpupool pages in docs/images/.
+# Refresh the screenshots in docs/images/ from the ones the browser tests take.
 #
-# The browser tests (tests/pages/test_pages_hub.py: a real hub, headless
-# Chromium) save their screenshots in build/screenshots/pages/, which git
-# ignores, so running the test suite never changes a tracked file. This script
-# runs those tests and copies the pictures into docs/images/; commit them when
-# they changed on purpose.
+# The browser tests (tests/labext/test_browser.py, tests/e2e/test_widget_hub.py,
+# tests/pages/test_pages_hub.py where present) save their screenshots under
+# build/screenshots/, which git ignores, so running the test suite never
+# changes a tracked file. This script runs those tests and copies every PNG
+# found under build/screenshots/ into docs/images/; a PNG in a subfolder gets
+# the folder in its name (build/screenshots/pages/my-usage.png becomes
+# docs/images/pages-my-usage.png). Commit the pictures when they changed on
+# purpose.
 #
 #   scripts/update-screenshots.sh            # run the browser tests, then copy
 #   scripts/update-screenshots.sh --no-run   # only copy what the last run took
 #
-# PYTHON picks the interpreter (default .venv/bin/python, as scripts/test.sh sets up).
+# PYTHON picks the interpreter (default .venv/bin/python, as scripts/test.sh sets up);
+# SCREENSHOTS and DOCS_IMAGES change the folders (the script's own test uses them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-.venv/bin/python}
-shots=build/screenshots/pages
+shots=${SCREENSHOTS:-build/screenshots}
+images=${DOCS_IMAGES:-docs/images}
 
 if [ "${1:-}" != "--no-run" ]; then
     if [ -d .venv/node/node_modules/.bin ]; then export PATH="$(pwd)/.venv/node/node_modules/.bin:$PATH"; fi
-    "$python" -m pytest tests/pages/test_pages_hub.py -q
+    tests=(tests/labext/test_browser.py tests/e2e/test_widget_hub.py)
+    if [ -f tests/pages/test_pages_hub.py ]; then tests+=(tests/pages/test_pages_hub.py); fi
+    "$python" -m pytest "${tests[@]}" -q
 fi
 
-for name in my-usage my-usage-phone admin-pool-map admin-grant; do
-    if [ ! -f "$shots/$name.png" ]; then
-        echo "missing $shots/$name.png: run without --no-run" >&2
-        exit 1
-    fi
-    cp "$shots/$name.png" "docs/images/pages-$name.png"
-    echo "docs/images/pages-$name.png"
-done
+if [ ! -d "$shots" ]; then
+    echo "no $shots: run without --no-run" >&2
+    exit 1
+fi
+mkdir -p "$images"
+copied=0
+while IFS= read -r -d '' png; do
+    relative=${png#"$shots"/}
+    target="$images/${relative//\//-}"
+    cp "$png" "$target"
+    echo "$target"
+    copied=$((copied + 1))
+done < <(find "$shots" -type f -name '*.png' -print0 | sort -z)
+if [ "$copied" -eq 0 ]; then
+    echo "no PNG under $shots: run without --no-run" >&2
+    exit 1
+fi

@@ -27,6 +27,7 @@ from ..placement.state import Placement
 from ..reasons import RefusalReason
 from ..units import format_tokens, round_milli
 from .accounts import Accounts
+from .attempts import AttemptAbandoned, Tombstones
 from .enforcement import Enforcement
 from .errors import BadRequest, Refused
 from .inventory import PoolInventory
@@ -91,6 +92,7 @@ class Admission:
         self.enforcement = enforcement
         self.cache = cache
         self.clock = clock
+        self.tombstones = Tombstones()  # keys of spawn attempts released by key (see attempts.py)
 
     @property
     def pool(self) -> Any:
@@ -149,15 +151,23 @@ class Admission:
             "held": [{"server": r.server, "price_per_hour": format_tokens(r.price_per_hour)} for r in held]})
 
     def admit(self, user: str, groups: Iterable[str], server: str, request: Request,
-              requested_models: list[str] | None = None) -> AllocationRecord:
+              requested_models: list[str] | None = None, key: str | None = None) -> AllocationRecord:
         """Place a server's GPUs if the user can pay and the pool has room; else ``Refused``.
 
         A second request for the same (user, server) while one is held returns
         the held allocation: spawners retry, and a retry must not take more GPUs.
+        With a spawn attempt's ``key``: the same key gets the same allocation; a
+        key released by key is refused (``AttemptAbandoned``); an allocation of
+        the same server held under another key belongs to an earlier attempt
+        whose release has not arrived, and is released before placing anew.
         """
+        if key is not None and key in self.tombstones:
+            raise AttemptAbandoned(f"spawn attempt {key!r} was abandoned and its allocation released")
         for record in self.ledger.active_allocations(user):
             if record.server == server:
-                return record
+                if key is None or record.request.get("key") == key:
+                    return record
+                self.release(record.id, "superseded by a new spawn attempt of the same server")
         self.reclaims.expire()
         if request.total_gpu_milli == 0:
             raise BadRequest("a request without GPUs needs no allocation")
@@ -165,10 +175,10 @@ class Admission:
         affordable = self.affordable_models(user, groups, request, requested_models)
         req = Request(cpu_milli=request.cpu_milli, memory_mib=request.memory_mib, gpus=request.gpus,
                       gpu_milli=request.gpu_milli, models=affordable)
-        return self.place(user, groups, server, request, req, requested_models)
+        return self.place(user, groups, server, request, req, requested_models, key)
 
     def place(self, user: str, groups: set[str], server: str, request: Request, req: Request,
-              requested_models: list[str] | None) -> AllocationRecord:
+              requested_models: list[str] | None, key: str | None = None) -> AllocationRecord:
         """Find GPUs for ``req`` (models already narrowed to what the user affords)."""
         teams = self.reclaims.teams
         team, usage, holdings = None, None, []
@@ -179,7 +189,7 @@ class Admission:
                     rc = self.reclaims.claim(pending)
                     usage = teams.usage(self.reclaims.holdings(exclude=rc.id))
                     return self.record(rc.id, user, server, rc.request, requested_models, rc.placement, rc.team,
-                                       usage)
+                                       usage, key)
                 self.reclaims.cancel(pending, "the request changed")
             holdings = self.reclaims.holdings()
             usage = teams.usage(holdings)
@@ -199,15 +209,18 @@ class Admission:
                           f"No capacity for {request.describe()} right now. Free now: {free}. "
                           "Try again when other servers stop, or pick a smaller profile.",
                           details={"free": free.as_dict()}) from None
-        return self.record(alloc_id, user, server, request, requested_models, placement, team, usage)
+        return self.record(alloc_id, user, server, request, requested_models, placement, team, usage, key)
 
     def record(self, alloc_id: str, user: str, server: str, request: Request, requested_models: list[str] | None,
-               placement: Placement, team: str | None, usage: fairshare.Usage | None) -> AllocationRecord:
+               placement: Placement, team: str | None, usage: fairshare.Usage | None,
+               key: str | None = None) -> AllocationRecord:
         """Write the allocation to the ledger (from now on it is charged)."""
         borrowed = False
         stored: dict[str, Any] = {"cpu_milli": request.cpu_milli, "memory_mib": request.memory_mib,
                                   "gpus": request.gpus, "gpu_milli": request.gpu_milli,
                                   "models": sorted(requested_models or [])}
+        if key is not None:
+            stored["key"] = key  # the spawn attempt's idempotency key
         if team is not None and usage is not None:
             model = placement.gpus[0].model if placement.gpus else ""
             borrowed = self.reclaims.teams.classify(team, placement.gpu_milli, model, usage) == "borrowed"
@@ -229,11 +242,26 @@ class Admission:
         log.info("Allocated %s to %s/%s: %s", alloc_id, user, server, self.pool.describe(placement))
         return record
 
-    def release(self, alloc_id: str, reason: str) -> AllocationRecord | None:
-        """End an allocation: its charge stops now and its GPUs go back to the pool."""
-        record = self.ledger.release_allocation(alloc_id, at=self.clock(), reason=reason)
+    def release(self, alloc_id: str, reason: str, at: datetime | None = None) -> AllocationRecord | None:
+        """End an allocation: its charge stops now, or at ``at`` (when its server stopped, if
+        the release comes late), kept within [its start, now]; its GPUs go back to the pool."""
+        when = self.clock()
+        if at is not None:
+            held = self.ledger.allocation(alloc_id)
+            if held is not None:
+                when = min(max(at, held.created_at), when)
+        record = self.ledger.release_allocation(alloc_id, at=when, reason=reason)
         if alloc_id in self.pool:
             self.pool.release(alloc_id)
         if record is not None:
             self.cache.forget(record.user)
         return record
+
+    def release_key(self, key: str, reason: str) -> AllocationRecord | None:
+        """Abandon a spawn attempt: release what its ``key`` got as never charged (at its start),
+        and refuse the key's ``POST`` from now on (it may still be on its way)."""
+        self.tombstones.add(key)
+        for record in self.ledger.active_allocations():
+            if record.request.get("key") == key:
+                return self.release(record.id, reason, at=record.created_at)
+        return None

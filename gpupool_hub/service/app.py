@@ -26,6 +26,7 @@ from ..config import GPUPool
 from ..ledger import Ledger
 from ..profiles import parse_profiles
 from ..usage.records import AllocationRecordsSource
+from .configfile import CONFIG_FILE_ENV
 from .context import ServiceContext
 from .cull import Culler
 from .groups import GroupCache
@@ -34,7 +35,7 @@ from .jobs import JobRunner
 from .jobs.accounting import DebitJob, ReplenishJob
 from .jobs.cull import CullJob, UtilizationProbe
 from .jobs.reclaim import ReclaimExecutor
-from .jobs.reconcile import ReconcileJob
+from .jobs.reconcile import DebitAfterReconcile, ReconcileJob
 from .manager import PoolManager
 from .metrics import ServiceMetrics
 from .webapp import MAX_BODY_SIZE, make_app
@@ -59,7 +60,12 @@ class GPUPoolService(Application):
 
     config_file = Unicode(
         "jupyterhub_config.py",
-        help="The hub's configuration file, read for c.GPUPool and c.GPUPoolService settings.",
+        help="""The hub's configuration file, read for c.GPUPool and c.GPUPoolService settings.
+
+        The example configuration passes the hub's own file (its ``-f``) as
+        ``--config``, found by ``gpupool_hub.service.configfile.hub_config_file``,
+        so a file that ``load_subconfig``s the example is the one read.
+        Env ``GPUPOOL_CONFIG_FILE`` overrides it.""",
     ).tag(config=True)
 
     ip = Unicode(help="Interface to listen on (default: from JUPYTERHUB_SERVICE_URL).").tag(config=True)
@@ -139,12 +145,16 @@ class GPUPoolService(Application):
     def initialize(self, argv: list[str] | None = None) -> None:
         super().initialize(argv)
         explicit = "config_file" in self.cli_config.get("GPUPoolService", {})
-        path = os.environ.get("GPUPOOL_CONFIG_FILE") or self.config_file
+        path = os.path.abspath(os.environ.get(CONFIG_FILE_ENV) or self.config_file)
         if os.path.exists(path):
+            self.config_file = path  # what the configuration's own hub_config_file() sees while it loads
             self.load_config_file(path)
             self.update_config(self.cli_config)  # command line wins over the file
-        elif explicit or "GPUPOOL_CONFIG_FILE" in os.environ:
+            log.info("gpupool: configuration from %s", path)  # (the Application's own log shows WARNING and up)
+        elif explicit or CONFIG_FILE_ENV in os.environ:
             raise SystemExit(f"gpupool: config file {path!r} not found")
+        else:
+            log.warning("gpupool: no configuration file (%s not found); running with the defaults", path)
         self._check_profiles()
         self.settings_ = GPUPool(parent=self)
         self.ledger = Ledger(self.settings_.db_url, busy_timeout=self.db_write_timeout)
@@ -227,7 +237,9 @@ class GPUPoolService(Application):
     def start_jobs(self) -> None:
         m, jobs = self.manager, self.jobs
         jobs.every(self.replenish_interval, "replenish", ReplenishJob(self.hub, self.groups, m.accounts, m.threads))
-        jobs.every(self.debit_check_interval, "debit", DebitJob(m.debits, jobs.in_thread))
+        # an interval is charged once the servers were reconciled after it closed (jobs/reconcile.py)
+        debit = DebitAfterReconcile(self.reconciler, DebitJob(m.debits, jobs.in_thread), m.debits)
+        jobs.every(self.debit_check_interval, "debit", debit)
         jobs.every(self.reconcile_interval, "reconcile", self.reconciler)
         if self.culler.enabled:
             probe = UtilizationProbe(self.culler, self.prometheus_url, self.prometheus_token)
@@ -244,7 +256,13 @@ class GPUPoolService(Application):
 
 
 def main(argv: list[str] | None = None) -> None:
+    # The ledger (SQLite files) and anything else the service creates is for the service
+    # alone: users' servers must not read other users' balances from the database file.
+    os.umask(0o077)
     logging.basicConfig(level=logging.INFO, format="[%(levelname)1.1s %(asctime)s %(name)s] %(message)s")
     app = GPUPoolService.instance()
     app.initialize(argv)
-    app.start()
+    try:
+        app.start()
+    except KeyboardInterrupt:  # the hub stops its managed services with SIGINT: a normal stop
+        log.info("gpupool service stopped")

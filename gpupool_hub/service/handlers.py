@@ -33,6 +33,7 @@ from ..ledger import Entry, IdempotencyConflict, LedgerBusy, UnknownAccount, is_
 from ..units import AmountError, format_tokens, parse_amount
 from ..timefmt import iso as _iso
 from .admission import parse_request
+from .attempts import KEY_MAX_LENGTH, AttemptAbandoned, parse_instant
 from .context import ServiceContext
 from .errors import BadRequest, Refused
 from .hubapi import HubError
@@ -551,9 +552,12 @@ class AllocationsHandler(APIHandler):
     async def post(self) -> None:
         self.require_spawner_or_admin()
         body = self.json_body()
-        unknown = sorted(set(body) - {"user", "server", "request", "groups"})
+        unknown = sorted(set(body) - {"user", "server", "request", "groups", "key"})
         if unknown:
-            raise web.HTTPError(400, f"unknown field(s) {unknown}; expected user, server, request, groups")
+            raise web.HTTPError(400, f"unknown field(s) {unknown}; expected user, server, request, groups, key")
+        key = body.get("key")
+        if key is not None and not (isinstance(key, str) and 0 < len(key) <= KEY_MAX_LENGTH):
+            raise web.HTTPError(400, f"'key' must be the spawn attempt's key, 1-{KEY_MAX_LENGTH} characters")
         user, server = body.get("user"), body.get("server", "")
         if not isinstance(user, str) or not user or len(user) > 255:
             raise web.HTTPError(400, "'user' must be a JupyterHub username")
@@ -571,9 +575,12 @@ class AllocationsHandler(APIHandler):
         if groups is None:
             groups = await self.groups_of(user)
         try:
-            record = await self.core(self.manager.admission.admit, user, groups, server, req, models)
+            record = await self.core(self.manager.admission.admit, user, groups, server, req, models, key=key)
         except BadRequest as e:
             raise web.HTTPError(400, str(e)) from None
+        except AttemptAbandoned as e:
+            self.write_json({"allocated": False, "reason": "abandoned", "message": str(e)}, 410)
+            return
         except Refused as e:
             self.write_json({"allocated": False, **e.as_dict()}, 409)
             return
@@ -591,7 +598,13 @@ class AllocationHandler(APIHandler):
     async def delete(self, alloc_id: str) -> None:
         self.require_spawner_or_admin()
         reason = self.text_arg("reason", "server stopped", max_length=1000)[:200]  # type: ignore[index]
-        record = await self.core(self.manager.admission.release, self.path_name(alloc_id, "allocation id"), reason)
+        at = self.text_arg("at")  # when the server stopped, for a release that comes late
+        try:
+            stopped = parse_instant(at) if at is not None else None
+        except ValueError as e:
+            raise web.HTTPError(400, f"'at' must be an ISO 8601 instant: {e}") from None
+        record = await self.core(self.manager.admission.release, self.path_name(alloc_id, "allocation id"), reason,
+                                 at=stopped)
         if record is None:
             raise web.HTTPError(404, f"no allocation {alloc_id!r}")
         self.write_json({"allocation": self.manager.views.allocation_json(record)})
@@ -609,6 +622,20 @@ class ReclaimsHandler(APIHandler):
         why = self.text_arg("reason", "the spawn was cancelled", max_length=1000)[:200]  # type: ignore[index]
         cancelled = await self.core(self.manager.reclaims.cancel_pending, user, server, why)
         self.write_json({"cancelled": cancelled})
+
+
+class AllocationByKeyHandler(APIHandler):
+    """``DELETE /allocations/by-key/{key}``: the spawner gave up on a spawn attempt."""
+
+    async def delete(self, key: str) -> None:
+        self.require_spawner_or_admin()
+        key = self.path_name(key, "spawn attempt key")
+        if not 0 < len(key) <= KEY_MAX_LENGTH:
+            raise web.HTTPError(400, f"a spawn attempt's key has 1-{KEY_MAX_LENGTH} characters")
+        reason = self.text_arg("reason", "spawn abandoned", max_length=1000)[:200]  # type: ignore[index]
+        record = await self.core(self.manager.admission.release_key, key, reason)
+        views = self.manager.views
+        self.write_json({"allocation": views.allocation_json(record) if record is not None else None})
 
 
 class AuditHandler(APIHandler):
@@ -661,6 +688,7 @@ def routes(prefix: str) -> list[tuple[str, type[web.RequestHandler]]]:
         (rf"{api}/audit", AuditHandler),
         (rf"{api}/allocations", AllocationsHandler),
         (rf"{api}/reclaims", ReclaimsHandler),
+        (rf"{api}/allocations/by-key/{name}", AllocationByKeyHandler),
         (rf"{api}/allocations/{name}", AllocationHandler),
         (rf"{prefix.rstrip('/')}/metrics", MetricsHandler),
     ]

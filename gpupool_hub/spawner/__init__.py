@@ -15,8 +15,11 @@ GPUPoolKubeSpawner          ``gpupool-kubernetes``    KubeSpawner (extra)
 
 Configure with ``c.GPUPoolSpawner.profiles = [...]``; see docs/spawner.md.
 
-Modules: ``base`` (the mixin: lifecycle, state, progress), ``client`` (the
-service's REST API, refusals), ``form`` + ``templates/form.html`` (the
+Modules: ``base`` (the mixin: profiles, asking the pool, environment,
+progress), ``release`` (the lifecycle's release half: ``start``/``stop``/``poll``,
+the spawn attempt's key, abandoning an attempt, the outbox of releases the
+service has not confirmed), ``logs`` (refusals logged as INFO), ``client``
+(the service's REST API, refusals), ``form`` + ``templates/form.html`` (the
 options form), ``overrides`` (trait values a spawn sets and undoes),
 ``progress``, ``errors``, ``local`` (the ready local classes). Profiles
 themselves are parsed in :mod:`gpupool_hub.profiles`, re-exported here.

@@ -5,7 +5,9 @@ It never decides placement or money itself: on ``start`` it asks the service
 request onto the pool; the mixin then hands the chosen GPUs to the wrapped
 spawner (:meth:`GPUPoolSpawner.apply_gpupool_allocation`), keeps the
 allocation id in the server's state (key ``gpupool_allocation``) and gives the
-GPUs back on ``stop`` and when ``poll`` finds the server gone.
+GPUs back on ``stop`` and when ``poll`` finds the server gone (``start``,
+``stop``, ``poll`` and the release outbox live in :mod:`.release`, the
+class's release half).
 
 The lifecycle is a set of small public hooks so that any spawner can mix it in
 (local processes, systemd, Kubernetes, a batch scheduler): ``select_profile``
@@ -29,22 +31,23 @@ from ..profiles import InvalidOptions, Profile, choose_profile, default_profile,
 from ..reasons import RefusalReason
 from .client import (
     DEFAULT_API_URL, GPUPoolClient, ServiceError, ServiceUnavailable, api_token_from_config, api_url_from_config,
+    unreachable_refusal,
 )
 from .errors import GPUPoolRefused, SpawnFailure, invalid_options
 from .form import gpupool_options_from_form, render_form
+from .logs import install_refusal_log_filter, is_normal_refusal, refusal_filter
 from .overrides import TraitOverrides
 from .progress import ProgressLog
+from .release import STATE_KEY, GPUPoolReleases
 
 __all__ = ["STATE_KEY", "GPUPoolSpawner"]
 
-STATE_KEY = "gpupool_allocation"
 # a reclaim wait ends this long before the hub's start_timeout, so the spawn fails with a message
 START_MARGIN = 5.0
 # start_timeout covers c.GPUPool.preempt_grace plus this much for the server itself to start
 RECLAIM_START_ALLOWANCE = 60.0
 
-
-class GPUPoolSpawner(Spawner):
+class GPUPoolSpawner(GPUPoolReleases):
     """Mixin: GPU profiles with prices, a balance check and packed GPUs from the gpupool service.
 
     Combine it with a concrete spawner, mixin first:
@@ -129,13 +132,10 @@ class GPUPoolSpawner(Spawner):
 
     # --------------------------------------------------------------- state
 
-    gpupool_allocation_id: str | None = None
-    gpupool_allocation: dict[str, Any] | None = None
     gpupool_profile: Profile | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._gpupool_starting = False
         self._gpupool_progress = ProgressLog()
         self._gpupool_env: dict[str, str] = {}
         # two layers, undone in reverse: the allocation's settings sit on top of the profile's
@@ -143,6 +143,7 @@ class GPUPoolSpawner(Spawner):
         self.gpupool_allocation_overrides = TraitOverrides(self)
         self._gpupool_parsed = parse_profiles(self.profiles)
         self._gpupool_cover_preempt_grace()
+        install_refusal_log_filter(self.log)  # the pool saying no is INFO, not an ERROR with a traceback
 
     # -------------------------------------------------------------- traits
 
@@ -244,6 +245,7 @@ class GPUPoolSpawner(Spawner):
         """Ask the pool for ``gpus`` of ``profile``: the allocation, or :class:`GPUPoolRefused`."""
         return await self.gpupool_client.allocate(
             self.user.name, self.name or "", self._groups(), profile.request(gpus), profile.describe(gpus),
+            key=self.gpupool_attempt_key,
         )
 
     async def _gpupool_allocate_waiting(self, profile: Profile, gpus: int) -> dict[str, Any]:
@@ -300,27 +302,6 @@ class GPUPoolSpawner(Spawner):
                              "of reclaims", self.start_timeout, needed, grace)
             self.start_timeout = needed
 
-    async def gpupool_release(self, reason: str) -> bool:
-        """Give the held allocation back; True when the service confirmed (or never knew it)."""
-        alloc = self.gpupool_allocation_id
-        if not alloc:
-            return True
-        try:
-            await self.gpupool_client.release(alloc, reason)
-        except ServiceUnavailable as e:
-            self.log.warning("Could not release GPU allocation %s of %s (%s); the service's reconcile job "
-                             "will release it once the server is gone", alloc, self._log_name, e)
-            return False
-        except ServiceError as e:
-            self.log.warning("Releasing GPU allocation %s of %s: %s", alloc, self._log_name, e)
-            return False
-        self.log.info("Released GPU allocation %s of %s (%s)", alloc, self._log_name, reason)
-        if self.gpupool_allocation_id == alloc:
-            self.gpupool_allocation_id = None
-            self.gpupool_allocation = None
-            self._gpupool_env = {}
-        return True
-
     async def gpupool_check_reachable(self) -> bool:
         return await self.gpupool_client.ping()
 
@@ -364,15 +345,21 @@ class GPUPoolSpawner(Spawner):
         """Everything ``start`` does before the wrapped spawner starts the server."""
         progress = self._gpupool_progress
         progress.reset()
+        self.gpupool_new_attempt()  # first: a failure from here on abandons this attempt, never an earlier one
+        self.gpupool_allocation = None
         try:
             profile, gpus = self.select_profile(self.user_options)
             self.gpupool_profile = profile
             self.apply_gpupool_profile(profile)
             # JupyterHub clears the stored state at every spawn, so the id is kept in
-            # memory: whatever this server still holds goes back before asking again.
+            # memory: whatever this server still holds goes back before asking again,
+            # and every release of this server still waiting for the service is sent first.
             if self.gpupool_allocation_id:
-                await self.gpupool_release("server restarting")
+                await self.gpupool_release("server restarting", wait=0)
+            flushed = await self.gpupool_flush_releases()
             if profile is not None and profile.needs_gpu:
+                if not flushed:
+                    raise unreachable_refusal(profile.describe(gpus))
                 await self._gpupool_get_gpus(profile, gpus)
             else:
                 if not self.cpu_only_fail_open and not await self.gpupool_check_reachable():
@@ -393,6 +380,9 @@ class GPUPoolSpawner(Spawner):
             allocation = await self._gpupool_allocate_waiting(profile, gpus)
         except GPUPoolRefused as e:
             progress.add(100, f"Refused: {e.message}", e.jupyterhub_html_message)
+            if is_normal_refusal(e):
+                self.log.info("GPU pool refused %s for %s: %s", profile.describe(gpus), self._log_name, e.message)
+                refusal_filter.note(e, getattr(getattr(self, "handler", None), "request", None))
             raise
         self.gpupool_allocation_id = allocation["id"]
         self.gpupool_allocation = allocation
@@ -405,47 +395,12 @@ class GPUPoolSpawner(Spawner):
             progress.add(40, f"GPUs allocated: {where}")
         self.apply_gpupool_allocation(allocation)
 
-    async def start(self) -> Any:
-        self._gpupool_starting = True
-        try:
-            await self.gpupool_prepare()
-            try:
-                return await super().start()
-            except BaseException:
-                await self.gpupool_release("server failed to start")
-                raise
-        finally:
-            self._gpupool_starting = False
-
-    async def stop(self, now: bool = False) -> None:
-        try:
-            await super().stop(now=now)
-        finally:
-            await self.gpupool_release("server stopped")
-
-    async def poll(self) -> int | None:
-        status = await super().poll()
-        if status is not None and self.gpupool_allocation_id and not self._gpupool_starting:
-            await self.gpupool_release(f"server gone (exit status {status})")
-        return status
-
     async def progress(self) -> AsyncIterator[dict[str, Any]]:
         """Where the GPUs are (or why not), then the wrapped spawner's own progress."""
         async for event in self._gpupool_progress.stream():
             yield event
         async for event in super().progress():
             yield event
-
-    def get_state(self) -> dict[str, Any]:
-        state = super().get_state()
-        if self.gpupool_allocation_id:
-            state[STATE_KEY] = self.gpupool_allocation_id
-        return state
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        super().load_state(state)
-        if state.get(STATE_KEY):
-            self.gpupool_allocation_id = state[STATE_KEY]
 
     def clear_state(self) -> None:
         """Reset this spawn's progress; the allocation id is deliberately kept.

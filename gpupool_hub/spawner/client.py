@@ -16,6 +16,7 @@ import json
 import logging
 import os
 from collections.abc import Mapping
+from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -194,9 +195,15 @@ class GPUPoolClient:
         return status < 500
 
     async def allocate(self, user: str, server: str, groups: list[str], request: Mapping[str, Any],
-                       what: str) -> dict[str, Any]:
-        """``POST /allocations``: the allocation, or :class:`GPUPoolRefused` saying why not."""
-        body = {"user": user, "server": server, "groups": groups, "request": dict(request)}
+                       what: str, key: str | None = None) -> dict[str, Any]:
+        """``POST /allocations``: the allocation, or :class:`GPUPoolRefused` saying why not.
+
+        ``key`` names the spawn attempt: asking again with it returns the same
+        allocation, and :meth:`release_key` gives up on whatever it got.
+        """
+        body: dict[str, Any] = {"user": user, "server": server, "groups": groups, "request": dict(request)}
+        if key is not None:
+            body["key"] = key
         try:
             status, data = await self.request("POST", "/allocations", body)
         except ServiceUnavailable as e:
@@ -211,11 +218,16 @@ class GPUPoolClient:
             self.log.error("gpupool service answered %s to POST /allocations: %s", status, _message(data))
         raise allocation_refusal(status, data, what)
 
-    async def release(self, allocation_id: str, reason: str) -> None:
-        """``DELETE /allocations/{id}``; an allocation the service does not know counts as released."""
-        status, data = await self.request(
-            "DELETE", f"/allocations/{quote(allocation_id, safe='')}", params={"reason": reason[:200]}
-        )
+    async def release(self, allocation_id: str, reason: str, at: datetime | None = None) -> None:
+        """``DELETE /allocations/{id}``; an allocation the service does not know counts as released.
+
+        ``at`` is when the server stopped, for a release that could not be sent
+        then: the service ends the charge at that time, not when it hears of it.
+        """
+        params = {"reason": reason[:200]}
+        if at is not None:
+            params["at"] = at.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+        status, data = await self.request("DELETE", f"/allocations/{quote(allocation_id, safe='')}", params=params)
         if status not in (200, 404):
             raise ServiceError(status, _message(data))
 
@@ -226,6 +238,15 @@ class GPUPoolClient:
         if status != 200:
             raise ServiceError(status, _message(data))
         return bool(isinstance(data, dict) and data.get("cancelled"))
+
+    async def release_key(self, key: str, reason: str) -> dict[str, Any] | None:
+        """``DELETE /allocations/by-key/{key}``: give up on a spawn attempt; what it got is never charged."""
+        status, data = await self.request(
+            "DELETE", f"/allocations/by-key/{quote(key, safe='')}", params={"reason": reason[:200]}
+        )
+        if status != 200:
+            raise ServiceError(status, _message(data))
+        return data.get("allocation") if isinstance(data, dict) else None
 
     async def account(self, user: str) -> dict[str, Any]:
         """``GET /users/{name}``: the user's balance, floor and credits (the ``me`` view)."""

@@ -69,4 +69,5 @@ def invalid_options(message: str) -> web.HTTPError:
     text = f"Invalid user options: {message}"
     err = web.HTTPError(400, "%s", text)
     err.jupyterhub_message = text  # type: ignore[attr-defined]
+    err.gpupool_normal_refusal = True  # type: ignore[attr-defined]  # the user's mistake: logged as INFO (logs.py)
     return err

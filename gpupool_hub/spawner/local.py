@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import pwd
+import stat
+from collections.abc import Callable
+
 from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner
+from traitlets import Integer
 
 from .base import GPUPoolSpawner
 
@@ -10,8 +16,48 @@ __all__ = ["GPUPoolLocalProcessSpawner", "GPUPoolSimpleSpawner"]
 
 
 class GPUPoolLocalProcessSpawner(GPUPoolSpawner, LocalProcessSpawner):
-    """LocalProcessSpawner with GPU profiles: the server sees only its GPUs (by UUID)."""
+    """LocalProcessSpawner with GPU profiles: each server runs as its user's own Unix account
+    (the hub runs as root), sees only its GPUs (by UUID), and creates files only its user can read."""
+
+    umask = Integer(
+        0o077,
+        help="""The umask of each single-user server (and so of its kernels and terminals).
+
+        The default 0o077 makes the files a user's code creates readable by that
+        user only; with the hub's usual 0o022 every other user of the machine
+        could read them in a home directory that others may enter (Debian's
+        useradd makes homes 0755 unless HOME_MODE says otherwise). None keeps
+        the hub's umask.""",
+        allow_none=True,
+    ).tag(config=True)
+
+    _open_homes_warned: set[str] = set()  # once per home and hub process, not at every spawn
+
+    def make_preexec_fn(self, name: str) -> Callable[[], None]:
+        become_user = super().make_preexec_fn(name)
+        mask = self.umask
+        self._warn_if_home_is_open(name)
+
+        def preexec() -> None:
+            if mask is not None:
+                os.umask(mask)
+            become_user()
+
+        return preexec
+
+    def _warn_if_home_is_open(self, name: str) -> None:
+        try:
+            home = pwd.getpwnam(name).pw_dir
+            mode = os.stat(home).st_mode
+        except (KeyError, OSError):
+            return
+        if mode & (stat.S_IRWXG | stat.S_IRWXO) and home not in self._open_homes_warned:
+            self._open_homes_warned.add(home)
+            self.log.warning("Home directory %s of %s is open to other users (mode %o); files there that are "
+                             "not private (e.g. copied in) are readable by everyone: chmod 700 it, or set "
+                             "HOME_MODE 0700 in /etc/login.defs", home, name, stat.S_IMODE(mode))
 
 
 class GPUPoolSimpleSpawner(GPUPoolSpawner, SimpleLocalProcessSpawner):
-    """SimpleLocalProcessSpawner with GPU profiles (demo and tests; no user isolation)."""
+    """SimpleLocalProcessSpawner with GPU profiles. Demo and tests only: every server runs as the
+    hub's own Unix user, so any user's code can read the service's token and everyone's files."""

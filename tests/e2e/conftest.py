@@ -3,8 +3,15 @@ servers (``jupyterhub-singleuser`` running JupyterLab with the balance widget).
 
 * :class:`ExampleHub`: the hub started from a wrapper config that
   ``load_subconfig``s the repository's ``jupyterhub_config.example.py`` as is
-  (like ``scripts/demo.sh``) and overrides only ports, paths, databases and the
-  debit intervals; it adds a test-client service ("tester") for the hub API.
+  and overrides only ports, paths, databases and the debit intervals, plus
+  DummyAuthenticator so that tests log in by name (the example's PAM needs
+  real passwords); it adds a test-client service ("tester") for the hub API.
+  Nothing tells the service which file to read: it finds the wrapper itself.
+* :func:`unix_users`: real Unix accounts (``useradd`` as root, removed at the
+  end) for the example's ``gpupool-localprocess`` spawner, which runs each
+  server as its user; their servers are ``probe_server.py`` (system Python,
+  standard library), since the test's virtual environment may sit where
+  other users cannot enter.
 * helpers to spawn through the REST API, wait, stop, and clean up servers (the
   single-user servers run in their own sessions, so they must be stopped
   through the hub, and anything left is killed by pid).
@@ -14,7 +21,13 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
+import secrets
+import shutil
 import signal
+import stat
+import subprocess
+import tempfile
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,7 +43,7 @@ from ..labext.browser import browser_page, chromium_executable  # noqa: F401 (fi
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_CONFIG = REPO / "jupyterhub_config.example.py"
-
+PROBE = Path(__file__).with_name("probe_server.py")
 
 
 def q(name: str) -> str:
@@ -82,11 +95,37 @@ def server_pids(hub: Hub) -> list[int]:
             if isinstance(srv.get("state"), dict) and srv["state"].get("pid")]
 
 
+def _children(pid: int) -> dict[int, str]:
+    """pid → start time of the direct children of ``pid`` (the hub's proxy, service and servers)."""
+    found = {}
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid:
+            found[int(proc.name)] = fields[19]
+    return found
+
+
+def _kill_if_same(pid: int, started: str) -> None:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        if fields[19] == started:
+            os.kill(pid, signal.SIGKILL)
+    except (OSError, IndexError):
+        pass
+
+
 def shut_down(hub: Hub) -> None:
-    """Stop every server through the hub, then the hub; kill any server process left over."""
+    """Stop every server through the hub, then the hub; kill any process of the hub's left over
+    (servers, and the service and proxy of a hub that could not clean up: they run in sessions
+    of their own, so stopping the hub's process group does not reach them)."""
     pids: list[int] = []
+    children: dict[int, str] = {}
     try:
         if hub.proc is not None and hub.proc.poll() is None:
+            children = _children(hub.proc.pid)
             pids = server_pids(hub)
             r = hub.hub_request("GET", "/users", params={"state": "active"})
             for user in r.json() if r.status_code == 200 else []:
@@ -103,6 +142,8 @@ def shut_down(hub: Hub) -> None:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+        for pid, started in children.items():
+            _kill_if_same(pid, started)
 
 
 # ------------------------------------------------------------ single-user Lab
@@ -146,19 +187,25 @@ class ExampleHub(Hub):
     """The hub from ``jupyterhub_config.example.py``, loaded unchanged by a wrapper.
 
     The wrapper overrides only what must differ per test run: ports (the proxy,
-    the hub, the service), paths (databases, cookie secret, pid files, homes),
-    ``cleanup_servers`` (as the demo does) and the debit intervals; and it adds
-    a "tester" service whose token drives the hub API. The service reads the
-    wrapper too (``GPUPOOL_CONFIG_FILE`` puts its path into the service's
-    ``--config``), and ``GPUPOOL_API_TOKEN`` fixes the spawner/service secret
-    so the test can call the service as the spawner does.
+    the hub, the service), paths (databases, cookie secret, pid files),
+    ``cleanup_servers`` (as the demo does), the debit intervals and the
+    authenticator (DummyAuthenticator: tests log in by name); and it adds a
+    "tester" service whose token drives the hub API. The service finds the
+    wrapper by itself (the example passes the hub's own ``-f`` to it), and
+    ``GPUPOOL_API_TOKEN`` fixes the spawner/service secret so the test can call
+    the service as the spawner does. With ``server_cmd`` the single-user
+    servers run that command (e.g. the probe server for Unix users) instead of
+    ``jupyterhub-singleuser``; ``extra`` is appended to the wrapper.
     """
 
-    def __init__(self, workdir: Path, *, debit_interval: int, debit_check_interval: float) -> None:
+    def __init__(self, workdir: Path, *, debit_interval: int, debit_check_interval: float,
+                 server_cmd: list[str] | None = None, extra: str = "") -> None:
         super().__init__(workdir)
         self.debit_interval = debit_interval
         self.debit_check_interval = debit_check_interval
-        self.env = {"GPUPOOL_CONFIG_FILE": str(self.config_path), "GPUPOOL_API_TOKEN": self.spawner_token}
+        self.server_cmd = server_cmd
+        self.extra = extra
+        self.env = {"GPUPOOL_API_TOKEN": self.spawner_token}
 
     def write_config(self) -> None:
         w = self.workdir
@@ -178,8 +225,11 @@ class ExampleHub(Hub):
         c.GPUPool.db_url = "sqlite:///{w}/gpupool.sqlite"
         c.GPUPoolService.debit_interval = {self.debit_interval}
         c.GPUPoolService.debit_check_interval = {self.debit_check_interval}
-        c.SimpleLocalProcessSpawner.home_dir_template = "{w}/home/{{username}}"
-        {allow_root()}
+        # tests log in by name; the example's PAM would need real passwords
+        c.JupyterHub.authenticator_class = "dummy"
+        c.Authenticator.allow_all = True
+        {allow_root() if self.server_cmd is None else ""}
+        {f"c.Spawner.cmd = {self.server_cmd!r}" if self.server_cmd else ""}
 
         # the service's port: the example's fixed 10101 would collide between runs
         [_gpupool] = [s for s in c.JupyterHub.services if s["name"] == "gpupool"]
@@ -191,7 +241,8 @@ class ExampleHub(Hub):
             "scopes": ["admin:users", "admin:servers", "tokens", "custom:gpupool:admin", "access:services"],
         }})
         """
-        self.config_path.write_text(textwrap.dedent(config))
+        self.config_path.write_text(textwrap.dedent(config) + textwrap.dedent(self.extra))
+        self.config_path.chmod(0o600)  # it holds the tester's token: for the hub (root) only
 
 
 @pytest.fixture
@@ -199,10 +250,13 @@ def example_hub_factory(tmp_path: Path) -> Iterator[Callable[..., ExampleHub]]:
     require_hub_binaries()
     hubs: list[ExampleHub] = []
 
-    def make(*, debit_interval: int = 5, debit_check_interval: float = 1) -> ExampleHub:
-        workdir = tmp_path / f"examplehub{len(hubs)}"
+    def make(*, debit_interval: int = 5, debit_check_interval: float = 1, workdir: Path | None = None,
+             server_cmd: list[str] | None = None, extra: str = "") -> ExampleHub:
+        if workdir is None:
+            workdir = tmp_path / f"examplehub{len(hubs)}"
         workdir.mkdir()
-        hub = ExampleHub(workdir, debit_interval=debit_interval, debit_check_interval=debit_check_interval)
+        hub = ExampleHub(workdir, debit_interval=debit_interval, debit_check_interval=debit_check_interval,
+                         server_cmd=server_cmd, extra=extra)
         hubs.append(hub)
         hub.start()
         return hub
@@ -210,3 +264,85 @@ def example_hub_factory(tmp_path: Path) -> Iterator[Callable[..., ExampleHub]]:
     yield make
     for hub in hubs:
         shut_down(hub)
+
+
+# ------------------------------------------------------------------ Unix users
+
+
+def require_root(what: str) -> None:
+    """Skip (CI, which runs as root, turns the skip into a failure) unless this runs as root."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        pytest.skip(f"{what} needs root (useradd, and a hub that runs servers as other Unix users); "
+                    "CI runs as root")
+    if shutil.which("useradd") is None or shutil.which("userdel") is None:
+        pytest.skip(f"{what} needs useradd and userdel (apt-get install passwd)")
+
+
+def system_python() -> str:
+    """A Python every Unix user may run (the test's venv may live under a private /root)."""
+    for candidate in ("/usr/bin/python3", "/usr/local/bin/python3"):
+        if os.access(candidate, os.X_OK) and os.stat(os.path.realpath(candidate)).st_mode & stat.S_IXOTH:
+            return candidate
+    pytest.skip("no system python3 that other Unix users may run (apt-get install python3)")
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A folder other Unix users may enter (0755), outside pytest's private tmp tree: the
+    probe server lives here, and hubs whose files other users must not read, to prove they cannot."""
+    path = Path(tempfile.mkdtemp(prefix="gpupool-e2e-", dir="/tmp"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def probe_cmd(shared_dir: Path) -> list[str]:
+    """The single-user command for Unix users' servers: the probe server, readable by everyone."""
+    python = system_python()
+    probe = shared_dir / PROBE.name
+    shutil.copyfile(PROBE, probe)
+    probe.chmod(0o644)
+    return [python, str(probe)]
+
+
+def _pids_of_uid(uid: int) -> list[int]:
+    pids = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if proc.stat().st_uid == uid:
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
+@pytest.fixture
+def unix_users() -> Iterator[Callable[[str], str]]:
+    """``make(prefix)``: a new Unix account (and hub user name) ``prefix`` + 6 hex digits, with a
+    home made by ``useradd --create-home`` (the system's defaults). Removed at the end, after
+    any process still running as it is killed by pid. Names never pass through a shell."""
+    require_root("a test with real Unix users")
+    created: list[str] = []
+
+    def make(prefix: str) -> str:
+        name = f"{prefix}{secrets.token_hex(3)}"
+        subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", name], check=True,
+                       capture_output=True, timeout=60)
+        created.append(name)
+        return name
+
+    yield make
+    for name in created:
+        try:
+            uid = pwd.getpwnam(name).pw_uid
+        except KeyError:
+            continue
+        for pid in _pids_of_uid(uid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        subprocess.run(["userdel", "--remove", name], check=False, capture_output=True, timeout=60)

@@ -1,12 +1,13 @@
 """The shipped ``jupyterhub_config.example.py`` end to end.
 
 The hub runs from a wrapper that ``load_subconfig``s the example unchanged
-(simulated pool, its prices and profiles, the ``gpupool-simple`` spawner,
-real ``jupyterhub-singleuser`` servers) and shortens the debit interval to
-5 s. A user starts the priced ``2x3090`` profile through the REST API; the
-usage debits appear in ``GET me/history`` with the right model and the price
-× GPU-time; stopping the server releases the allocation and the charging
-stops with it.
+(simulated pool, its prices and profiles, the ``gpupool-localprocess``
+spawner running each server as its user's Unix account) and shortens the
+debit interval to 5 s. A user (a real Unix account made for the test; the
+server is the probe server) starts the priced ``2x3090`` profile through the
+REST API; the usage debits appear in ``GET me/history`` with the right model
+and the price × GPU-time; stopping the server releases the allocation and the
+charging stops with it.
 """
 
 from __future__ import annotations
@@ -37,10 +38,10 @@ def debits(hub, token: str) -> list[dict]:
     return [e for e in r.json()["entries"] if e["kind"] == "debit"]
 
 
-def test_example_config_charges_a_priced_profile(example_hub_factory):
+def test_example_config_charges_a_priced_profile(unix_users, probe_cmd, example_hub_factory):
     assert EXAMPLE_CONFIG.is_file()
-    hub = example_hub_factory(debit_interval=INTERVAL, debit_check_interval=1)
-    name = "alice"
+    name = unix_users("alice")
+    hub = example_hub_factory(debit_interval=INTERVAL, debit_check_interval=1, server_cmd=probe_cmd)
     hub.create_user(name)
     token = hub.token_for(name)
 

@@ -8,7 +8,8 @@ widget's polls (every second here) to the service with the server's own token
 (the ``server`` role grants ``access:services!service=gpupool``, as in the
 example config). An admin's grants move the balance; the widget follows
 within one poll, and a negative balance turns it to the negative state. The
-test saves ``docs/images/widget-hub.png``.
+test saves ``build/screenshots/widget-hub.png`` (``scripts/update-screenshots.sh``
+copies it to ``docs/images/``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from .conftest import allow_root, lab_environment, q, shut_down, user_model
 
 pytestmark = pytest.mark.integration
 
-SCREENSHOT = Path(__file__).parents[2] / "docs" / "images" / "widget-hub.png"
+#: Written where the tests own the files (git-ignored); scripts/update-screenshots.sh copies it to docs/images/.
+SCREENSHOT = Path(__file__).parents[2] / "build" / "screenshots" / "widget-hub.png"
 MINUS = "\u2212"
 POLL_SECONDS = 1
 #: One poll (1 s) plus slack for two busy cores.

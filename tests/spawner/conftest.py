@@ -88,6 +88,14 @@ def hub(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
+def _fresh_outbox(monkeypatch):
+    """Spawners in this test process get an empty release outbox of their own (no leftovers of another test)."""
+    from gpupool_hub.spawner import release
+
+    monkeypatch.setattr(release, "outbox", release.ReleaseOutbox())
+
+
+@pytest.fixture(autouse=True)
 def _clean_pool(request):
     """After each test: stop every server and check that no GPU stays allocated."""
     yield
@@ -245,3 +253,16 @@ def set_balance(hub, user: str, amount: str) -> None:
                         json={"amount": str(delta), "reason": "test: set balance"})
         assert r.status_code == 201, r.text
 
+
+def service_pid(hub) -> int:
+    """The pid of the hub's managed gpupool service: a child of the hub running ``gpupool_hub.service``."""
+    for proc_dir in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (proc_dir / "stat").read_text()
+            cmd = (proc_dir / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == hub.proc.pid and b"gpupool_hub.service" in cmd:
+            return int(proc_dir.name)
+    raise AssertionError(f"no gpupool service running under the hub (pid {hub.proc.pid})")

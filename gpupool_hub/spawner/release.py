@@ -1,0 +1,385 @@
+"""Giving GPUs back: releases the service must hear about even when it cannot be told right away.
+
+Two things went wrong when a release was a single request that could fail:
+
+* **Abandoned spawns held GPUs.** A spawner that timed out on ``POST
+  /allocations`` (a paused service, say) refused the spawn, but the service
+  still processed the queued request when it resumed, and held and charged
+  the GPUs until its reconcile job noticed, minutes later. Now each spawn
+  attempt has a key (:func:`new_attempt_key`, kept in the spawner's state)
+  sent with the ``POST``; when the spawner gives up on an attempt (timeout,
+  error, cancelled start, the hub stopping a server that never came up) it
+  *abandons* it: ``DELETE /allocations/by-key/{key}``, and the service
+  releases whatever the key got as never charged and refuses the key's
+  ``POST`` if it comes later.
+* **A server stopped while the service was down was charged until the
+  service next started.** Now a release remembers when its server stopped
+  (``stopped_at``) and is sent with it (``?at=``), however late.
+
+A :class:`Release` is one such fact for the service. The process-wide
+:data:`outbox` sends each at once and, while the service does not answer,
+keeps it and tries again every ``retry_interval`` seconds, in order for each
+server, until the service confirms. It outlives the spawner
+object that queued it. A hub restart loses it; the service's reconcile job
+then releases the allocation at the time the hub last saw its server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from jupyterhub.spawner import Spawner
+from tornado import web
+from traitlets import Float
+
+from .client import GPUPoolClient, ServiceError, ServiceUnavailable
+from .errors import GPUPoolRefused, SpawnFailure
+
+__all__ = ["ATTEMPT_KEY", "STATE_KEY", "GPUPoolReleases", "Release", "ReleaseOutbox", "new_attempt_key", "outbox"]
+
+STATE_KEY = "gpupool_allocation"  # the service's reconcile job reads this key of the server's state
+ATTEMPT_KEY = "gpupool_attempt"
+
+log = logging.getLogger("gpupool.spawner.release")
+
+
+def new_attempt_key() -> str:
+    """A fresh key for one spawn attempt (the ``POST`` and any retry of it share it)."""
+    return uuid.uuid4().hex
+
+
+@dataclass(eq=False)
+class Release:
+    """Tell the service that an allocation ended, or that a spawn attempt was abandoned.
+
+    With ``key`` it abandons the attempt: whatever the key got is released as
+    never charged. Otherwise it releases ``allocation_id``; ``stopped_at`` (when
+    the server stopped) is where the charge ends, however late this arrives.
+    """
+
+    client: GPUPoolClient
+    user: str
+    server: str
+    reason: str
+    allocation_id: str | None = None
+    key: str | None = None
+    stopped_at: datetime | None = None
+    on_confirmed: Callable[[], None] | None = None
+    confirmed: bool = False
+    failures: int = field(default=0)
+
+    @property
+    def what(self) -> str:
+        target = f"spawn attempt {self.key}" if self.key else f"GPU allocation {self.allocation_id}"
+        return f"{target} of {self.user}/{self.server}" if self.server else f"{target} of {self.user}"
+
+    def same_target(self, other: Release) -> bool:
+        if self.key is not None or other.key is not None:
+            return self.key == other.key
+        return self.allocation_id == other.allocation_id
+
+    async def deliver(self) -> None:
+        """One request; raises :class:`ServiceUnavailable` or :class:`ServiceError` if not confirmed."""
+        if self.key is not None:
+            await self.client.release_key(self.key, self.reason)
+        elif self.allocation_id is not None:
+            await self.client.release(self.allocation_id, self.reason, self.stopped_at)
+
+
+class ReleaseOutbox:
+    """Releases not yet confirmed by the service, delivered until each is: in order for one
+    server, up to ``concurrency`` servers at a time (a paused service makes each request wait
+    for its timeout, and one server's releases must not wait behind every other's)."""
+
+    def __init__(self, retry_interval: float = 5.0, concurrency: int = 8) -> None:
+        self.retry_interval = retry_interval
+        self.concurrency = concurrency
+        self.pending: list[Release] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._changed: asyncio.Condition | None = None
+        self._wake: asyncio.Event | None = None
+        self._worker: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------ public
+
+    def add(self, release: Release) -> Release:
+        """Queue ``release`` (a repeat of a queued one keeps the earlier stop time) and start sending."""
+        for queued in self.pending:
+            if queued.same_target(release):
+                if release.stopped_at is not None and (queued.stopped_at is None
+                                                       or release.stopped_at < queued.stopped_at):
+                    queued.stopped_at = release.stopped_at
+                if release.on_confirmed is not None and queued.on_confirmed is None:
+                    queued.on_confirmed = release.on_confirmed
+                self._kick()
+                return queued
+        self.pending.append(release)
+        self._kick()
+        return release
+
+    async def send(self, release: Release, wait: float) -> bool:
+        """Queue ``release`` and wait up to ``wait`` seconds for the service to confirm it."""
+        queued = self.add(release)
+        await self._wait_until(lambda: queued.confirmed, wait)
+        return queued.confirmed
+
+    async def flush(self, user: str, server: str, wait: float) -> bool:
+        """Wait up to ``wait`` s until no release of ``user``'s ``server`` is pending; True if none is."""
+        def done() -> bool:
+            return not any(r.user == user and r.server == server for r in self.pending)
+
+        if not done():
+            self._kick()
+            await self._wait_until(done, wait)
+        return done()
+
+    def pending_for(self, user: str, server: str) -> list[Release]:
+        return [r for r in self.pending if r.user == user and r.server == server]
+
+    # ----------------------------------------------------------- sending
+
+    def _bind(self) -> None:
+        """The outbox's waiters and worker belong to the running event loop (a new one in tests)."""
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            self._loop = loop
+            self._changed = asyncio.Condition()
+            self._wake = asyncio.Event()
+            self._worker = None
+
+    def _kick(self) -> None:
+        self._bind()
+        assert self._wake is not None
+        self._wake.set()
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.ensure_future(self._run())
+
+    async def _wait_until(self, predicate: Callable[[], bool], wait: float) -> None:
+        self._bind()
+        assert self._changed is not None
+        try:
+            async with self._changed:
+                await asyncio.wait_for(self._changed.wait_for(predicate), timeout=max(wait, 0))
+        except asyncio.TimeoutError:
+            pass
+
+    async def _notify(self) -> None:
+        assert self._changed is not None
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def _run(self) -> None:
+        assert self._wake is not None
+        while True:
+            self._wake.clear()
+            servers: dict[tuple[str, str], list[Release]] = {}
+            for release in self.pending:
+                servers.setdefault((release.user, release.server), []).append(release)
+            limit = asyncio.Semaphore(self.concurrency)
+            await asyncio.gather(*(self._deliver_in_order(queue, limit) for queue in servers.values()))
+            if not self.pending:
+                await self._notify()
+                if not self.pending:  # nothing was queued meanwhile: done (no await after this check)
+                    return
+                continue
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=self.retry_interval)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _deliver_in_order(self, queue: list[Release], limit: asyncio.Semaphore) -> None:
+        """One server's releases, oldest first, stopping at the first the service does not take
+        (an abandoned attempt must reach it before a later release of the same server)."""
+        async with limit:
+            for release in queue:
+                if not await self._deliver(release):
+                    return
+                self.pending.remove(release)
+                release.confirmed = True
+                if release.on_confirmed is not None:
+                    release.on_confirmed()
+                await self._notify()
+
+    async def _deliver(self, release: Release) -> bool:
+        try:
+            await release.deliver()
+        except (ServiceUnavailable, ServiceError) as e:
+            release.failures += 1
+            level = logging.WARNING if release.failures == 1 else logging.DEBUG
+            log.log(level, "Could not release %s (%s); kept, and sent again every %g s until the service "
+                    "confirms", release.what, e, self.retry_interval)
+            return False
+        except Exception:  # a bug, not the service: keep the release, say so once
+            release.failures += 1
+            if release.failures == 1:
+                log.exception("Releasing %s failed; kept, and sent again", release.what)
+            return False
+        log.info("Released %s (%s)%s", release.what, release.reason,
+                 f" after {release.failures} failed attempt(s)" if release.failures else "")
+        return True
+
+
+#: The hub process's one outbox (a spawner object may be gone before its release is confirmed).
+outbox = ReleaseOutbox()
+
+
+class GPUPoolReleases(Spawner):
+    """The release half of :class:`~gpupool_hub.spawner.GPUPoolSpawner`'s lifecycle (which inherits it).
+
+    Holds the allocation id and the spawn attempt's key (both in the server's
+    state) and gives GPUs back through the :data:`outbox`: ``start`` abandons
+    an attempt that fails or is cancelled, ``stop`` and ``poll`` release with
+    the time the server stopped. Uses ``gpupool_prepare`` and
+    ``gpupool_client`` of GPUPoolSpawner.
+    """
+
+    release_retry_interval = Float(
+        5, help="""Seconds between attempts to send a release the gpupool service did not confirm
+        (it was down or paused). The release is kept and sent until the service confirms it,
+        with the time the server stopped, so the charge ends then.""",
+    ).tag(config=True)
+
+    release_wait = Float(
+        3, help="""Seconds ``stop`` waits for the gpupool service to confirm a release before
+        leaving it to be sent in the background (the charge ends at the stop time either way).""",
+    ).tag(config=True)
+
+    gpupool_allocation_id: str | None = None
+    gpupool_allocation: dict[str, Any] | None = None
+    gpupool_attempt_key: str | None = None
+    _gpupool_abandoned_key: str | None = None
+    _gpupool_starting = False
+
+    @property
+    def gpupool_attempt_abandoned(self) -> bool:
+        """Whether the current spawn attempt was given up (its release by key is sent or on its way)."""
+        return self.gpupool_attempt_key is not None and self._gpupool_abandoned_key == self.gpupool_attempt_key
+
+    @property
+    def gpupool_client(self) -> GPUPoolClient:  # pragma: no cover - GPUPoolSpawner provides it
+        raise NotImplementedError("GPUPoolSpawner provides the client")
+
+    async def gpupool_prepare(self) -> None:  # pragma: no cover - GPUPoolSpawner provides it
+        raise NotImplementedError("GPUPoolSpawner provides gpupool_prepare")
+
+    @property
+    def gpupool_outbox(self) -> ReleaseOutbox:
+        outbox.retry_interval = self.release_retry_interval
+        return outbox
+
+    def gpupool_new_attempt(self) -> str:
+        """A spawn begins: a fresh key for its ``POST`` (and the retries of it)."""
+        self.gpupool_attempt_key = new_attempt_key()
+        return self.gpupool_attempt_key
+
+    def _gpupool_released(self, alloc_id: str | None) -> None:
+        if alloc_id is not None and self.gpupool_allocation_id == alloc_id:
+            self.gpupool_allocation_id = None
+            self.gpupool_allocation = None
+
+    def _gpupool_release_of(self, reason: str, **kwargs: Any) -> Release:
+        return Release(self.gpupool_client, self.user.name, self.name or "", reason, **kwargs)
+
+    async def gpupool_release(self, reason: str, stopped_at: datetime | None = None,
+                              wait: float | None = None) -> bool:
+        """Give the held allocation back; True once the service confirmed (or never knew it).
+
+        ``stopped_at`` is when the server stopped (default: now); the service
+        ends the charge then even if the release reaches it later. Waits up to
+        ``wait`` s (default ``release_wait``); an unconfirmed release stays in
+        the outbox, and the id in the state, until the service confirms.
+        """
+        alloc = self.gpupool_allocation_id
+        if not alloc:
+            return True
+        release = self._gpupool_release_of(
+            reason, allocation_id=alloc, stopped_at=stopped_at or datetime.now(timezone.utc),
+            on_confirmed=lambda: self._gpupool_released(alloc),
+        )
+        return await self.gpupool_outbox.send(release, self.release_wait if wait is None else wait)
+
+    async def gpupool_abandon(self, reason: str, wait: float = 0) -> bool:
+        """Give up on the current spawn attempt: whatever its key got is released, never charged,
+        and the key's ``POST`` is refused if it still arrives. Sent in the background by default
+        (``wait`` 0): a spawn that failed must not also wait for a service that does not answer."""
+        key = self.gpupool_attempt_key
+        if key is None:
+            return await self.gpupool_release(reason, wait=wait)
+        alloc = (self.gpupool_allocation or {}).get("id")  # what this attempt got, if anything
+        self._gpupool_abandoned_key = key
+        release = self._gpupool_release_of(reason, key=key, on_confirmed=lambda: self._gpupool_released(alloc))
+        return await self.gpupool_outbox.send(release, wait)
+
+    async def gpupool_flush_releases(self) -> bool:
+        """Before asking for GPUs again: every release of this server delivered (True), or
+        the service still does not answer (False) after ``request_timeout``."""
+        return await self.gpupool_outbox.flush(self.user.name, self.name or "",
+                                               getattr(self, "request_timeout", 10))
+
+    def get_state(self) -> dict[str, Any]:
+        state = super().get_state()
+        if self.gpupool_allocation_id:
+            state[STATE_KEY] = self.gpupool_allocation_id
+        if self.gpupool_attempt_key:
+            state[ATTEMPT_KEY] = self.gpupool_attempt_key
+        return state
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)
+        if state.get(STATE_KEY):
+            self.gpupool_allocation_id = state[STATE_KEY]
+        if state.get(ATTEMPT_KEY):
+            self.gpupool_attempt_key = state[ATTEMPT_KEY]
+
+    # ----------------------------------------------------------- lifecycle
+
+    async def start(self) -> Any:
+        """Ask the pool, then start the server; a spawn that fails or is cancelled (the hub's
+        ``start_timeout``) abandons its attempt, so whatever it got is released, never charged."""
+        self._gpupool_starting = True
+        try:
+            await self.gpupool_prepare()
+            return await super().start()
+        except BaseException as e:
+            if _outcome_unknown(e, self.gpupool_allocation):
+                await self.gpupool_abandon(f"spawn abandoned: {type(e).__name__}")
+            raise
+        finally:
+            self._gpupool_starting = False
+
+    async def stop(self, now: bool = False) -> None:
+        """Stop the server; its charge ends now, even if the service only hears of it later.
+
+        A stop while the spawn is still going, or of a server the hub gave up
+        waiting for (``http_timeout``), abandons the attempt: never charged.
+        """
+        try:
+            await super().stop(now=now)
+        finally:
+            given_up = self._gpupool_starting or getattr(self, "_waiting_for_response", False)
+            if given_up or self.gpupool_attempt_abandoned:
+                await self.gpupool_abandon("the hub gave up on the spawn")
+            else:
+                await self.gpupool_release("server stopped", stopped_at=datetime.now(timezone.utc))
+
+    async def poll(self) -> int | None:
+        status = await super().poll()
+        if status is not None and self.gpupool_allocation_id and not self._gpupool_starting:
+            await self.gpupool_release(f"server gone (exit status {status})", stopped_at=datetime.now(timezone.utc))
+        return status
+
+
+def _outcome_unknown(error: BaseException, allocation: dict[str, Any] | None) -> bool:
+    """Whether a failed start may have left GPUs held: it got an allocation, or its request's fate
+    is unknown (no answer, cancelled, an unexpected error). A refusal the pool answered holds nothing."""
+    if allocation is not None:
+        return True
+    if isinstance(error, GPUPoolRefused):
+        return error.reason == SpawnFailure.UNREACHABLE
+    return not isinstance(error, web.HTTPError)
