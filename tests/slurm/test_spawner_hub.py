@@ -111,3 +111,38 @@ def test_unaffordable_profile_is_refused_before_sbatch(hub, slurm):
     assert not ok and message
     assert slurm.job_ids() == []
     assert allocations(hub) == []
+
+
+def outside(hub) -> dict[str, list[int]]:
+    r = hub.service("GET", "/pool", hub.tester_token)
+    r.raise_for_status()
+    return {n["node"]: n["held_outside"] for n in r.json()["nodes"] if n.get("held_outside")}
+
+
+def test_gpus_held_outside_the_hub_steer_and_refuse_spawns(hub, slurm):
+    set_balance(hub, "olaf", "100")
+    set_balance(hub, "otto", "100")
+    slurm.submit_foreign_job("gpu-a", "gpu:a6000:4")
+    c_job = slurm.submit_foreign_job("gpu-c", "gpu:a6000:1")
+    wait_for(lambda: outside(hub) == {"gpu-a": [0, 1, 2, 3], "gpu-c": [0]}, 30, "the pool to see the foreign jobs")
+    ok, message = wait_spawned(hub, "olaf", "", spawn(hub, "olaf", {"profile": "a6000"}))
+    assert not ok and "held outside the hub" in message.lower(), message
+    assert allocations(hub) == [] and len(slurm.job_ids()) == 2  # no sbatch for the refused spawn
+    slurm.cancel(c_job)
+    wait_for(lambda: outside(hub) == {"gpu-a": [0, 1, 2, 3]}, 30, "the pool to see gpu-c free")
+    ok, message = wait_spawned(hub, "otto", "", spawn(hub, "otto", {"profile": "a6000"}))
+    assert ok, message
+    [alloc] = allocations(hub)
+    assert alloc["node"] == "gpu-c"
+    stop_server(hub, "otto")
+    wait_for(lambda: not allocations(hub), 30, "the allocation to be released")
+
+
+def test_scancel_from_outside_releases_the_allocation(hub, slurm):
+    set_balance(hub, "sven", "100")
+    ok, message = wait_spawned(hub, "sven", "", spawn(hub, "sven", {"profile": "3090"}))
+    assert ok, message
+    [job_id] = slurm.job_ids()
+    assert len(allocations(hub)) == 1
+    slurm.cancel(job_id)
+    wait_for(lambda: not allocations(hub), 30, "the allocation of the cancelled job to be released")
