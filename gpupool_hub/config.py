@@ -110,6 +110,34 @@ class GPUPool(Configurable):
         See docs/placement.md for every key (GPU UUIDs, MIG devices, PCIe levels).""",
     ).tag(config=True)
 
+    inventory = Unicode(
+        "config",
+        help="""Where the pool's nodes come from: 'config' (``c.GPUPool.nodes``) or 'slurm'
+        (``scontrol show node``, with ``slurm_gpu_models``; refreshed while the service runs: nodes
+        Slurm will not schedule on take no placements, GPUs held by jobs the hub did not start are
+        held outside the hub). See docs/slurm.md.""",
+    ).tag(config=True)
+
+    slurm_gpu_models = Dict(
+        {},
+        help="""Slurm GRES type -> GPU model name, e.g. ``{"a6000": "NVIDIA RTX A6000"}`` (inventory
+        'slurm', the gpupool-slurm spawner, the 'slurm' usage preset). A GRES type missing from it
+        is a start-up error that names it.""",
+    ).tag(config=True)
+
+    slurm_partitions = List(
+        Unicode(), default_value=None, allow_none=True,
+        help="Only the Slurm nodes in any of these partitions (None: every node).",
+    ).tag(config=True)
+
+    slurm_conf = Unicode(
+        "", help="Path of slurm.conf given to every Slurm command as SLURM_CONF (empty: Slurm's default).",
+    ).tag(config=True)
+
+    slurm_refresh_interval = Float(
+        30, help="Seconds between re-reads of the Slurm nodes (state, GPUs held outside the hub).",
+    ).tag(config=True)
+
     placement_policy = Unicode(
         "fgd", help="Placement policy: 'fgd' (fragmentation-aware, default), 'best-fit', 'first-fit' or 'random'.",
     ).tag(config=True)
@@ -229,10 +257,29 @@ class GPUPool(Configurable):
 
     # ---- derived objects (pure; built from the validated traits)
 
+    @validate("inventory")
+    def _check_inventory(self, proposal: Any) -> str:
+        from .inventory import SOURCES
+
+        if proposal["value"] not in SOURCES:
+            raise TraitError(f"c.GPUPool.inventory: unknown source {proposal['value']!r}; choose one of "
+                             f"{sorted(SOURCES)}")
+        return proposal["value"]
+
+    def slurm_env(self) -> dict[str, str] | None:
+        """Extra environment for Slurm commands (SLURM_CONF), or None for this process's own."""
+        return {"SLURM_CONF": self.slurm_conf} if self.slurm_conf else None
+
+    def make_inventory_source(self):  # type: ignore[no-untyped-def]
+        from .inventory import make_source
+
+        return make_source(self)
+
     def make_pool(self):  # type: ignore[no-untyped-def]
         from .placement import Pool, get_policy, load_nodes
 
-        return Pool(load_nodes(self.nodes), policy=get_policy(self.placement_policy))
+        nodes = self.make_inventory_source().nodes()
+        return Pool(load_nodes(nodes), policy=get_policy(self.placement_policy))
 
     def team_table(self):  # type: ignore[no-untyped-def]
         from .fairshare import Teams

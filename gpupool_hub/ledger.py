@@ -813,6 +813,13 @@ class Ledger:
         with self._write() as conn:
             conn.execute(allocations.update().where(allocations.c.id == alloc_id).values(borrowed=borrowed))
 
+    def set_allocation_gpus(self, alloc_id: str, gpus: Iterable[dict]) -> None:  # type: ignore[type-arg]
+        """The devices a held allocation really got (a batch scheduler bound others than the pool chose)."""
+        with self._write() as conn:
+            conn.execute(allocations.update()
+                         .where(allocations.c.id == alloc_id, allocations.c.released_at.is_(None))
+                         .values(gpus=list(gpus)))
+
     def allocation(self, alloc_id: str) -> AllocationRecord | None:
         with self._read() as conn:
             row = conn.execute(sa.select(allocations).where(allocations.c.id == alloc_id)).first()

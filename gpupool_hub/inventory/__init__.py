@@ -12,8 +12,22 @@ from gpupool_hub.inventory.slurm import (
     UnmappedGresType,
     run_slurm,
 )
+from gpupool_hub.inventory.sources import (
+    SOURCES,
+    ConfigInventory,
+    InventorySource,
+    NodeStatus,
+    SlurmInventorySource,
+    make_source,
+)
 
 __all__ = [
+    "SOURCES",
+    "ConfigInventory",
+    "InventorySource",
+    "NodeStatus",
+    "SlurmInventorySource",
+    "make_source",
     "QueueEntry",
     "SlurmCommandError",
     "SlurmError",

@@ -206,7 +206,8 @@ class Admission:
                 self.reclaims.start(user, server, team, usage, holdings, req, requested_models)
             free = self.pool.free_summary()
             raise Refused(RefusalReason.NO_CAPACITY,
-                          f"No capacity for {request.describe()} right now. Free now: {free}. "
+                          f"No capacity for {request.describe()} right now. Free now: {free}."
+                          f"{self.inventory.outside_note()} "
                           "Try again when other servers stop, or pick a smaller profile.",
                           details={"free": free.as_dict()}) from None
         return self.record(alloc_id, user, server, request, requested_models, placement, team, usage, key)

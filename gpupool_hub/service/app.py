@@ -34,6 +34,7 @@ from .hubapi import HubClient
 from .jobs import JobRunner
 from .jobs.accounting import DebitJob, ReplenishJob
 from .jobs.cull import CullJob, UtilizationProbe
+from .jobs.inventory import InventoryRefreshJob
 from .jobs.reclaim import ReclaimExecutor
 from .jobs.reconcile import DebitAfterReconcile, ReconcileJob
 from .manager import PoolManager
@@ -164,6 +165,9 @@ class GPUPoolService(Application):
             debit_interval=self.debit_interval, debit_delay_tolerance=self.debit_delay_tolerance,
         )
         restored = self.manager.restore()
+        self.inventory_source = self.settings_.make_inventory_source()
+        if self.inventory_source.dynamic:  # before the first request: nodes down, GPUs held outside the hub
+            self.manager.inventory.apply_node_status(self.inventory_source.node_status())
         self.log.info("gpupool %s: %d node(s), %d allocation(s) restored, ledger %s",
                       __version__, len(self.manager.pool.nodes), restored, self.ledger.engine.url.render_as_string())
         self.metrics = ServiceMetrics(self.manager)
@@ -241,6 +245,9 @@ class GPUPoolService(Application):
         debit = DebitAfterReconcile(self.reconciler, DebitJob(m.debits, jobs.in_thread), m.debits)
         jobs.every(self.debit_check_interval, "debit", debit)
         jobs.every(self.reconcile_interval, "reconcile", self.reconciler)
+        if self.inventory_source.dynamic:
+            jobs.every(self.settings_.slurm_refresh_interval, "inventory",
+                       InventoryRefreshJob(self.inventory_source, m.inventory, m.threads, jobs.in_thread))
         if self.culler.enabled:
             probe = UtilizationProbe(self.culler, self.prometheus_url, self.prometheus_token)
             jobs.every(self.culler.interval, "cull", CullJob(self.hub, m, self.culler, self.groups, probe))

@@ -480,6 +480,15 @@ class PoolHandler(APIHandler):
                      "server": active[a].server if a in active else None}
                     for a, m in gpu["holders"].items()
                 ]
+        inv = self.manager.inventory
+        for node in nodes:  # placeholders of the inventory source (Slurm): not servers'
+            node["held_outside"] = list(inv.held_outside.get(node["node"], []))
+            if node["node"] in inv.unavailable:
+                node["unavailable"] = inv.unavailable[node["node"]]
+            for gpu in node["gpus"]:
+                for h in gpu["holders"]:
+                    if inv.is_outside(h["allocation"]):
+                        h["held_outside"] = True
         free = await self.core(self.manager.pool.free_summary)
         teams = await self.core(self.manager.reclaims.team_report)
         self.write_json({"nodes": nodes, "free": free.as_dict(),
@@ -607,6 +616,29 @@ class AllocationHandler(APIHandler):
                                  at=stopped)
         if record is None:
             raise web.HTTPError(404, f"no allocation {alloc_id!r}")
+        self.write_json({"allocation": self.manager.views.allocation_json(record)})
+
+    max_body_bytes = 16 * 1024
+
+    async def patch(self, alloc_id: str) -> None:
+        """The spawner records the GPU indices a batch scheduler really bound (gpupool-slurm)."""
+        if not self.is_spawner:
+            raise web.HTTPError(403, "only the hub's spawner records the GPUs a job was bound to")
+        body = self.json_body()
+        unknown = sorted(set(body) - {"gpu_indices"})
+        if unknown:
+            raise web.HTTPError(400, f"unknown field(s) {unknown}; send 'gpu_indices'")
+        indices = body.get("gpu_indices")
+        if (not isinstance(indices, list) or not indices or len(indices) > 64
+                or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 1024 for i in indices)):
+            raise web.HTTPError(400, "'gpu_indices' must be a non-empty list of GPU indices (integers 0-1023)")
+        try:
+            record = await self.core(self.manager.inventory.rebind, self.manager.ledger,
+                                     self.path_name(alloc_id, "allocation id"), indices)
+        except LookupError:
+            raise web.HTTPError(404, f"no held allocation {alloc_id!r}") from None
+        except ValueError as e:
+            raise web.HTTPError(409, str(e)) from None
         self.write_json({"allocation": self.manager.views.allocation_json(record)})
 
 

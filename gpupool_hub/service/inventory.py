@@ -17,7 +17,9 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+from ..inventory.sources import NodeStatus
 from ..ledger import AllocationRecord, Ledger
+from ..placement.request import MILLI
 from ..placement.inventory import Node
 from ..placement.request import normalize_model
 from ..placement.state import GPUShare, Placement, Pool
@@ -48,6 +50,10 @@ class PoolInventory:
         self.prices = prices
         self.clock = clock
         self.reports: dict[str, NodeReport] = {}
+        # what the inventory source (Slurm) last said; see apply_node_status
+        self.node_status: dict[str, NodeStatus] = {}
+        self.held_outside: dict[str, list[int]] = {}
+        self.unavailable: dict[str, str] = {}
         prices.check_models(self.models())
 
     # ------------------------------------------------------------ models
@@ -163,3 +169,131 @@ class PoolInventory:
             log.warning("Node %s reports hardware that differs from the pool: %s", name,
                         "; ".join(report.differences))
         return report
+
+    # --------------------------------------- the inventory source's status
+
+    def is_outside(self, alloc_id: str) -> bool:
+        """A placeholder allocation for what the hub does not hold (not a server's)."""
+        return alloc_id.startswith((OUTSIDE, UNAVAILABLE))
+
+    def _drop_placeholders(self, node: str | None = None) -> None:
+        for alloc_id in [a for a in list(self.pool._allocs) if self.is_outside(a)]:
+            if node is None or alloc_id.split(":", 2)[1] == node:
+                self.pool.release(alloc_id)
+
+    def apply_node_status(self, status: dict[str, NodeStatus]) -> None:
+        """Make the pool refuse what its source says the hub cannot have.
+
+        GPUs some job holds beyond the hub's own allocations on a node are held
+        by a placeholder allocation ``slurm-outside:<node>`` (the indices Slurm
+        says are in use and no server holds, else other free GPUs of the same
+        model); a node that takes no placements gets ``slurm-unavailable:<node>``
+        holding its free CPUs, memory and GPUs. Servers' allocations are never
+        touched. Runs on the writer thread.
+        """
+        self.node_status = dict(status)
+        self._drop_placeholders()
+        outside: dict[str, list[int]] = {}
+        unavailable: dict[str, str] = {}
+        for ns in self.pool.nodes:
+            st = status.get(ns.name)
+            if st is None:
+                continue
+            gpus = {g.index: g for g in ns.node.gpus}
+            hub_held: set[int] = set()
+            for s, pos in enumerate(ns.slot_gpu):
+                if ns.holders[s]:
+                    hub_held.add(ns.node.gpus[pos].index)
+            in_use = {i for i in st.gpus_in_use if i in gpus}
+            picked: list[int] = []
+            for model in {g.model for g in ns.node.gpus}:
+                used = [i for i in sorted(in_use) if gpus[i].model == model]
+                mine = [i for i in sorted(hub_held) if gpus[i].model == model]
+                count = max(len(used) - len(mine), 0)
+                # Slurm's own indices first, then any other free GPU of the model
+                order = [i for i in used if i not in hub_held] + [
+                    i for i in sorted(gpus) if gpus[i].model == model and i not in hub_held and i not in used]
+                picked += order[:count]
+            free_slots = {ns.node.gpus[pos].index: s for s, pos in enumerate(ns.slot_gpu)
+                          if ns.whole[s] and ns.free[s] == MILLI}
+            picked = [i for i in picked if i in free_slots]
+            if picked:
+                self.pool.restore(f"{OUTSIDE}{ns.name}", Placement(node=ns.name, gpus=tuple(
+                    GPUShare(i, gpus[i].uuid, gpus[i].model, MILLI) for i in sorted(picked))))
+                outside[ns.name] = sorted(picked)
+            if not st.takes_placements:
+                rest = [gpus[i] for i in sorted(free_slots) if i not in picked]
+                self.pool.restore(f"{UNAVAILABLE}{ns.name}", Placement(
+                    node=ns.name, gpus=tuple(GPUShare(g.index, g.uuid, g.model, MILLI) for g in rest),
+                    cpu_milli=max(ns.cpu_free, 0), memory_mib=max(ns.mem_free, 0)))
+                unavailable[ns.name] = st.why_not or "takes no placements"
+        self.held_outside = outside
+        self.unavailable = unavailable
+        if outside or unavailable:
+            log.info("Held outside the hub: %s; nodes taking no placements: %s", outside or "none",
+                     unavailable or "none")
+
+    def outside_note(self) -> str:
+        """For a refusal: what outside the hub holds (empty when nothing)."""
+        parts = []
+        for node, idx in sorted(self.held_outside.items()):
+            models = sorted({g.model for g in self.pool.by_name[node].node.gpus if g.index in idx})
+            parts.append(f"{len(idx)} {'/'.join(models)} GPU(s) on {node}")
+        for node, why in sorted(self.unavailable.items()):
+            parts.append(f"node {node} ({why})")
+        if not parts:
+            return ""
+        return " Held outside the hub (jobs it did not start, or nodes it may not use): " + "; ".join(parts) + "."
+
+    def rebind(self, ledger: Ledger, alloc_id: str, indices: list[int]) -> AllocationRecord:
+        """Record the GPUs a server's job really got (same node, same models, same count).
+
+        A batch scheduler binds devices itself; the pool's choice of indices was a
+        guess. Raises ``ValueError`` (with a message for the caller) when the new
+        indices do not fit the allocation; ``LookupError`` when it is not held.
+        """
+        record = ledger.allocation(alloc_id)
+        if record is None or record.released_at is not None:
+            raise LookupError(f"no held allocation {alloc_id!r}")
+        ns = self.pool.by_name.get(record.node)
+        if ns is None:
+            raise ValueError(f"node {record.node!r} is not in the pool")
+        if len(set(indices)) != len(indices) or len(indices) != len(record.gpus):
+            raise ValueError(f"allocation {alloc_id} holds {len(record.gpus)} GPU(s); got indices {indices}")
+        if any(g.get("milli", MILLI) != MILLI or g.get("mig_uuid") for g in record.gpus):
+            raise ValueError("only whole-GPU allocations can be rebound")
+        gpus = {g.index: g for g in ns.node.gpus}
+        unknown = [i for i in indices if i not in gpus]
+        if unknown:
+            raise ValueError(f"node {record.node} has no GPU {unknown[0]}")
+        old_models = sorted(g["model"] for g in record.gpus)
+        if sorted(gpus[i].model for i in indices) != old_models:
+            raise ValueError(f"GPUs {sorted(indices)} of {record.node} are not the allocation's models {old_models}")
+        new = tuple({"index": i, "uuid": gpus[i].uuid, "model": gpus[i].model, "milli": MILLI, "mig_uuid": None}
+                    for i in sorted(indices))
+        if sorted(g["index"] for g in record.gpus) == sorted(indices):
+            return record
+        old = self.pool.get(alloc_id)
+        self._drop_placeholders(record.node)
+        if old is not None:
+            self.pool.release(alloc_id)
+        placement = Placement(node=record.node, gpus=tuple(GPUShare(g["index"], g["uuid"], g["model"], MILLI)
+                                                          for g in new),
+                              cpu_milli=record.request.get("cpu_milli", 0),
+                              memory_mib=record.request.get("memory_mib", 0))
+        try:
+            self.pool.restore(alloc_id, placement)
+        except Exception as e:
+            if old is not None:
+                self.pool.restore(alloc_id, old)
+            self.apply_node_status(self.node_status)
+            raise ValueError(f"GPUs {sorted(indices)} of {record.node} are held by another allocation: {e}") from None
+        ledger.set_allocation_gpus(alloc_id, new)
+        self.apply_node_status(self.node_status)
+        log.info("Allocation %s rebound to GPUs %s of %s (as the scheduler bound them)", alloc_id,
+                 sorted(indices), record.node)
+        return ledger.allocation(alloc_id)  # type: ignore[return-value]
+
+
+OUTSIDE = "slurm-outside:"
+UNAVAILABLE = "slurm-unavailable:"

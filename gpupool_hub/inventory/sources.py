@@ -1,0 +1,91 @@
+"""Inventory sources: where the pool's nodes come from, and what outside the hub holds.
+
+One small interface (:class:`InventorySource`), chosen by ``c.GPUPool.inventory``:
+
+=========== ==================================================================
+``config``  ``c.GPUPool.nodes`` as written; nothing is ever held outside the hub
+``slurm``   ``scontrol show node`` through :class:`~.slurm.SlurmInventory`:
+            nodes Slurm will not schedule on, and GPUs Slurm has given to any
+            job, are reported by :meth:`InventorySource.node_status`
+=========== ==================================================================
+
+The service's inventory job (``service/jobs/inventory.py``) reads
+``node_status`` periodically and subtracts what jobs the hub did not start hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .slurm import SlurmInventory
+
+__all__ = ["SOURCES", "ConfigInventory", "InventorySource", "NodeStatus", "SlurmInventorySource", "make_source"]
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """One node as its source sees it now."""
+
+    name: str
+    takes_placements: bool = True
+    why_not: str | None = None
+    #: GPU indices some job holds (the hub's own jobs included); the job subtracts the hub's
+    gpus_in_use: frozenset[int] = frozenset()
+
+
+class InventorySource:
+    """The pool's nodes (``c.GPUPool.nodes`` format) and their current status."""
+
+    #: whether node_status() says anything (the service schedules a refresh job only then)
+    dynamic = False
+
+    def nodes(self) -> list[dict[str, Any]]:
+        raise NotImplementedError("Subclass must provide implementation")
+
+    def node_status(self) -> dict[str, NodeStatus]:
+        """Per node name; a node left out takes placements and has nothing held outside the hub."""
+        return {}
+
+
+class ConfigInventory(InventorySource):
+    def __init__(self, nodes: list[dict[str, Any]]) -> None:
+        self._nodes = nodes
+
+    def nodes(self) -> list[dict[str, Any]]:
+        return list(self._nodes)
+
+
+class SlurmInventorySource(InventorySource):
+    dynamic = True
+
+    def __init__(self, models: Mapping[str, str], *, partitions: list[str] | None = None,
+                 env: Mapping[str, str] | None = None, inventory: SlurmInventory | None = None) -> None:
+        if not models:
+            raise ValueError("c.GPUPool.inventory = 'slurm' needs c.GPUPool.slurm_gpu_models, e.g. "
+                             "{'a6000': 'NVIDIA RTX A6000'}")
+        self.slurm = inventory or SlurmInventory(models, partitions=partitions, env=env)
+
+    def nodes(self) -> list[dict[str, Any]]:
+        return self.slurm.node_configs()
+
+    def node_status(self) -> dict[str, NodeStatus]:
+        return {n.name: NodeStatus(n.name, n.takes_placements, n.why_not, n.gpus_in_use) for n in self.slurm.nodes()}
+
+
+def _config(settings: Any) -> InventorySource:
+    return ConfigInventory(settings.nodes)
+
+
+def _slurm(settings: Any) -> InventorySource:
+    return SlurmInventorySource(settings.slurm_gpu_models, partitions=settings.slurm_partitions,
+                                env=settings.slurm_env())
+
+
+SOURCES = {"config": _config, "slurm": _slurm}
+
+
+def make_source(settings: Any) -> InventorySource:
+    """The source ``c.GPUPool.inventory`` names (``settings`` is a ``GPUPool``)."""
+    return SOURCES[settings.inventory](settings)

@@ -1,0 +1,28 @@
+"""Refresh: what the inventory source (Slurm) says now, applied to the placement pool."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ...inventory.sources import InventorySource
+from ..inventory import PoolInventory
+from ..threads import CoreThreads
+
+log = logging.getLogger("gpupool.inventory")
+
+
+class InventoryRefreshJob:
+    """Read the source's node status off the event loop; apply it on the writer thread."""
+
+    def __init__(self, source: InventorySource, inventory: PoolInventory, threads: CoreThreads,
+                 in_thread: Callable[..., Awaitable[Any]]) -> None:
+        self.source = source
+        self.inventory = inventory
+        self.threads = threads
+        self.in_thread = in_thread
+
+    async def __call__(self) -> None:
+        status = await self.in_thread(self.source.node_status)
+        await self.threads.write(self.inventory.apply_node_status, status)

@@ -1,0 +1,241 @@
+"""GPUPoolSlurmSpawner: batchspawner's SlurmSpawner with the pool choosing node, model and count.
+
+The pool decides before anything is submitted (``gpupool_prepare``); the job
+then asks Slurm for exactly that: ``--nodelist=<node> --gres=gpu:<type>:<n>``
+plus the profile's CPUs and memory, all through batchspawner's ``req_*``
+traits (template variables of ``batch_script``), set as allocation overrides.
+Only those traits reach the script: raw user options never do.
+
+Once the job runs, the GPU indices Slurm really bound (``scontrol -d show
+job``: ``GRES=gpu:a6000:2(IDX:1-2)``) are recorded in the allocation
+(``PATCH allocations/{id}``), so the pool map shows the true devices. Stop is
+``scancel`` (batchspawner); a job gone from the queue makes ``poll`` report the
+server gone, and the mixin gives the GPUs back.
+
+Commands run without a shell: the formatted command line is split with
+``shlex`` and executed, with ``c.GPUPool.slurm_conf`` as ``SLURM_CONF``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pwd
+import re
+import shlex
+from urllib.parse import quote
+from typing import Any
+
+from batchspawner import SlurmSpawner
+from traitlets import Dict, Unicode, default
+
+from ..inventory.slurm import SlurmError, SlurmInventory
+from ..reasons import RefusalReason  # noqa: F401  (kept for subclasses' messages)
+from .base import GPUPoolSpawner
+from .errors import GPUPoolRefused, SpawnFailure
+
+__all__ = ["GPUPoolSlurmSpawner", "JOB_NAME", "mem_for_slurm"]
+
+#: every server job's name; the 'slurm' usage preset recognises the hub's servers by it
+JOB_NAME = "gpupool-server"
+
+
+def mem_for_slurm(value: Any) -> str:
+    """A profile's memory (bytes, or a string such as "4G") as sbatch ``--mem`` (MiB)."""
+    if isinstance(value, str) and re.fullmatch(r"\d+[KMGT]?", value):
+        return value
+    return f"{max(int(value) // (1024 * 1024), 1)}M"
+
+
+class GPUPoolSlurmSpawner(GPUPoolSpawner, SlurmSpawner):
+    """SlurmSpawner whose jobs run where the GPU pool placed them."""
+
+    # the script: batchspawner's, with the hub's job name and the allocation as comment
+    batch_script = Unicode(
+        """#!/bin/bash
+#SBATCH --output={{homedir}}/jupyterhub_slurmspawner_%j.log
+#SBATCH --job-name={{job_name}}
+#SBATCH --chdir={{homedir}}
+#SBATCH --export={{keepvars}}
+{% if comment    %}#SBATCH --comment={{comment}}
+{% endif %}{% if partition  %}#SBATCH --partition={{partition}}
+{% endif %}{% if runtime    %}#SBATCH --time={{runtime}}
+{% endif %}{% if memory     %}#SBATCH --mem={{memory}}
+{% endif %}{% if gres       %}#SBATCH --gres={{gres}}
+{% endif %}{% if nodelist   %}#SBATCH --nodelist={{nodelist}}
+{% endif %}{% if nprocs     %}#SBATCH --cpus-per-task={{nprocs}}
+{% endif %}{% if reservation%}#SBATCH --reservation={{reservation}}
+{% endif %}{% if options    %}#SBATCH {{options}}{% endif %}
+
+set -euo pipefail
+
+trap 'echo SIGTERM received' TERM
+{{prologue}}
+{% if srun %}{{srun}} {% endif %}{{cmd}}
+echo "jupyterhub-singleuser ended gracefully"
+{{epilogue}}
+"""
+    ).tag(config=True)
+
+    req_homedir = Unicode(
+        help="Directory the job starts in and writes its log to (default: the user's Unix home).",
+    ).tag(config=True)
+
+    @default("req_homedir")
+    def _default_homedir(self) -> str:
+        try:
+            return pwd.getpwnam(self.user.name).pw_dir
+        except KeyError:
+            raise GPUPoolRefused(
+                f"User {self.user.name!r} has no Unix account on the hub's machine; set "
+                "c.GPUPoolSlurmSpawner.req_homedir.", reason=SpawnFailure.CONFIG, status_code=500) from None
+
+    req_job_name = Unicode(JOB_NAME, help="Slurm job name of every server (the usage preset 'slurm' selects by it).")
+    req_nodelist = Unicode("", help="Set per spawn: the node the pool chose (--nodelist).")
+    req_comment = Unicode("", help="Set per spawn: gpupool-allocation=<id> (--comment).")
+
+    # squeue -h -j 42 -o '%T %B %r'  ->  "RUNNING gpu-a None" / "PENDING n/a Resources"
+    batch_query_cmd = Unicode("squeue -h -j {job_id} -o '%T %B %r'").tag(config=True)
+    state_exechost_re = Unicode(r"^\S+\s+([\w.-]+)").tag(config=True)
+    # the pending reason, last word of the line above
+    state_reason_re = Unicode(r"^PENDING\s+\S+\s+(\S+)").tag(config=True)
+
+    slurm_gpu_models = Dict(
+        help="GRES type -> GPU model; default: c.GPUPool.slurm_gpu_models (the service's map).",
+    ).tag(config=True)
+
+    slurm_env = Dict(
+        help="Environment for sbatch/squeue/scancel/scontrol on top of the hub's; default: "
+             "SLURM_CONF from c.GPUPool.slurm_conf when set.",
+    ).tag(config=True)
+
+    node_addresses = Dict(
+        help="Slurm node name -> address the hub reaches its servers at (default: the node name).",
+    ).tag(config=True)
+
+    @default("slurm_gpu_models")
+    def _default_models(self) -> dict[str, str]:
+        return dict(self.config.GPUPool.get("slurm_gpu_models", {})) if "GPUPool" in self.config else {}
+
+    @default("slurm_env")
+    def _default_slurm_env(self) -> dict[str, str]:
+        conf = self.config.GPUPool.get("slurm_conf", "") if "GPUPool" in self.config else ""
+        return {"SLURM_CONF": conf} if conf else {}
+
+    # ------------------------------------------------------- allocation
+
+    def gpupool_env(self, allocation: dict[str, Any] | None) -> dict[str, str]:
+        env = super().gpupool_env(allocation)
+        if allocation:  # Slurm sets CUDA_VISIBLE_DEVICES for the GPUs it binds
+            env.pop("CUDA_VISIBLE_DEVICES", None)
+            env.pop("NVIDIA_VISIBLE_DEVICES", None)
+        return env
+
+    def gres_type(self, model: str) -> str:
+        for gres_type, name in sorted(self.slurm_gpu_models.items()):
+            if name == model:
+                return gres_type
+        raise GPUPoolRefused(
+            f"GPU model {model!r} has no Slurm GRES type in c.GPUPool.slurm_gpu_models; ask an admin to add it.",
+            reason=SpawnFailure.CONFIG, status_code=500,
+        )
+
+    def apply_gpupool_allocation(self, allocation: dict[str, Any] | None) -> None:
+        super().apply_gpupool_allocation(allocation)
+        values: dict[str, Any] = {}
+        profile = self.gpupool_profile
+        if profile is not None and profile.cpu is not None:
+            values["req_nprocs"] = str(max(int(round(profile.cpu)), 1))
+        if profile is not None and profile.memory is not None:
+            values["req_memory"] = mem_for_slurm(profile.memory)
+        if allocation:
+            gpus = allocation.get("gpus", [])
+            if any(g.get("milli", 1000) < 1000 for g in gpus):
+                raise GPUPoolRefused("Slurm cannot share a GPU between jobs; fractional GPU profiles are not "
+                                     "available on this hub.", reason=SpawnFailure.CONFIG, status_code=400)
+            counts: dict[str, int] = {}
+            for g in gpus:
+                t = self.gres_type(g["model"])
+                counts[t] = counts.get(t, 0) + 1
+            values["req_gres"] = ",".join(f"gpu:{t}:{n}" for t, n in sorted(counts.items()))
+            values["req_nodelist"] = allocation["node"]
+            values["req_comment"] = f"gpupool-allocation={allocation['id']}"
+        self.gpupool_allocation_overrides.set(values)
+
+    # ----------------------------------------------------- batchspawner
+
+    async def _get_batch_script(self, **subvars: Any) -> str:
+        # batchspawner adds the raw user options to the template variables; only req_* traits go in
+        clean = self.get_req_subvars()
+        clean["cmd"] = subvars["cmd"]
+        return await super()._get_batch_script(**clean)
+
+    async def run_command(self, cmd: str, input: str | None = None, env: dict[str, str] | None = None) -> str:
+        """Run ``cmd`` without a shell (split with shlex), with the Slurm environment."""
+        argv = shlex.split(cmd)
+        full_env = dict(os.environ if env is None else env)
+        full_env.update(self.slurm_env)
+        proc = await asyncio.create_subprocess_exec(
+            *argv, env=full_env, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await proc.communicate(input=input.encode() if input else None)
+        if proc.returncode != 0:
+            message = err.decode(errors="replace").strip()
+            self.log.error("%s exited with %s: %s", argv[0], proc.returncode, message)
+            raise RuntimeError(message or f"{argv[0]} exited with status {proc.returncode}")
+        return out.decode(errors="replace").strip()
+
+    def user_env(self, env: dict[str, str]) -> dict[str, str]:
+        """USER/HOME/SHELL of the user's Unix account; a hub user without one keeps req_homedir."""
+        try:
+            return super().user_env(env)
+        except KeyError:
+            env["USER"] = self.user.name
+            env["HOME"] = self.req_homedir
+            return env
+
+    def state_gethost(self) -> str:
+        node = super().state_gethost()
+        return self.node_addresses.get(node, node)
+
+    def state_reason(self) -> str | None:
+        m = re.search(self.state_reason_re, self.job_status or "")
+        return m.group(1) if m else None
+
+    async def progress(self) -> Any:
+        async for event in super().progress():
+            if event.get("message") == "Pending in queue...":
+                event = {**event, "message": f"queued in Slurm: {self.state_reason() or 'pending'}"}
+            yield event
+
+    # ------------------------------------------------ real GPU indices
+
+    def slurm_inventory(self) -> SlurmInventory:
+        return SlurmInventory(self.slurm_gpu_models, env=self.slurm_env or None)
+
+    async def gpupool_record_bound_gpus(self) -> None:
+        """Tell the pool which GPUs Slurm bound to the running job (it may differ from the pool's guess)."""
+        alloc = self.gpupool_allocation
+        if not alloc or not self.job_id:
+            return
+        try:
+            job = await asyncio.get_running_loop().run_in_executor(
+                None, self.slurm_inventory().job, int(self.job_id))
+        except (SlurmError, ValueError) as e:
+            self.log.warning("Could not read the GPUs of job %s: %s", self.job_id, e)
+            return
+        indices = list(job.gpu_indices(alloc["node"])) if job else []
+        if not indices:
+            return
+        status, body = await self.gpupool_request("PATCH", f"/allocations/{quote(alloc['id'], safe='')}", {"gpu_indices": indices})
+        if status == 200:
+            self.gpupool_allocation = body["allocation"]
+            self.log.info("Job %s of %s got GPUs %s on %s", self.job_id, self._log_name, indices, alloc["node"])
+        else:
+            self.log.warning("The pool did not take GPUs %s of job %s: %s %s", indices, self.job_id, status, body)
+
+    async def start(self) -> Any:
+        result = await super().start()
+        await self.gpupool_record_bound_gpus()
+        return result

@@ -1,0 +1,148 @@
+"""gpupool-slurm end to end: a real hub and gpupool service submitting to the real test cluster."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpupool_hub.inventory.slurm import SlurmInventory
+from tests.fixtures.hub import wait_for
+from tests.fixtures.slurm import MODELS, SlurmCluster
+from tests.spawner.conftest import (
+    TINY, allocations, server_info, set_balance, spawn, spawner_hub, stop_server, wait_spawned,
+)
+
+pytestmark = pytest.mark.integration
+
+PROFILES = [
+    {"slug": "cpu", "display_name": "CPU only", "cpu": 1, "memory": "1G", "default": True},
+    {"slug": "a6000", "display_name": "RTX A6000", "gpus": 1, "max_gpus": 4, "models": ["RTX A6000"],
+     "cpu": 2, "memory": "2G"},
+    {"slug": "3090", "display_name": "RTX 3090", "gpus": 1, "max_gpus": 2, "models": ["RTX 3090"]},
+]
+
+
+def slurm_config(workdir: Path, cluster: SlurmCluster) -> str:
+    home = workdir / "home"
+    home.mkdir(exist_ok=True)
+    tiny = workdir / "tiny_server.py"  # batchspawner-singleuser runs the command found on PATH
+    shutil.copy(TINY, tiny)
+    tiny.chmod(0o755)
+    singleuser = Path(sys.executable).parent / "batchspawner-singleuser"
+    return f"""
+c.JupyterHub.spawner_class = "gpupool_hub.spawner.slurm.GPUPoolSlurmSpawner"
+c.Spawner.cmd = [{str(tiny)!r}]
+c.Spawner.poll_interval = 1
+c.Spawner.start_timeout = 60
+c.GPUPool.inventory = "slurm"
+c.GPUPool.slurm_gpu_models = {MODELS!r}
+c.GPUPool.slurm_conf = {str(cluster.conf)!r}
+c.GPUPool.slurm_refresh_interval = 1
+c.GPUPoolSpawner.profiles = {PROFILES!r}
+c.GPUPoolSlurmSpawner.exec_prefix = ""
+c.GPUPoolSlurmSpawner.req_srun = ""
+c.GPUPoolSlurmSpawner.req_homedir = {str(home)!r}
+c.GPUPoolSlurmSpawner.batchspawner_singleuser_cmd = {str(singleuser)!r}
+c.GPUPoolSlurmSpawner.startup_poll_interval = 0.3
+c.GPUPoolSlurmSpawner.node_addresses = {json.dumps({n.name: "127.0.0.1" for n in cluster.nodes})}
+"""
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory, slurm_cluster):
+    workdir = tmp_path_factory.mktemp("slurmhub")
+    yield from spawner_hub(tmp_path_factory, "slurmhub", slurm_config(workdir, slurm_cluster))
+
+
+def inventory(cluster: SlurmCluster) -> SlurmInventory:
+    return SlurmInventory(MODELS, env=cluster.env)
+
+
+def pool_gpus(hub) -> dict[str, dict[int, dict]]:
+    r = hub.service("GET", "/pool", hub.tester_token)
+    r.raise_for_status()
+    return {n["node"]: {g["index"]: g for g in n["gpus"]} for n in r.json()["nodes"]}
+
+
+def held_by(hub, alloc_id: str) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for node, gpus in pool_gpus(hub).items():
+        for index, g in gpus.items():
+            if any(h["allocation"] == alloc_id for h in g["holders"]):
+                out.setdefault(node, []).append(index)
+    return out
+
+
+def test_gpu_spawn_submits_the_pools_choice_and_records_the_bound_gpus(hub, slurm):
+    set_balance(hub, "sara", "100")
+    r = spawn(hub, "sara", {"profile": "a6000", "gpus": 2})
+    ok, message = wait_spawned(hub, "sara", "", r)
+    assert ok, f"did not start: {message}\n{hub.log_tail(40)}"
+    [alloc] = allocations(hub)
+    jobs = slurm.job_ids()
+    assert len(jobs) == 1
+    job = inventory(slurm).job(jobs[0])
+    assert job is not None and job.state == "RUNNING"
+    assert job.nodes == (alloc["node"],)
+    assert job.name == "gpupool-server"
+    assert dict(job.gpus[alloc["node"]]) .keys() == {"a6000"} and len(job.gpu_indices(alloc["node"])) == 2
+    detail = slurm.run(["scontrol", "show", "job", "-o", str(jobs[0])]).stdout
+    assert "gres/gpu:a6000=2" in detail or "gpu:a6000:2" in detail, detail
+    assert re.search(r"NumCPUs=2\b", detail) and "mem=2G" in detail, detail
+    # the server (run by the job) sees the GPUs Slurm gave it
+    env = server_info(hub, "sara")["env"]
+    assert env.get("CUDA_VISIBLE_DEVICES"), env
+    assert env["GPUPOOL_ALLOCATION"] == alloc["id"]
+    # the pool map shows the indices Slurm really bound
+    assert held_by(hub, alloc["id"]) == {alloc["node"]: list(job.gpu_indices(alloc["node"]))}
+    stop_server(hub, "sara")
+    wait_for(lambda: not slurm.job_ids(), 30, "the server's job to leave the queue")
+    wait_for(lambda: not allocations(hub), 30, "the allocation to be released")
+
+
+def test_unaffordable_profile_is_refused_before_sbatch(hub, slurm):
+    set_balance(hub, "poor", "-50")
+    ok, message = wait_spawned(hub, "poor", "", spawn(hub, "poor", {"profile": "a6000"}))
+    assert not ok and message
+    assert slurm.job_ids() == []
+    assert allocations(hub) == []
+
+
+def outside(hub) -> dict[str, list[int]]:
+    r = hub.service("GET", "/pool", hub.tester_token)
+    r.raise_for_status()
+    return {n["node"]: n["held_outside"] for n in r.json()["nodes"] if n.get("held_outside")}
+
+
+def test_gpus_held_outside_the_hub_steer_and_refuse_spawns(hub, slurm):
+    set_balance(hub, "olaf", "100")
+    set_balance(hub, "otto", "100")
+    slurm.submit_foreign_job("gpu-a", "gpu:a6000:4")
+    c_job = slurm.submit_foreign_job("gpu-c", "gpu:a6000:1")
+    wait_for(lambda: outside(hub) == {"gpu-a": [0, 1, 2, 3], "gpu-c": [0]}, 30, "the pool to see the foreign jobs")
+    ok, message = wait_spawned(hub, "olaf", "", spawn(hub, "olaf", {"profile": "a6000"}))
+    assert not ok and "held outside the hub" in message.lower(), message
+    assert allocations(hub) == [] and len(slurm.job_ids()) == 2  # no sbatch for the refused spawn
+    slurm.cancel(c_job)
+    wait_for(lambda: outside(hub) == {"gpu-a": [0, 1, 2, 3]}, 30, "the pool to see gpu-c free")
+    ok, message = wait_spawned(hub, "otto", "", spawn(hub, "otto", {"profile": "a6000"}))
+    assert ok, message
+    [alloc] = allocations(hub)
+    assert alloc["node"] == "gpu-c"
+    stop_server(hub, "otto")
+    wait_for(lambda: not allocations(hub), 30, "the allocation to be released")
+
+
+def test_scancel_from_outside_releases_the_allocation(hub, slurm):
+    set_balance(hub, "sven", "100")
+    ok, message = wait_spawned(hub, "sven", "", spawn(hub, "sven", {"profile": "3090"}))
+    assert ok, message
+    [job_id] = slurm.job_ids()
+    assert len(allocations(hub)) == 1
+    slurm.cancel(job_id)
+    wait_for(lambda: not allocations(hub), 30, "the allocation of the cancelled job to be released")
