@@ -30,7 +30,6 @@ from batchspawner import SlurmSpawner
 from traitlets import Dict, Unicode, default
 
 from ..inventory.slurm import SlurmError, SlurmInventory
-from ..reasons import RefusalReason  # noqa: F401  (kept for subclasses' messages)
 from .base import GPUPoolSpawner
 from .errors import GPUPoolRefused, SpawnFailure
 
