@@ -8,6 +8,7 @@ inventory  the placement pool, prices, node agents' reports
 accounts   opening accounts, credits, grants
 admission  affordability, placement, allocation records, release
 reclaims   team fair share: holdings, reclaims of borrowed GPUs
+queue      servers waiting for GPUs: fair order, reservations, estimates
 debits     charging closed intervals; the accounting status
 views      the ``me`` view (cached) and allocation JSON
 enforcement cull warnings, revoked servers, the node agents' list
@@ -34,6 +35,7 @@ from .admission import Admission
 from .debits import Debits
 from .enforcement import CullWarning, Enforcement
 from .inventory import PoolInventory
+from .queue import WaitQueue
 from .reclaims import Reclaims
 from .threads import CoreThreads
 from .views import ViewCache, Views
@@ -54,8 +56,9 @@ class PoolManager:
         self.enforcement = Enforcement()
         self.accounts = Accounts(settings, ledger, self.cache, clock)
         self.reclaims = Reclaims(settings, ledger, self.inventory, self.cache, clock)
+        self.queue = WaitQueue(settings, ledger, self.inventory, self.reclaims, clock)
         self.admission = Admission(settings, ledger, self.inventory, self.accounts, self.reclaims,
-                                   self.enforcement, self.cache, clock)
+                                   self.enforcement, self.cache, clock, queue=self.queue)
         self.debits = Debits(ledger, self.inventory.prices, usage_source, interval=debit_interval,
                              delay_tolerance=debit_delay_tolerance, clock=clock,
                              on_charged=self.cache.forget, serialize=self.threads.run_write)
@@ -75,6 +78,7 @@ class PoolManager:
         held, and the node agents' enforcement list from the audit log. Returns how many
         allocations were restored."""
         restored = self.inventory.restore(self.ledger)
+        self.queue.restore()
         events = self.ledger.audit_latest([AuditAction.CULL_KERNELS.value, AuditAction.STOP_SERVER.value])
         balances = {}
         for name in {e.user for e in events}:

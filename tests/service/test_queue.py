@@ -1,0 +1,129 @@
+"""The wait queue in the service core (in-process, manual clock): fair order, one
+entry per server, leaving, expiry, a restart that loses nobody's place, backfill
+for newcomers, and pressure from waiters (never from a user's own entry)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpupool_hub.placement import Request
+from gpupool_hub.reasons import RefusalReason
+from gpupool_hub.service.errors import Refused
+from tests.fixtures.manager import Clock, make_manager
+
+R3090 = "NVIDIA GeForce RTX 3090"
+ONE = [{"name": "node-a", "cpu_milli": 32000, "memory_mib": 131072,
+        "gpus": [{"index": 0, "uuid": "GPU-0", "model": R3090}]}]
+TWO_NODES = ONE + [{"name": "node-b", "cpu_milli": 32000, "memory_mib": 131072,
+                    "gpus": [{"index": i, "uuid": f"GPU-b{i}", "model": R3090} for i in range(2)]}]
+PRICES = {"RTX 3090": 1}
+
+
+def manager(tmp_path, nodes=ONE, clock=None, **kw):
+    return make_manager(nodes, PRICES, f"sqlite:///{tmp_path}/ledger.sqlite", clock=clock or Clock(), **kw)
+
+
+def admit(m, user, gpus=1, server=""):
+    return m.admission.admit(user, [], server, Request(gpus=gpus), None)
+
+
+def queued(m, user, gpus=1, server=""):
+    with pytest.raises(Refused) as e:
+        admit(m, user, gpus, server)
+    assert e.value.reason is RefusalReason.QUEUED, e.value.message
+    return e.value
+
+
+def test_three_users_get_one_gpu_in_fair_order_and_a_leaver_loses_the_place(tmp_path):
+    clock = Clock()
+    m = manager(tmp_path, clock=clock)
+    held = admit(m, "alice")
+    for i, user in enumerate(("bob", "carol", "dave"), 1):
+        r = queued(m, user)
+        assert r.details["position"] == i and r.details["queue_length"] == i
+        assert f"{['1st', '2nd', '3rd'][i - 1]} in the queue" in r.message and r.retry_at is None
+        clock.advance(1)
+    # a retry answers the same place, never a second entry
+    assert queued(m, "carol").details["position"] == 2 and len(m.queue.entries) == 3
+    # the estimate: alice's typical session ends in 4 h; bob first, carol and dave have no known release
+    assert queued(m, "bob").details["eta"] is not None
+
+    m.admission.release(held.id, "server stopped")
+    got = admit(m, "bob")  # his GPU was reserved by the release; his retry claims it
+    assert got.user == "bob" and got.gpus[0]["uuid"] == "GPU-0"
+    assert queued(m, "carol").details["position"] == 1
+
+    # carol stops retrying: after queue_poll_timeout her place is gone, dave moves up
+    clock.advance(30)
+    queued(m, "dave")
+    clock.advance(40)
+    assert queued(m, "dave").details["position"] == 1
+    assert ("carol", "") not in m.queue.entries
+    assert queued(m, "carol").details["position"] == 2  # back at the end
+    # dave cancels (the spawner's stop): carol is first again
+    assert m.queue.leave("dave", "")
+    m.admission.release(got.id, "server stopped")
+    assert admit(m, "carol").user == "carol"
+
+
+def test_a_restart_loses_nobodys_place(tmp_path):
+    clock = Clock()
+    m = manager(tmp_path, clock=clock)
+    admit(m, "alice")
+    for user in ("bob", "carol", "dave"):
+        queued(m, user)
+        clock.advance(1)
+    # the process dies without closing anything (kill -9): a new core on the same database
+    m2 = manager(tmp_path, clock=clock)
+    assert m2.restore() == 1
+    assert [queued(m2, u).details["position"] for u in ("bob", "carol", "dave")] == [1, 2, 3]
+    m2.admission.release(m2.ledger.active_allocations()[0].id, "stopped")
+    assert admit(m2, "bob").user == "bob"
+
+
+def test_newcomers_queue_behind_waiters_unless_backfill_lets_them_start(tmp_path):
+    clock = Clock()
+    m = manager(tmp_path, TWO_NODES, clock=clock)
+    a = admit(m, "alice")        # node-a's only GPU (fgd packs the small node first)
+    b = admit(m, "bob")          # one of node-b's
+    assert {a.node, b.node} == {"node-a", "node-b"}
+    queued(m, "carol", gpus=2)   # needs both of node-b: head, node-b held for her
+    clock.advance(1)
+    m.admission.release(a.id, "stopped")  # node-a free: dave may backfill there
+    assert admit(m, "dave").node == "node-a"
+    # erin wants one GPU; node-b has one free but it is held for carol
+    queued(m, "erin")
+    m.admission.release(b.id, "stopped")
+    assert admit(m, "carol", gpus=2).node == "node-b"
+
+
+def test_pressure_comes_from_other_users_waiting_for_what_a_user_holds(tmp_path):
+    m = manager(tmp_path)
+    admit(m, "alice")
+    assert m.queue.demand_for("alice", {R3090}) is None
+    queued(m, "alice", server="second")  # alice's own entry is no pressure on alice
+    assert m.queue.demand_for("alice", {R3090}) is None
+    queued(m, "bob")
+    assert m.queue.demand_for("alice", {R3090}) is not None
+    assert m.queue.demand_for("bob", {R3090}) is not None  # alice's entry waits for what bob would hold
+    assert m.queue.demand_for("alice", {"NVIDIA RTX A6000"}) is None
+
+
+def test_waiting_can_be_turned_off_and_max_wait_ends_it(tmp_path):
+    m = manager(tmp_path, queue_enabled=False)
+    admit(m, "alice")
+    with pytest.raises(Refused) as e:
+        admit(m, "bob")
+    assert e.value.reason is RefusalReason.NO_CAPACITY
+
+    clock = Clock()
+    m = make_manager(ONE, PRICES, "sqlite://", clock=clock, max_wait=30)
+    admit(m, "alice")
+    queued(m, "bob")
+    clock.advance(20)
+    queued(m, "bob")
+    clock.advance(20)
+    with pytest.raises(Refused) as e:  # past max_wait: the final refusal says why
+        admit(m, "bob")
+    assert e.value.reason is RefusalReason.NO_CAPACITY and "within 0.5 minutes of waiting" in e.value.message
+    assert queued(m, "bob").details["position"] == 1  # asking again queues anew
