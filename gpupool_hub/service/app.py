@@ -33,6 +33,7 @@ from .hubapi import HubClient
 from .jobs import JobRunner
 from .jobs.accounting import DebitJob, ReplenishJob
 from .jobs.cull import CullJob, UtilizationProbe
+from .jobs.queue import QueueJob
 from .jobs.reclaim import ReclaimExecutor
 from .jobs.reconcile import ReconcileJob
 from .manager import PoolManager
@@ -133,6 +134,10 @@ class GPUPoolService(Application):
         while another writer holds it; then the API answers 503 with Retry-After. Reads never wait.""",
     ).tag(config=True)
 
+    queue_interval = Float(
+        5, help="Seconds between wait-queue checks (entries whose spawner stopped asking; dispatch).",
+    ).tag(config=True)
+
     run_jobs = Bool(True, help="Run the scheduled jobs (turn off for a read-only replica or some tests).").tag(config=True)
 
     @catch_config_error
@@ -229,6 +234,7 @@ class GPUPoolService(Application):
         jobs.every(self.replenish_interval, "replenish", ReplenishJob(self.hub, self.groups, m.accounts, m.threads))
         jobs.every(self.debit_check_interval, "debit", DebitJob(m.debits, jobs.in_thread))
         jobs.every(self.reconcile_interval, "reconcile", self.reconciler)
+        jobs.every(self.queue_interval, "queue", QueueJob(m))
         if self.culler.enabled:
             probe = UtilizationProbe(self.culler, self.prometheus_url, self.prometheus_token)
             jobs.every(self.culler.interval, "cull", CullJob(self.hub, m, self.culler, self.groups, probe))

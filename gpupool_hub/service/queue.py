@@ -85,10 +85,13 @@ class WaitQueue:
         self.reclaims = reclaims
         self.clock = clock
         self.entries: dict[tuple[str, str], Entry] = {}
+        # (user, server) whose place was given up by a cancel: their spawner's next retry ends
+        self.cancelled: dict[tuple[str, str], datetime] = {}
         self.reservation: tuple[str, str] | None = None  # (head entry id, node held for it)
         # when held allocations are expected to end, beyond the defaults (idle reclaim deadlines)
         self.expected_ends: Callable[[], dict[str, datetime]] = dict
         self._estimates: tuple[float, dict[str, datetime | None]] | None = None
+        self._summary: tuple[float, dict[str, dict[str, Any]]] | None = None
 
     @property
     def pool(self) -> Any:
@@ -171,8 +174,17 @@ class WaitQueue:
         entry = self.entries.get((user, server))
         if entry is None:
             return False
+        self.cancelled[(user, server)] = self.clock()
         self.remove(entry, "cancelled")
         return True
+
+    def check_cancelled(self, user: str, server: str) -> None:
+        """A retry from a spawn whose place was given up (``leave``) ends it, once."""
+        at = self.cancelled.pop((user, server), None)
+        if at is not None and (self.clock() - at).total_seconds() <= self.settings.queue_poll_timeout:
+            raise Refused(RefusalReason.NO_CAPACITY,
+                          "Your place in the GPU queue was given up (the spawn was cancelled); "
+                          "start the server again to queue anew.", details={"cancelled_at": iso(at)})
 
     def expire(self) -> int:
         """Drop entries whose spawner stopped asking; mark those past ``max_wait``."""
@@ -284,6 +296,13 @@ class WaitQueue:
                 eta = self.estimates(probe).get("?")
             out[model] = {"waiting": n, "eta": iso(eta)}
         return out
+
+    def cached_summary(self) -> dict[str, dict[str, Any]]:
+        """``summary``, reused for a few seconds (every spawn form asks)."""
+        stamp = self.clock().timestamp()
+        if self._summary is None or stamp - self._summary[0] >= ESTIMATE_TTL:
+            self._summary = (stamp, self.summary())
+        return self._summary[1]
 
     def report(self) -> dict[str, Any]:
         """The admin view: who waits for what, since when, position and estimate."""

@@ -28,7 +28,9 @@ from ..profiles import InvalidOptions, Profile, choose_profile, default_profile,
 from .client import (
     DEFAULT_API_URL, GPUPoolClient, ServiceError, ServiceUnavailable, api_token_from_config, api_url_from_config,
 )
+from ..reasons import RefusalReason
 from .errors import GPUPoolRefused, SpawnFailure, invalid_options
+from .waiting import gave_up_waiting, queue_wait_limit
 from .form import gpupool_options_from_form, render_form
 from .overrides import TraitOverrides
 from .progress import ProgressLog
@@ -130,6 +132,7 @@ class GPUPoolSpawner(Spawner):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._gpupool_starting = False
+        self._gpupool_waiting = False
         self._gpupool_progress = ProgressLog()
         self._gpupool_env: dict[str, str] = {}
         # two layers, undone in reverse: the allocation's settings sit on top of the profile's
@@ -240,19 +243,34 @@ class GPUPoolSpawner(Spawner):
         )
 
     async def _gpupool_allocate_waiting(self, profile: Profile, gpus: int) -> dict[str, Any]:
-        """Allocate; while the pool says asking again will help (a reclaim in progress), say so and retry."""
+        """Allocate; while the pool says asking again will help (a reclaim in progress, a
+        place in the wait queue), say so on the progress page and retry."""
         loop = asyncio.get_event_loop()
-        give_up = loop.time() + self.reclaim_wait
-        while True:
-            try:
-                return await self.gpupool_allocate(profile, gpus)
-            except GPUPoolRefused as e:
-                if not e.retryable or loop.time() >= give_up:
-                    raise
-                wait = min(max(_retry_delay(e.retry_at), 0.5), 10.0, max(give_up - loop.time(), 0.5))
-                title = e.refusal.title if e.refusal else "Waiting"
-                self._gpupool_progress.add(20, f"{title}: {e.message}")
-                await asyncio.sleep(wait)
+        started = loop.time()
+        self._gpupool_waiting = True
+        try:
+            while True:
+                try:
+                    return await self.gpupool_allocate(profile, gpus)
+                except GPUPoolRefused as e:
+                    give_up = started + queue_wait_limit(e, self.reclaim_wait, self.start_timeout)
+                    if not e.retryable or loop.time() >= give_up or not self._gpupool_waiting:
+                        if e.refusal is RefusalReason.QUEUED:  # the place lapses once the retries stop
+                            raise gave_up_waiting(e, loop.time() - started) from None
+                        raise
+                    wait = min(max(_retry_delay(e.retry_at), 0.5), 10.0, max(give_up - loop.time(), 0.5))
+                    title = e.refusal.title if e.refusal else "Waiting"
+                    self._gpupool_progress.add(20, f"{title}: {e.message}")
+                    await asyncio.sleep(wait)
+        finally:
+            self._gpupool_waiting = False
+
+    async def gpupool_leave_queue(self) -> None:
+        """Give up this server's place in the pool's wait queue (the spawn was cancelled)."""
+        try:
+            await self.gpupool_client.leave_queue(self.user.name, self.name or "")
+        except (ServiceUnavailable, ServiceError) as e:  # the place lapses when the retries stop anyway
+            self.log.warning("Could not leave the GPU wait queue for %s: %s", self._log_name, e)
 
     async def gpupool_release(self, reason: str) -> bool:
         """Give the held allocation back; True when the service confirmed (or never knew it)."""
@@ -372,6 +390,9 @@ class GPUPoolSpawner(Spawner):
             self._gpupool_starting = False
 
     async def stop(self, now: bool = False) -> None:
+        if self._gpupool_waiting:  # a spawn still waiting for GPUs was cancelled: give up its place
+            self._gpupool_waiting = False
+            await self.gpupool_leave_queue()
         try:
             await super().stop(now=now)
         finally:

@@ -51,7 +51,7 @@ CASES = [
     Case("more GPUs than any node has", 100, Request(gpus=5), refused=RefusalReason.MODEL_UNAVAILABLE),
     Case("every GPU of the model held", 100, Request(gpus=1), ["RTX 3090"],
          held=[("a", Request(gpus=2), ["RTX 3090"]), ("b", Request(gpus=2), ["RTX 3090"])],
-         refused=RefusalReason.QUEUED),  # waiting is on by default (issue 14); off: NO_CAPACITY
+         refused=RefusalReason.NO_CAPACITY),
     Case("the pair left free after another server", 100, Request(gpus=2), ["RTX 3090"],
          held=[("a", Request(gpus=2), ["RTX 3090"])], node="node-3090", gpus=(2, 3)),
     Case("a share of a GPU", 10, Request(gpu_milli=500), ["RTX 3090"], node="node-3090"),

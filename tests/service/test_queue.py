@@ -20,6 +20,7 @@ PRICES = {"RTX 3090": 1}
 
 
 def manager(tmp_path, nodes=ONE, clock=None, **kw):
+    kw.setdefault("queue_enabled", True)
     return make_manager(nodes, PRICES, f"sqlite:///{tmp_path}/ledger.sqlite", clock=clock or Clock(), **kw)
 
 
@@ -62,6 +63,9 @@ def test_three_users_get_one_gpu_in_fair_order_and_a_leaver_loses_the_place(tmp_
     assert queued(m, "carol").details["position"] == 2  # back at the end
     # dave cancels (the spawner's stop): carol is first again
     assert m.queue.leave("dave", "")
+    with pytest.raises(Refused) as e:  # his spawner's next retry ends the spawn, saying why
+        admit(m, "dave")
+    assert e.value.reason is RefusalReason.NO_CAPACITY and "was given up" in e.value.message
     m.admission.release(got.id, "server stopped")
     assert admit(m, "carol").user == "carol"
 
@@ -117,7 +121,7 @@ def test_waiting_can_be_turned_off_and_max_wait_ends_it(tmp_path):
     assert e.value.reason is RefusalReason.NO_CAPACITY
 
     clock = Clock()
-    m = make_manager(ONE, PRICES, "sqlite://", clock=clock, max_wait=30)
+    m = make_manager(ONE, PRICES, "sqlite://", clock=clock, max_wait=30, queue_enabled=True)
     admit(m, "alice")
     queued(m, "bob")
     clock.advance(20)

@@ -1,0 +1,33 @@
+"""How long a spawn keeps asking while the pool says "wait", and what it says when it stops.
+
+A reclaim of borrowed GPUs is waited for ``reclaim_wait`` seconds; a place in
+the wait queue until just before the hub's own ``start_timeout`` would end the
+spawn, so that the final message is the pool's (why, and where the user was),
+not the hub's generic timeout.
+"""
+
+from __future__ import annotations
+
+from ..reasons import RefusalReason
+from .errors import GPUPoolRefused
+
+#: seconds before the hub's start_timeout at which a queued spawn stops waiting
+TIMEOUT_MARGIN = 3.0
+
+
+def queue_wait_limit(refusal: GPUPoolRefused, reclaim_wait: float, start_timeout: float) -> float:
+    """Seconds since the first request after which a retryable refusal is final."""
+    if refusal.refusal is RefusalReason.QUEUED:
+        return max(start_timeout - TIMEOUT_MARGIN, 1.0)
+    return reclaim_wait
+
+
+def gave_up_waiting(last: GPUPoolRefused, waited: float) -> GPUPoolRefused:
+    """The final refusal of a spawn that waited in the queue until its start timeout."""
+    where = last.details.get("position")
+    place = f" (you were number {where} in line)" if where else ""
+    message = (f"No GPU became free within the {waited:.0f} s this hub waits for a server to start{place}. "
+               "Start again within a minute to keep your place in the queue, or pick a smaller profile.")
+    return GPUPoolRefused(message, reason=RefusalReason.QUEUED.value, status_code=RefusalReason.QUEUED.status,
+                          message_html=f"<strong>{RefusalReason.QUEUED.title}.</strong> {message}",
+                          details=last.details)
