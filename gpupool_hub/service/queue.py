@@ -42,6 +42,8 @@ log = logging.getLogger("gpupool.queue")
 
 #: seconds an estimate is reused (estimates read balances; retries come every few seconds)
 ESTIMATE_TTL = 3.0
+#: rounds of "a waiter that starts ends a typical session later" in estimates
+CHAIN_ROUNDS = 4
 
 
 @dataclass
@@ -277,7 +279,18 @@ class WaitQueue:
         if extra is None and self._estimates is not None and stamp - self._estimates[0] < ESTIMATE_TTL:
             return self._estimates[1]
         ordered = self.ordered() + ([extra] if extra is not None else [])
-        out = estimate_starts(ordered, self.free_milli(), self.releases(), self.clock())
+        free, releases, now = self.free_milli(), self.releases(), self.clock()
+        out = estimate_starts(ordered, free, releases, now)
+        # a waiter expected to start frees its GPUs a typical session later: chain a few rounds
+        typical = timedelta(hours=self.settings.expected_session_hours)
+        for _ in range(CHAIN_ROUNDS):
+            chained = [ExpectedRelease("", w.request.total_gpu_milli, min(w.request.models), at + typical)
+                       for w in ordered if (at := out.get(w.id)) is not None and w is not extra
+                       and w.request.models]
+            again = estimate_starts(ordered, free, releases + chained, now)
+            if again == out:
+                break
+            out = again
         if extra is None:
             self._estimates = (stamp, out)
         return out

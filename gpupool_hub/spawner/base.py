@@ -30,7 +30,7 @@ from .client import (
 )
 from ..reasons import RefusalReason
 from .errors import GPUPoolRefused, SpawnFailure, invalid_options
-from .waiting import gave_up_waiting, queue_wait_limit
+from .waiting import gave_up_waiting, queue_wait_limit, service_away
 from .form import gpupool_options_from_form, render_form
 from .overrides import TraitOverrides
 from .progress import ProgressLog
@@ -247,12 +247,17 @@ class GPUPoolSpawner(Spawner):
         place in the wait queue), say so on the progress page and retry."""
         loop = asyncio.get_event_loop()
         started = loop.time()
+        queued: GPUPoolRefused | None = None  # the last place in the queue this spawn was told
         self._gpupool_waiting = True
         try:
             while True:
                 try:
                     return await self.gpupool_allocate(profile, gpus)
                 except GPUPoolRefused as e:
+                    if queued is not None and e.reason == SpawnFailure.UNREACHABLE.value:
+                        e = service_away(queued)  # restarting: the queue keeps the place meanwhile
+                    elif e.refusal is RefusalReason.QUEUED:
+                        queued = e
                     give_up = started + queue_wait_limit(e, self.reclaim_wait, self.start_timeout)
                     if not e.retryable or loop.time() >= give_up or not self._gpupool_waiting:
                         if e.refusal is RefusalReason.QUEUED:  # the place lapses once the retries stop

@@ -31,3 +31,11 @@ def gave_up_waiting(last: GPUPoolRefused, waited: float) -> GPUPoolRefused:
     return GPUPoolRefused(message, reason=RefusalReason.QUEUED.value, status_code=RefusalReason.QUEUED.status,
                           message_html=f"<strong>{RefusalReason.QUEUED.title}.</strong> {message}",
                           details=last.details)
+
+
+def service_away(queued: GPUPoolRefused) -> GPUPoolRefused:
+    """What a queued spawn says while the service does not answer (a restart): the
+    queue is in the ledger database, so the place is kept; keep asking."""
+    message = f"The GPU pool service is restarting; your place is kept ({queued.message})"
+    return GPUPoolRefused(message, reason=RefusalReason.QUEUED.value, status_code=RefusalReason.QUEUED.status,
+                          details=queued.details)

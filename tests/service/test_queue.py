@@ -46,8 +46,10 @@ def test_three_users_get_one_gpu_in_fair_order_and_a_leaver_loses_the_place(tmp_
         clock.advance(1)
     # a retry answers the same place, never a second entry
     assert queued(m, "carol").details["position"] == 2 and len(m.queue.entries) == 3
-    # the estimate: alice's typical session ends in 4 h; bob first, carol and dave have no known release
-    assert queued(m, "bob").details["eta"] is not None
+    # estimates: alice's typical session (4 h) ends, then bob's, then carol's
+    etas = [queued(m, u).details["eta"] for u in ("bob", "carol", "dave")]
+    assert etas == ["2025-03-03T13:00:00Z", "2025-03-03T17:00:00Z", "2025-03-03T21:00:00Z"]
+    assert "about 4.0 hours" in queued(m, "bob").message
 
     m.admission.release(held.id, "server stopped")
     got = admit(m, "bob")  # his GPU was reserved by the release; his retry claims it
