@@ -133,3 +133,33 @@ def test_waiting_can_be_turned_off_and_max_wait_ends_it(tmp_path):
         admit(m, "bob")
     assert e.value.reason is RefusalReason.NO_CAPACITY and "within 0.5 minutes of waiting" in e.value.message
     assert queued(m, "bob").details["position"] == 1  # asking again queues anew
+
+
+def test_own_queue_entry_never_warns_but_another_users_does(tmp_path):
+    import asyncio
+    from decimal import Decimal
+
+    from gpupool_hub.service.cull import Culler
+    from gpupool_hub.service.jobs.cull import CullJob
+
+    from datetime import datetime, timezone
+
+    m = manager(tmp_path, clock=Clock(datetime.now(timezone.utc)))  # the cull job reads the real time
+    admit(m, "alice")
+    queued(m, "alice", server="second")  # alice herself waits for a GPU: no pressure on alice
+    m.accounts.grant("alice", Decimal(-105), "test: below zero, above the floor", "test", None)
+    culler = Culler(pressure_allocated_fraction=2.0)  # only waiters make pressure here
+
+    async def no_groups(user):
+        return []
+
+    async def no_utilization():
+        return None
+
+    job = CullJob(None, m, culler, no_groups, no_utilization)  # warnings need no hub
+    asyncio.run(job())
+    assert m.enforcement.warnings == {} and m.warning_for("alice") is None
+    queued(m, "bob")
+    asyncio.run(job())
+    warning = m.warning_for("alice")
+    assert warning is not None and "waits for GPUs like these" in warning.reason
