@@ -33,6 +33,8 @@ from .hubapi import HubClient
 from .jobs import JobRunner
 from .jobs.accounting import DebitJob, ReplenishJob
 from .jobs.cull import CullJob, UtilizationProbe
+from .idle import PrometheusUtilization, ReportedUtilization
+from .jobs.idle import IdleJob
 from .jobs.queue import QueueJob
 from .jobs.reclaim import ReclaimExecutor
 from .jobs.reconcile import ReconcileJob
@@ -138,6 +140,18 @@ class GPUPoolService(Application):
         5, help="Seconds between wait-queue checks (entries whose spawner stopped asking; dispatch).",
     ).tag(config=True)
 
+    idle_interval = Float(60, help="Seconds between idle reclaim runs (settings in c.GPUPool.idle_*).").tag(config=True)
+    utilization_metric = Unicode(
+        "gpupool_agent_gpu_utilization_ratio",
+        help="""Prometheus metric of GPU utilization per GPU for idle reclaim; e.g. DCGM_FI_DEV_GPU_UTIL
+        (with utilization_uuid_label = "UUID" and utilization_scale = 100). Without prometheus_url the
+        node agents' reports to PUT nodes/{node}/utilization are used.""",
+    ).tag(config=True)
+    utilization_uuid_label = Unicode("gpu_uuid", help="Label of utilization_metric holding the GPU UUID.").tag(
+        config=True)
+    utilization_scale = Float(1, help="What utilization_metric reads for a fully busy GPU (1, or 100 for DCGM).").tag(
+        config=True)
+
     run_jobs = Bool(True, help="Run the scheduled jobs (turn off for a read-only replica or some tests).").tag(config=True)
 
     @catch_config_error
@@ -174,6 +188,10 @@ class GPUPoolService(Application):
         self.reconciler = ReconcileJob(self.hub, self.ledger, m.admission, m.threads, self.reconcile_grace)
         self.reclaimer = ReclaimExecutor(self.hub, m.reclaims, m.threads)
         m.reclaims.on_reclaim = self.reclaimer.schedule
+        self.utilization = (PrometheusUtilization(self.prometheus_url, self.utilization_metric,
+                                                  self.utilization_uuid_label, self.utilization_scale,
+                                                  self.prometheus_token)
+                            if self.prometheus_url else ReportedUtilization(self.settings_.idle_threshold))
         self.context = self.make_context()
 
     def _check_profiles(self) -> None:
@@ -207,6 +225,7 @@ class GPUPoolService(Application):
             admin_scope=self.admin_scope, access_scopes=access, max_grant=self.max_grant,
             agent_tokens=dict(self.agent_tokens), agent_dry_run=self.agent_dry_run,
             groups=self.groups, reconcile_report=self.reconciler.report, page_auth=self.make_page_auth(),
+            utilization=self.utilization if isinstance(self.utilization, ReportedUtilization) else None,
         )
 
     def make_page_auth(self) -> HubOAuth | None:
@@ -235,6 +254,8 @@ class GPUPoolService(Application):
         jobs.every(self.debit_check_interval, "debit", DebitJob(m.debits, jobs.in_thread))
         jobs.every(self.reconcile_interval, "reconcile", self.reconciler)
         jobs.every(self.queue_interval, "queue", QueueJob(m))
+        if m.settings.idle_reclaim:
+            jobs.every(self.idle_interval, "idle", IdleJob(self.hub, m, self.utilization))
         if self.culler.enabled:
             probe = UtilizationProbe(self.culler, self.prometheus_url, self.prometheus_token)
             jobs.every(self.culler.interval, "cull", CullJob(self.hub, m, self.culler, self.groups, probe))
