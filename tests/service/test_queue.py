@@ -163,3 +163,49 @@ def test_own_queue_entry_never_warns_but_another_users_does(tmp_path):
     asyncio.run(job())
     warning = m.warning_for("alice")
     assert warning is not None and "waits for GPUs like these" in warning.reason
+
+
+def test_idle_rule_table():
+    from datetime import datetime, timedelta, timezone
+
+    from gpupool_hub.reasons import AuditAction
+    from gpupool_hub.service.enforcement import CullWarning
+    from gpupool_hub.service.idle import IdleServer, decide_idle
+
+    now = datetime(2025, 3, 3, 12, 0, tzinfo=timezone.utc)
+    old = now - timedelta(hours=3)
+
+    def server(idle=True, wanted=True, idle_long=False, started=old):
+        return IdleServer("alice", "", "a1", started, idle, idle_long, wanted)
+
+    def run(s, warning=None, max_idle=0):
+        warnings = {("alice", ""): warning} if warning else {}
+        return [d.action for d in decide_idle([s], warnings, now, grace=900, min_runtime=900, idle_after=3600,
+                                              max_idle=max_idle)]
+
+    due = CullWarning("server", "idle", now - timedelta(seconds=1))
+    later = CullWarning("server", "idle", now + timedelta(seconds=60))
+    assert run(server()) == [AuditAction.IDLE_WARN]
+    assert run(server(), later) == []
+    assert run(server(), due) == [AuditAction.IDLE_RECLAIM]
+    assert run(server(wanted=False)) == []                           # nobody waits: left alone
+    assert run(server(wanted=False), later) == [AuditAction.CLEAR_WARNING]
+    assert run(server(idle=False), later) == [AuditAction.CLEAR_WARNING]  # busy again
+    assert run(server(started=now - timedelta(seconds=60))) == []     # min_runtime protects new servers
+    assert run(server(wanted=False, idle_long=True), max_idle=7200) == [AuditAction.IDLE_WARN]
+
+
+def test_reported_utilization_needs_the_whole_window():
+    import asyncio
+    from datetime import datetime, timedelta, timezone
+
+    from gpupool_hub.service.idle import ReportedUtilization
+
+    src = ReportedUtilization(0.05)
+    now = datetime.now(timezone.utc)
+    src.report({"g0": 0.0, "g1": 0.0, "g2": 0.0}, now - timedelta(seconds=100))
+    src.report({"g1": 0.5}, now - timedelta(seconds=10))
+    src.report({"g2": 0.0}, now - timedelta(seconds=5))
+    peak = asyncio.run(src.peak(["g0", "g1", "g2", "g3"], 60))
+    assert peak == {"g0": 0.0, "g1": 1.0, "g2": 0.0}  # g3 unknown: never idle
+    assert asyncio.run(src.peak(["g0"], 200)) == {}      # not known for 200 s
