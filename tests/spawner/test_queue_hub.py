@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -97,6 +99,13 @@ def test_three_users_queue_for_one_gpu_in_fair_order(hub):
         watchers[user].start()
         wait_for(lambda u=user: u in positions(hub), 30, f"{user} in the queue")
     assert positions(hub) == {"bob": 1, "carol": 2, "dave": 3}
+    # the admins' command line lists them in order
+    env = {**os.environ, "GPUPOOL_URL": hub.service_api, "GPUPOOL_TOKEN": hub.tester_token}
+    out = subprocess.run([sys.executable, "-m", "gpupool_hub.cli", "queue"], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert [line.split()[1] for line in lines[2:]] == ["bob", "carol", "dave"], out.stdout
     wait_for(lambda: any("You are 1st in the queue" in m for m in watchers["bob"].messages()), 30,
              "bob's position on his progress page")
     wait_for(lambda: any(m.startswith("Waiting for a GPU: You are 3rd in the queue")
