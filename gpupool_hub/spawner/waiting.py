@@ -8,6 +8,10 @@ not the hub's generic timeout.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timezone
+from typing import Any
+
 from ..reasons import RefusalReason
 from .errors import GPUPoolRefused
 
@@ -39,3 +43,23 @@ def service_away(queued: GPUPoolRefused) -> GPUPoolRefused:
     message = f"The GPU pool service is restarting; your place is kept ({queued.message})"
     return GPUPoolRefused(message, reason=RefusalReason.QUEUED.value, status_code=RefusalReason.QUEUED.status,
                           details=queued.details)
+
+
+def full_text(entries: Iterable[Mapping[str, Any]], now: datetime | None = None) -> str:
+    """"full — 2 waiting, about 20 min" for a profile none of whose models has room,
+    from ``GET models`` entries (``waiting``, ``eta``); "full" when nobody waits."""
+    entries = list(entries)
+    waiting = max((int(e.get("waiting") or 0) for e in entries), default=0)
+    if not waiting:
+        return "full"
+    etas = []
+    for e in entries:
+        try:
+            etas.append(datetime.fromisoformat(str(e["eta"]).replace("Z", "+00:00")))
+        except (KeyError, ValueError):
+            continue
+    text = f"full — {waiting} waiting"
+    if etas:
+        minutes = max(0, round((min(etas) - (now or datetime.now(timezone.utc))).total_seconds() / 60))
+        text += f", about {minutes} min" if minutes < 90 else f", about {minutes / 60:.1f} h"
+    return text

@@ -209,3 +209,22 @@ def test_reported_utilization_needs_the_whole_window():
     peak = asyncio.run(src.peak(["g0", "g1", "g2", "g3"], 60))
     assert peak == {"g0": 0.0, "g1": 1.0, "g2": 0.0}  # g3 unknown: never idle
     assert asyncio.run(src.peak(["g0"], 200)) == {}      # not known for 200 s
+
+
+def test_spawn_form_says_full_with_waiters_and_estimate():
+    from datetime import datetime, timezone
+
+    from gpupool_hub.profiles import parse_profiles
+    from gpupool_hub.spawner.form import form_context
+    from gpupool_hub.spawner.waiting import full_text
+
+    now = datetime(2025, 3, 3, 9, 0, tzinfo=timezone.utc)
+    assert full_text([{"waiting": 0, "eta": None}], now) == "full"
+    assert full_text([{"waiting": 2, "eta": "2025-03-03T09:20:00Z"}], now) == "full — 2 waiting, about 20 min"
+    assert full_text([{"waiting": 1, "eta": None}], now) == "full — 1 waiting"
+    assert full_text([{"waiting": 3, "eta": "2025-03-03T13:00:00Z"}], now) == "full — 3 waiting, about 4.0 h"
+    profiles = parse_profiles([{"slug": "two", "display_name": "2 GPUs", "gpus": 2, "models": ["RTX 3090"]}])
+    catalog = {"models": [{"model": R3090, "price_per_gpu_hour": "1", "gpus": 2, "whole_free": 1,
+                           "largest_whole_block": 1, "waiting": 2, "eta": None}], "min_start_hours": "1"}
+    choice = form_context(profiles, profiles[0], None, catalog)["profiles"][0]
+    assert choice.free == "full — 2 waiting"
