@@ -225,9 +225,12 @@ class Admission:
             got = queue.poll(entry, req)
             if got is not None:
                 return got
-        if queue.enabled_for(req) and queue.ordered():
+        priority = self._priority(team, req, usage)
+        # while others wait, a newcomer joins behind them (a team within its quota tries its
+        # reclaim first, on the usual path; a request that can never fit is refused there)
+        if queue.enabled_for(req) and queue.ordered() and priority == waitqueue.BORROWER and queue.could_fit(req):
             self.enforcement.note_capacity_refusal(user, self.clock())
-            return queue.join(user, server, req, requested_models, self._priority(team, req, usage))
+            return queue.join(user, server, req, requested_models, priority)
         return None
 
     def _priority(self, team: str | None, req: Request, usage: fairshare.Usage | None) -> int:

@@ -33,7 +33,9 @@ from ..placement.request import Request, normalize_model
 from ..placement.state import Placement
 from ..reasons import RefusalReason
 from ..timefmt import iso
-from ..waitqueue import BORROWER, ExpectedRelease, Waiter, dispatch, estimate_starts, fair_order, wait_text
+from ..waitqueue import (
+    BORROWER, ExpectedRelease, Waiter, dispatch, estimate_starts, fair_order, reserve_node, wait_text,
+)
 from .errors import Refused
 from .inventory import PoolInventory
 from .reclaims import Reclaims
@@ -113,6 +115,10 @@ class WaitQueue:
             self.entries[(w.user, w.server)] = Entry(w, row["requested_models"], now)
         self.dispatch()
         return len(self.entries)
+
+    def could_fit(self, req: Request) -> bool:
+        """Whether some node could ever take ``req`` (else it must not wait)."""
+        return reserve_node(self.pool, req) is not None
 
     def pending(self, user: str, server: str) -> Entry | None:
         return self.entries.get((user, server))

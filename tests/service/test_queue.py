@@ -99,6 +99,10 @@ def test_newcomers_queue_behind_waiters_unless_backfill_lets_them_start(tmp_path
     assert admit(m, "dave").node == "node-a"
     # erin wants one GPU; node-b has one free but it is held for carol
     queued(m, "erin")
+    # a request no node can ever take is refused, never queued
+    with pytest.raises(Refused) as e:
+        admit(m, "fred", gpus=3)
+    assert e.value.reason is RefusalReason.MODEL_UNAVAILABLE
     m.admission.release(b.id, "stopped")
     assert admit(m, "carol", gpus=2).node == "node-b"
 
