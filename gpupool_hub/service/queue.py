@@ -44,8 +44,12 @@ log = logging.getLogger("gpupool.queue")
 
 #: seconds an estimate is reused (estimates read balances; retries come every few seconds)
 ESTIMATE_TTL = 3.0
+#: seconds the expected ends of held allocations are reused (they read every holder's balance)
+RELEASES_TTL = 30.0
+#: an entry not yet in the cached estimates waits this long for a recomputation (bursts of joins)
+ESTIMATE_MIN_AGE = 0.5
 #: rounds of "a waiter that starts ends a typical session later" in estimates
-CHAIN_ROUNDS = 4
+CHAIN_ROUNDS = 3
 
 
 @dataclass
@@ -96,6 +100,7 @@ class WaitQueue:
         self.expected_ends: Callable[[], dict[str, datetime]] = dict
         self._estimates: tuple[float, dict[str, datetime | None]] | None = None
         self._summary: tuple[float, dict[str, dict[str, Any]]] | None = None
+        self._releases: tuple[float, list[ExpectedRelease]] | None = None
 
     @property
     def pool(self) -> Any:
@@ -134,7 +139,6 @@ class WaitQueue:
                                "requested_models": requested_models, "priority": priority, "since": now})
         entry = Entry(w, requested_models, now)
         self.entries[entry.key] = entry
-        self._estimates = None
         self.dispatch()
         if entry.placement is not None:
             return self.claim(entry)
@@ -163,14 +167,12 @@ class WaitQueue:
         assert entry.placement is not None
         self.entries.pop(entry.key, None)
         self.ledger.queue_remove(entry.waiter.id)
-        self._estimates = None
         return entry.waiter.id, entry.placement
 
     def remove(self, entry: Entry, why: str) -> None:
         """Drop an entry, giving its reserved GPUs back (and to the next waiters)."""
         self.entries.pop(entry.key, None)
         self.ledger.queue_remove(entry.waiter.id)
-        self._estimates = None
         log.info("%s/%s left the queue: %s", entry.waiter.user, entry.waiter.server or "-", why)
         if entry.placement is not None:
             if entry.waiter.id in self.pool:
@@ -221,8 +223,8 @@ class WaitQueue:
             entry.placement = placement
             placed.append(entry)
             log.info("Reserved %s for waiting %s/%s", self.pool.describe(placement), w.user, w.server or "-")
-        if placed:
-            self._estimates = None
+        if placed:  # GPUs moved: the expected ends change
+            self._releases = None
         return placed
 
     # ---------------------------------------------------- positions, estimates
@@ -238,8 +240,10 @@ class WaitQueue:
     def refusal(self, entry: Entry) -> Refused:
         now = self.clock()
         position = self.position(entry)
-        eta = self.estimates().get(entry.waiter.id)
-        return Refused(RefusalReason.QUEUED, wait_text(position, eta, now), details={
+        eta = self.estimate_of(entry.waiter.id)
+        # those far back ask less often: every retry is work on the writer thread
+        retry = now + timedelta(seconds=min(10, 2 + position // 20))
+        return Refused(RefusalReason.QUEUED, wait_text(position, eta, now), retry_at=retry, details={
             "position": position, "queue_length": len(self.ordered()), "eta": iso(eta),
             "since": iso(entry.waiter.since)})
 
@@ -250,6 +254,12 @@ class WaitQueue:
                 if ns.whole[s]:
                     out[mk] = out.get(mk, 0) + ns.free[s]
         return out
+
+    def cached_releases(self) -> list[ExpectedRelease]:
+        stamp = self.clock().timestamp()
+        if self._releases is None or stamp - self._releases[0] >= RELEASES_TTL:
+            self._releases = (stamp, self.releases())
+        return self._releases[1]
 
     def releases(self) -> list[ExpectedRelease]:
         """When each held allocation is expected to end: a reclaim or idle deadline, the
@@ -278,6 +288,15 @@ class WaitQueue:
                 out.append(ExpectedRelease(r.node, g["milli"], normalize_model(g["model"]), max(at, now)))
         return out
 
+    def estimate_of(self, entry_id: str) -> datetime | None:
+        """One entry's expected start, recomputing for a newcomer unless estimates are very fresh."""
+        out = self.estimates()
+        if entry_id not in out and self._estimates is not None and (
+                self.clock().timestamp() - self._estimates[0] >= ESTIMATE_MIN_AGE):
+            self._estimates = None
+            out = self.estimates()
+        return out.get(entry_id)
+
     def estimates(self, extra: Waiter | None = None) -> dict[str, datetime | None]:
         """Expected start per waiting entry id (cached a few seconds); with ``extra``, for a
         hypothetical newcomer at the end too (not cached)."""
@@ -285,7 +304,7 @@ class WaitQueue:
         if extra is None and self._estimates is not None and stamp - self._estimates[0] < ESTIMATE_TTL:
             return self._estimates[1]
         ordered = self.ordered() + ([extra] if extra is not None else [])
-        free, releases, now = self.free_milli(), self.releases(), self.clock()
+        free, releases, now = self.free_milli(), self.cached_releases(), self.clock()
         out = estimate_starts(ordered, free, releases, now)
         # a waiter expected to start frees its GPUs a typical session later: chain a few rounds
         typical = timedelta(hours=self.settings.expected_session_hours)
@@ -327,12 +346,13 @@ class WaitQueue:
         """The admin view: who waits for what, since when, position and estimate."""
         now = self.clock()
         estimates = self.estimates()
+        place = {w.id: i for i, w in enumerate(self.ordered(), 1)}
         rows = []
-        for e in sorted(self.entries.values(), key=lambda e: (self.position(e), e.waiter.since)):
+        for e in sorted(self.entries.values(), key=lambda e: (place.get(e.waiter.id, 0), e.waiter.since)):
             w = e.waiter
             rows.append({"user": w.user, "server": w.server, "request": w.request.describe(),
                          "since": iso(w.since), "waited_seconds": int((now - w.since).total_seconds()),
-                         "position": self.position(e), "priority": "under_quota" if w.priority == 0 else "fcfs",
+                         "position": place.get(w.id, 0), "priority": "under_quota" if w.priority == 0 else "fcfs",
                          "eta": iso(estimates.get(w.id)), "reserved_on": e.placement.node if e.placement else None,
                          "last_seen": iso(e.last_seen)})
         return {"waiting": rows, "length": len(self.ordered()),

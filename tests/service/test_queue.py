@@ -42,7 +42,8 @@ def test_three_users_get_one_gpu_in_fair_order_and_a_leaver_loses_the_place(tmp_
     for i, user in enumerate(("bob", "carol", "dave"), 1):
         r = queued(m, user)
         assert r.details["position"] == i and r.details["queue_length"] == i
-        assert f"{['1st', '2nd', '3rd'][i - 1]} in the queue" in r.message and r.retry_at is None
+        assert f"{['1st', '2nd', '3rd'][i - 1]} in the queue" in r.message
+        assert (r.retry_at - clock.now).total_seconds() == 2  # the spawner asks again in 2 s
         clock.advance(1)
     # a retry answers the same place, never a second entry
     assert queued(m, "carol").details["position"] == 2 and len(m.queue.entries) == 3
