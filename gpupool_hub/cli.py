@@ -150,6 +150,24 @@ def cmd_pool(client: Client, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_queue(client: Client, args: argparse.Namespace) -> int:
+    """Who waits for GPUs, in the order they will get them."""
+    q = client.json("GET", "/queue")
+    if args.json:
+        print(json.dumps(q, indent=2))
+        return EXIT_OK
+    rows = [(w["position"] or "reserved", w["user"], w["server"] or "-", w["request"], w["since"],
+             f"{w['waited_seconds'] // 60} min", w["eta"] or "no estimate", w["reserved_on"] or "")
+            for w in q["waiting"]]
+    if not rows:
+        print("nobody is waiting for GPUs")
+        return EXIT_OK
+    print(table(rows, ["position", "user", "server", "request", "since", "waited", "estimate", "reserved on"]))
+    if q.get("reserved_node"):
+        print(f"node {q['reserved_node']} is held for the first in line", file=sys.stderr)
+    return EXIT_OK
+
+
 def cmd_verify(client: Client, args: argparse.Namespace) -> int:
     report = client.json("GET", "/ledger/verify")
     if report["ok"]:
@@ -209,6 +227,7 @@ def parser() -> argparse.ArgumentParser:
     h.add_argument("--limit", type=int, default=50)
     h.set_defaults(func=cmd_history)
     sub.add_parser("pool", help="the allocation map: every GPU and who holds it").set_defaults(func=cmd_pool)
+    sub.add_parser("queue", help="who waits for GPUs: position, since when, estimate").set_defaults(func=cmd_queue)
     sub.add_parser("verify", help="recompute every balance from the ledger").set_defaults(func=cmd_verify)
     a = sub.add_parser("audit", help="what culling and fair share did, newest first")
     a.add_argument("--user", help="only this user's events")

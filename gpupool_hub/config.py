@@ -11,7 +11,7 @@ from decimal import Decimal
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from traitlets import Dict, Float, List, TraitError, TraitType, Unicode, default, validate
+from traitlets import Bool, Dict, Float, List, TraitError, TraitType, Unicode, default, validate
 from traitlets.config import Configurable
 
 from .credits import CreditRules, rules_for_groups
@@ -180,6 +180,34 @@ class GPUPool(Configurable):
         300, help="""Seconds a borrowed server runs before it may be preempted: a younger one is
         never chosen as a victim, so a server is not stopped moments after it started.""",
     ).tag(config=True)
+
+    # ---- the wait queue and idle reclaim (docs/admin-guide.md, "When GPUs are scarce")
+
+    queue_enabled = Bool(
+        True, help="""When a GPU server finds no room, queue it (fair order, position and estimate on
+        the spawn page) instead of refusing it at once.""",
+    ).tag(config=True)
+    max_wait = Float(3600, help="Seconds a server may wait in the queue before it is refused.").tag(config=True)
+    queue_poll_timeout = Float(
+        60, help="""Seconds without a retry from the waiting spawner (it retries every few seconds)
+        after which its place is given up: the user left or cancelled.""",
+    ).tag(config=True)
+    expected_session_hours = Float(
+        4, help="Typical length of a GPU session, for wait estimates when nothing better is known.",
+    ).tag(config=True)
+    idle_threshold = Float(
+        0.05, help="A GPU whose utilization (0-1) stays below this is idle.",
+    ).tag(config=True)
+    idle_after = Float(3600, help="Seconds a server's GPUs must stay idle before it counts as idle.").tag(config=True)
+    idle_grace = Float(
+        900, help="Seconds between the idle warning (shown in the lab widget) and the stop of the server.",
+    ).tag(config=True)
+    max_idle = Float(
+        0, help="Optional: stop a GPU server idle this many seconds even when nobody waits. 0 = off.",
+    ).tag(config=True)
+    min_runtime = Float(900, help="Seconds a new server is never reclaimed as idle.").tag(config=True)
+    idle_reclaim = Bool(True, help="Run the idle reclaim job at all.").tag(config=True)
+    idle_dry_run = Bool(False, help="Only log and audit what idle reclaim would do.").tag(config=True)
 
     @validate("teams")
     def _check_teams(self, proposal: Any) -> dict:  # type: ignore[type-arg]

@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import date, datetime, timezone
 from decimal import Decimal
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -42,7 +43,7 @@ from .units import from_milli, to_milli
 log = logging.getLogger(__name__)
 
 #: Current schema version; see ``MIGRATIONS`` and docs/ledger.md for the upgrade path.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 KINDS = ("grant", "monthly", "daily", "debit", "adjustment", "refund")
 #: Kinds whose amount must be positive (credits) or negative (charges).
@@ -145,6 +146,22 @@ audit = sa.Table(
     sa.Column("reason", sa.UnicodeText, nullable=False),
     sa.Column("dry_run", sa.Boolean, nullable=False, default=False),
     sa.Column("detail", sa.JSON, nullable=True),
+)
+
+# Servers waiting for GPUs (the wait queue): kept here so that a restart of the
+# service loses nobody's place. Reservations live in the pool only; the queue's
+# dispatch makes them again after a restart.
+queue = sa.Table(
+    "gpupool_queue",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("user", sa.Unicode(255), nullable=False),
+    sa.Column("server", sa.Unicode(255), nullable=False, default=""),
+    sa.Column("request", sa.JSON, nullable=False),  # the placement request, models already narrowed
+    sa.Column("requested_models", sa.JSON, nullable=True),
+    sa.Column("priority", sa.Integer, nullable=False, default=1),
+    sa.Column("since", sa.DateTime, nullable=False),
+    sa.UniqueConstraint("user", "server", name="uq_gpupool_queue_user_server"),
 )
 
 
@@ -441,7 +458,11 @@ def _migrate_to_3(conn: Connection) -> None:
     metadata.create_all(conn, tables=[audit])
 
 
-MIGRATIONS = {1: _migrate_to_1, 2: _migrate_to_2, 3: _migrate_to_3}
+def _migrate_to_4(conn: Connection) -> None:
+    metadata.create_all(conn, tables=[queue])
+
+
+MIGRATIONS = {1: _migrate_to_1, 2: _migrate_to_2, 3: _migrate_to_3, 4: _migrate_to_4}
 
 
 def schema_version(conn: Connection) -> int:
@@ -840,6 +861,23 @@ class Ledger:
         )
         with self._read() as conn:
             return [_allocation(r) for r in conn.execute(q)]
+
+    # ---- wait queue
+
+    def queue_add(self, entry: Mapping[str, Any]) -> None:
+        """Store a waiting server (keys as the ``gpupool_queue`` columns)."""
+        with self._write() as conn:
+            conn.execute(queue.insert().values(**{**entry, "since": _db_time(entry["since"])}))
+
+    def queue_remove(self, entry_id: str) -> None:
+        with self._write() as conn:
+            conn.execute(queue.delete().where(queue.c.id == entry_id))
+
+    def queue_entries(self) -> list[dict[str, Any]]:
+        """Every waiting server, oldest first."""
+        with self._read() as conn:
+            rows = conn.execute(sa.select(queue).order_by(queue.c.since, queue.c.id))
+            return [{**r._mapping, "since": _aware(r.since)} for r in rows]
 
     # ---- audit
 

@@ -30,6 +30,7 @@ class RefusalReason(str, Enum):
     NO_CAPACITY = ("no_capacity", 503, "No GPU capacity", False)
     MODEL_UNAVAILABLE = ("model_unavailable", 400, "GPU model unavailable", False)
     RECLAIMING = ("reclaiming", 503, "Waiting for borrowed GPUs to be reclaimed", True)
+    QUEUED = ("queued", 503, "Waiting for a GPU", True)
 
     @classmethod
     def parse(cls, value: object) -> "RefusalReason | None":
@@ -52,6 +53,8 @@ class AuditAction(str, Enum):
     STOP_SERVER = "stop_server"
     FAILED = "failed"
     PREEMPT = "preempt"
+    IDLE_WARN = "idle_warn"
+    IDLE_RECLAIM = "idle_reclaim"
 
     def __str__(self) -> str:
         return self.value

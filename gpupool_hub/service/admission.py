@@ -17,7 +17,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from .. import fairshare
+from .. import fairshare, waitqueue
 from ..config import GPUPool
 from ..credits import CreditRules, affordable_at, can_start
 from ..ledger import AllocationRecord, Ledger
@@ -31,6 +31,7 @@ from .attempts import AttemptAbandoned, Tombstones
 from .enforcement import Enforcement
 from .errors import BadRequest, Refused
 from .inventory import PoolInventory
+from .queue import WaitQueue
 from .reclaims import Reclaims
 from .views import ViewCache
 
@@ -83,8 +84,9 @@ class Admission:
 
     def __init__(self, settings: GPUPool, ledger: Ledger, inventory: PoolInventory, accounts: Accounts,
                  reclaims: Reclaims, enforcement: Enforcement, cache: ViewCache,
-                 clock: Callable[[], datetime]) -> None:
+                 clock: Callable[[], datetime], queue: WaitQueue | None = None) -> None:
         self.settings = settings
+        self.queue = queue
         self.ledger = ledger
         self.inventory = inventory
         self.accounts = accounts
@@ -194,6 +196,12 @@ class Admission:
             holdings = self.reclaims.holdings()
             usage = teams.usage(holdings)
             team = teams.resolve(groups, usage)
+        queue = self.queue
+        if queue is not None:
+            queue.expire()
+            waited = self._from_queue(user, server, req, requested_models, team, usage)
+            if waited is not None:
+                return self.record(waited[0], user, server, request, requested_models, waited[1], team, usage)
         alloc_id = uuid.uuid4().hex
         try:
             placement = self.pool.allocate(alloc_id, req)
@@ -204,6 +212,9 @@ class Admission:
             self.enforcement.note_capacity_refusal(user, self.clock())
             if team is not None and usage is not None:
                 self.reclaims.start(user, server, team, usage, holdings, req, requested_models)
+            if queue is not None and queue.enabled_for(req):
+                alloc_id, placement = queue.join(user, server, req, requested_models, self._priority(team, req, usage))
+                return self.record(alloc_id, user, server, request, requested_models, placement, team, usage)
             free = self.pool.free_summary()
             raise Refused(RefusalReason.NO_CAPACITY,
                           f"No capacity for {request.describe()} right now. Free now: {free}."
@@ -211,6 +222,34 @@ class Admission:
                           "Try again when other servers stop, or pick a smaller profile.",
                           details={"free": free.as_dict()}) from None
         return self.record(alloc_id, user, server, request, requested_models, placement, team, usage, key)
+
+    def _from_queue(self, user: str, server: str, req: Request, requested_models: list[str] | None,
+                    team: str | None, usage: fairshare.Usage | None) -> tuple[str, Placement] | None:
+        """The wait queue's say before placing: a queued (user, server) gets its reserved
+        GPUs or its position (``Refused(QUEUED)``); while anyone waits, a newcomer joins
+        the queue and starts only where backfill lets it. None: place as usual."""
+        queue = self.queue
+        assert queue is not None
+        queue.check_cancelled(user, server)
+        entry = queue.pending(user, server)
+        if entry is not None:
+            got = queue.poll(entry, req)
+            if got is not None:
+                return got
+        priority = self._priority(team, req, usage)
+        # while others wait, a newcomer joins behind them (a team within its quota tries its
+        # reclaim first, on the usual path; a request that can never fit is refused there)
+        if queue.enabled_for(req) and queue.ordered() and priority == waitqueue.BORROWER and queue.could_fit(req):
+            self.enforcement.note_capacity_refusal(user, self.clock())
+            return queue.join(user, server, req, requested_models, priority)
+        return None
+
+    def _priority(self, team: str | None, req: Request, usage: fairshare.Usage | None) -> int:
+        """Teams within their quota wait ahead of everyone else (then first come, first served)."""
+        if team is not None and usage is not None and self.reclaims.teams.within_quota(team, req.total_gpu_milli,
+                                                                                       usage):
+            return waitqueue.UNDER_QUOTA
+        return waitqueue.BORROWER
 
     def record(self, alloc_id: str, user: str, server: str, request: Request, requested_models: list[str] | None,
                placement: Placement, team: str | None, usage: fairshare.Usage | None,
@@ -254,6 +293,8 @@ class Admission:
         record = self.ledger.release_allocation(alloc_id, at=when, reason=reason)
         if alloc_id in self.pool:
             self.pool.release(alloc_id)
+            if self.queue is not None:
+                self.queue.dispatch()
         if record is not None:
             self.cache.forget(record.user)
         return record

@@ -35,6 +35,9 @@ from .jobs import JobRunner
 from .jobs.accounting import DebitJob, ReplenishJob
 from .jobs.cull import CullJob, UtilizationProbe
 from .jobs.inventory import InventoryRefreshJob
+from .idle import PrometheusUtilization, ReportedUtilization
+from .jobs.idle import IdleJob
+from .jobs.queue import QueueJob
 from .jobs.reclaim import ReclaimExecutor
 from .jobs.reconcile import DebitAfterReconcile, ReconcileJob
 from .manager import PoolManager
@@ -140,6 +143,22 @@ class GPUPoolService(Application):
         while another writer holds it; then the API answers 503 with Retry-After. Reads never wait.""",
     ).tag(config=True)
 
+    queue_interval = Float(
+        5, help="Seconds between wait-queue checks (entries whose spawner stopped asking; dispatch).",
+    ).tag(config=True)
+
+    idle_interval = Float(60, help="Seconds between idle reclaim runs (settings in c.GPUPool.idle_*).").tag(config=True)
+    utilization_metric = Unicode(
+        "gpupool_agent_gpu_utilization_ratio",
+        help="""Prometheus metric of GPU utilization per GPU for idle reclaim; e.g. DCGM_FI_DEV_GPU_UTIL
+        (with utilization_uuid_label = "UUID" and utilization_scale = 100). Without prometheus_url the
+        node agents' reports to PUT nodes/{node}/utilization are used.""",
+    ).tag(config=True)
+    utilization_uuid_label = Unicode("gpu_uuid", help="Label of utilization_metric holding the GPU UUID.").tag(
+        config=True)
+    utilization_scale = Float(1, help="What utilization_metric reads for a fully busy GPU (1, or 100 for DCGM).").tag(
+        config=True)
+
     run_jobs = Bool(True, help="Run the scheduled jobs (turn off for a read-only replica or some tests).").tag(config=True)
 
     @catch_config_error
@@ -183,6 +202,10 @@ class GPUPoolService(Application):
         self.reconciler = ReconcileJob(self.hub, self.ledger, m.admission, m.threads, self.reconcile_grace)
         self.reclaimer = ReclaimExecutor(self.hub, m.reclaims, m.threads)
         m.reclaims.on_reclaim = self.reclaimer.schedule
+        self.utilization = (PrometheusUtilization(self.prometheus_url, self.utilization_metric,
+                                                  self.utilization_uuid_label, self.utilization_scale,
+                                                  self.prometheus_token)
+                            if self.prometheus_url else ReportedUtilization(self.settings_.idle_threshold))
         self.context = self.make_context()
 
     def _check_profiles(self) -> None:
@@ -216,6 +239,7 @@ class GPUPoolService(Application):
             admin_scope=self.admin_scope, access_scopes=access, max_grant=self.max_grant,
             agent_tokens=dict(self.agent_tokens), agent_dry_run=self.agent_dry_run,
             groups=self.groups, reconcile_report=self.reconciler.report, page_auth=self.make_page_auth(),
+            utilization=self.utilization if isinstance(self.utilization, ReportedUtilization) else None,
         )
 
     def make_page_auth(self) -> HubOAuth | None:
@@ -245,6 +269,9 @@ class GPUPoolService(Application):
         debit = DebitAfterReconcile(self.reconciler, DebitJob(m.debits, jobs.in_thread), m.debits)
         jobs.every(self.debit_check_interval, "debit", debit)
         jobs.every(self.reconcile_interval, "reconcile", self.reconciler)
+        jobs.every(self.queue_interval, "queue", QueueJob(m))
+        if m.settings.idle_reclaim:
+            jobs.every(self.idle_interval, "idle", IdleJob(self.hub, m, self.utilization))
         if self.inventory_source.dynamic:
             jobs.every(self.settings_.slurm_refresh_interval, "inventory",
                        InventoryRefreshJob(self.inventory_source, m.inventory, m.threads, jobs.in_thread))

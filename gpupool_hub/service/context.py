@@ -44,5 +44,7 @@ class ServiceContext:
     reconcile_report: Callable[[], list[dict[str, Any]]] = lambda: []
     # the pages' hub OAuth client (a HubOAuth, see service/pages/); None: pages answer 503, the API works
     page_auth: Any = None
+    # GPU utilization from node agents' reports (idle reclaim without Prometheus); None: from Prometheus
+    utilization: Any = None
     # signs the pages' login and XSRF cookies; random per start (a restart only repeats the OAuth redirect)
     cookie_secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))

@@ -96,11 +96,16 @@ def last_refusal_of_others(refusals: Mapping[str, datetime], user: str) -> datet
 
 def pressure(allocated: Decimal, capacity: Decimal, last_refusal: datetime | None, now: datetime,
              culler: Culler, utilization: float | None = None) -> str | None:
-    """Why the pool is under pressure, or None. Pure: the job gathers the inputs."""
+    """Why the pool is under pressure, or None. Pure: the job gathers the inputs.
+
+    ``last_refusal`` is the newest sign that someone else needs GPUs: with the wait
+    queue on, the last retry of another user's queued spawn that the judged user's
+    GPUs would serve (``WaitQueue.demand_for``); without it, others' refusals."""
     if capacity > 0 and allocated / capacity > Decimal(str(culler.pressure_allocated_fraction)):
         return f"{allocated:g} of {capacity:g} GPUs allocated (over {culler.pressure_allocated_fraction:.0%})"
     if last_refusal is not None and now - last_refusal <= timedelta(seconds=culler.pressure_refusal_window):
-        return f"a GPU spawn was refused for lack of capacity at {last_refusal:%H:%M:%S} UTC"
+        return (f"a GPU spawn of another user was refused for lack of capacity and waits for GPUs like these "
+                f"(last asked at {last_refusal:%H:%M:%S} UTC)")
     if culler.pressure_utilization and utilization is not None and utilization > culler.pressure_utilization:
         return f"GPU utilization {utilization:.0%} is over {culler.pressure_utilization:.0%}"
     return None

@@ -502,7 +502,29 @@ class ModelsHandler(APIHandler):
     within the hub); the pool itself, not ``c.GPUPool.nodes``, is the source."""
 
     async def get(self) -> None:
-        self.write_json(await self.core(self.manager.inventory.catalog, self.manager.settings.min_start_hours))
+        catalog = await self.core(self.manager.inventory.catalog, self.manager.settings.min_start_hours)
+        waiting = await self.core(self.manager.queue.cached_summary)
+        for entry in catalog["models"]:  # "full — 2 waiting, about 20 min" on the spawn form
+            entry.update(waiting.get(entry["model"], {"waiting": 0, "eta": None}))
+        self.write_json(catalog)
+
+
+class QueueHandler(APIHandler):
+    """The wait queue: the admins' view (GET), and a cancelled spawn giving up its place (DELETE)."""
+
+    max_body_bytes = 0
+
+    async def get(self) -> None:
+        self.require_admin()
+        self.write_json(await self.core(self.manager.queue.report))
+
+    async def delete(self) -> None:
+        self.require_spawner_or_admin()
+        user = self.text_arg("user")
+        if not user:
+            raise web.HTTPError(400, "'user' (the waiting server's user) is required")
+        server = self.text_arg("server", "") or ""
+        self.write_json({"left": await self.core(self.manager.queue.leave, user, server)})
 
 
 class TeamsHandler(APIHandler):
@@ -715,6 +737,7 @@ def routes(prefix: str) -> list[tuple[str, type[web.RequestHandler]]]:
         (rf"{api}/pool", PoolHandler),
         (rf"{api}/teams", TeamsHandler),
         (rf"{api}/models", ModelsHandler),
+        (rf"{api}/queue", QueueHandler),
         (rf"{api}/ledger/verify", VerifyHandler),
         (rf"{api}/ledger/export", ExportHandler),
         (rf"{api}/audit", AuditHandler),

@@ -8,6 +8,8 @@ inventory  the placement pool, prices, node agents' reports
 accounts   opening accounts, credits, grants
 admission  affordability, placement, allocation records, release
 reclaims   team fair share: holdings, reclaims of borrowed GPUs
+queue      servers waiting for GPUs: fair order, reservations, estimates
+idle       idle reclaim warnings (the idle job decides)
 debits     charging closed intervals; the accounting status
 views      the ``me`` view (cached) and allocation JSON
 enforcement cull warnings, revoked servers, the node agents' list
@@ -33,7 +35,9 @@ from .accounts import Accounts
 from .admission import Admission
 from .debits import Debits
 from .enforcement import CullWarning, Enforcement
+from .idle import IdleWarnings
 from .inventory import PoolInventory
+from .queue import WaitQueue
 from .reclaims import Reclaims
 from .threads import CoreThreads
 from .views import ViewCache, Views
@@ -54,8 +58,11 @@ class PoolManager:
         self.enforcement = Enforcement()
         self.accounts = Accounts(settings, ledger, self.cache, clock)
         self.reclaims = Reclaims(settings, ledger, self.inventory, self.cache, clock)
+        self.queue = WaitQueue(settings, ledger, self.inventory, self.reclaims, clock)
+        self.idle = IdleWarnings()
+        self.queue.expected_ends = self.idle.deadlines
         self.admission = Admission(settings, ledger, self.inventory, self.accounts, self.reclaims,
-                                   self.enforcement, self.cache, clock)
+                                   self.enforcement, self.cache, clock, queue=self.queue)
         self.debits = Debits(ledger, self.inventory.prices, usage_source, interval=debit_interval,
                              delay_tolerance=debit_delay_tolerance, clock=clock,
                              on_charged=self.cache.forget, serialize=self.threads.run_write)
@@ -68,13 +75,14 @@ class PoolManager:
 
     def warning_for(self, user: str) -> CullWarning | None:
         """What the user is warned of: a cull of their kernels, or a preemption of a server."""
-        return self.enforcement.warnings.get(user) or self.reclaims.warnings.get(user)
+        return self.enforcement.warnings.get(user) or self.reclaims.warnings.get(user) or self.idle.for_user(user)
 
     def restore(self) -> int:
         """At start-up: rebuild the placement pool from the allocations the ledger says are
         held, and the node agents' enforcement list from the audit log. Returns how many
         allocations were restored."""
         restored = self.inventory.restore(self.ledger)
+        self.queue.restore()
         events = self.ledger.audit_latest([AuditAction.CULL_KERNELS.value, AuditAction.STOP_SERVER.value])
         balances = {}
         for name in {e.user for e in events}:

@@ -34,6 +34,7 @@ from .client import (
     unreachable_refusal,
 )
 from .errors import GPUPoolRefused, SpawnFailure, invalid_options
+from .waiting import gave_up_waiting, queue_wait_limit, service_away
 from .form import gpupool_options_from_form, render_form
 from .logs import install_refusal_log_filter, is_normal_refusal, refusal_filter
 from .overrides import TraitOverrides
@@ -249,30 +250,39 @@ class GPUPoolSpawner(GPUPoolReleases):
         )
 
     async def _gpupool_allocate_waiting(self, profile: Profile, gpus: int) -> dict[str, Any]:
-        """Allocate; while the pool says asking again will help (a reclaim in progress), say so and retry.
+        """Allocate; while the pool says asking again will help (a reclaim in progress, a
+        place in the wait queue), say so on the progress page and retry.
 
-        A spawn that ends while it waits (stopped, cancelled, timed out, or giving up
-        here) cancels the reclaim it waited for, so no borrowed server is stopped for
-        nobody. The wait ends, with a message, before the hub's ``start_timeout`` would."""
+        A spawn that ends while it waits for a reclaim cancels that reclaim, so no
+        borrowed server is stopped for nobody; a spawn whose retries stop loses its
+        place in the queue (the service drops it) and says where it was. The wait
+        ends, with a message, before the hub's ``start_timeout`` would."""
         loop = asyncio.get_event_loop()
-        give_up = loop.time() + self.reclaim_wait
-        hub_gives_up = loop.time() + max(self.start_timeout - START_MARGIN, 0)
+        started = loop.time()
+        hub_gives_up = started + max(self.start_timeout - START_MARGIN, 0)
+        queued: GPUPoolRefused | None = None  # the last place in the queue this spawn was told
         waited_for_reclaim = False
+        self._gpupool_waiting = True
         try:
             while True:
                 try:
                     return await self.gpupool_allocate(profile, gpus)
                 except GPUPoolRefused as e:
-                    if not e.retryable or loop.time() >= give_up:
+                    if queued is not None and e.reason == SpawnFailure.UNREACHABLE.value:
+                        e = service_away(queued)  # restarting: the queue keeps the place meanwhile
+                    elif e.refusal is RefusalReason.QUEUED:
+                        queued = e
+                    waited_for_reclaim = waited_for_reclaim or e.refusal is RefusalReason.RECLAIMING
+                    give_up = started + queue_wait_limit(e, self.reclaim_wait, self.start_timeout)
+                    if not e.retryable or loop.time() >= give_up or not self._gpupool_waiting:
+                        if e.refusal is RefusalReason.QUEUED:  # the place lapses once the retries stop
+                            raise gave_up_waiting(e, loop.time() - started) from None
                         raise
-                    waited_for_reclaim = waited_for_reclaim or e.refusal == RefusalReason.RECLAIMING
                     delay = _retry_delay(e.retry_at)
-                    if loop.time() + delay >= hub_gives_up:
+                    if e.refusal is RefusalReason.RECLAIMING and loop.time() + delay >= hub_gives_up:
                         msg = (f"{e.message} That is after this hub's start timeout ({self.start_timeout:g} s), "
-                               "so this spawn gives up now; try again later.")
-                        if e.refusal == RefusalReason.RECLAIMING:
-                            msg += (" The borrowed servers keep running. An admin can raise c.Spawner.start_timeout"
-                                    " above c.GPUPool.preempt_grace.")
+                               "so this spawn gives up now; try again later. The borrowed servers keep running. "
+                               "An admin can raise c.Spawner.start_timeout above c.GPUPool.preempt_grace.")
                         raise GPUPoolRefused(msg, reason=SpawnFailure.START_TIMEOUT, status_code=409) from None
                     wait = min(max(delay, 0.5), 10.0, max(give_up - loop.time(), 0.5))
                     title = e.refusal.title if e.refusal else "Waiting"
@@ -282,7 +292,15 @@ class GPUPoolSpawner(GPUPoolReleases):
             if waited_for_reclaim:
                 await self._gpupool_cancel_reclaim()
             raise
+        finally:
+            self._gpupool_waiting = False
 
+    async def gpupool_leave_queue(self) -> None:
+        """Give up this server's place in the pool's wait queue (the spawn was cancelled)."""
+        try:
+            await self.gpupool_client.leave_queue(self.user.name, self.name or "")
+        except (ServiceUnavailable, ServiceError) as e:  # the place lapses when the retries stop anyway
+            self.log.warning("Could not leave the GPU wait queue for %s: %s", self._log_name, e)
     async def _gpupool_cancel_reclaim(self) -> None:
         try:
             await self.gpupool_client.cancel_reclaim(self.user.name, self.name or "", "the spawn ended while waiting")

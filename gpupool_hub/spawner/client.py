@@ -248,6 +248,13 @@ class GPUPoolClient:
             raise ServiceError(status, _message(data))
         return data.get("allocation") if isinstance(data, dict) else None
 
+    async def leave_queue(self, user: str, server: str) -> bool:
+        """``DELETE /queue``: give up (user, server)'s place in the wait queue; whether it had one."""
+        status, data = await self.request("DELETE", "/queue", params={"user": user, "server": server})
+        if status != 200:
+            raise ServiceError(status, _message(data))
+        return bool(isinstance(data, dict) and data.get("left"))
+
     async def account(self, user: str) -> dict[str, Any]:
         """``GET /users/{name}``: the user's balance, floor and credits (the ``me`` view)."""
         return await self._get_object(f"/users/{quote(user, safe='')}")

@@ -26,6 +26,7 @@ from jinja2 import ChoiceLoader, Environment, FileSystemLoader, PackageLoader, P
 from ..pricing import model_matches
 from ..profiles import Profile
 from ..profiles import format_decimal as _fmt
+from .waiting import full_text
 
 __all__ = [
     "TEMPLATE", "ProfileChoice", "form_context", "gpupool_options_from_form", "profile_prices", "render_form",
@@ -166,6 +167,8 @@ def _choice(p: Profile, chosen: Profile | None, catalog: Mapping[str, Any] | Non
         counts = free_gpus(p, catalog)
         if counts is not None and counts[1]:
             free_text = f"{counts[0]} of {counts[1]} GPUs free"
+            if counts[0] < p.gpus:  # no room for this profile: how many wait, and for how long
+                free_text = full_text(e for e in _catalog_models(p, catalog) if e.get("price_per_gpu_hour") is not None)
     return ProfileChoice(
         slug=p.slug, display_name=p.display_name, what=p.describe(), description=p.description,
         price="; ".join(t for t in (price_text, hours_text) if t), affordable=affordable,

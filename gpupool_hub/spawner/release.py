@@ -255,6 +255,7 @@ class GPUPoolReleases(Spawner):
     gpupool_attempt_key: str | None = None
     _gpupool_abandoned_key: str | None = None
     _gpupool_starting = False
+    _gpupool_waiting = False  # a spawn is waiting for GPUs (a reclaim or a place in the queue)
 
     @property
     def gpupool_attempt_abandoned(self) -> bool:
@@ -357,8 +358,12 @@ class GPUPoolReleases(Spawner):
         """Stop the server; its charge ends now, even if the service only hears of it later.
 
         A stop while the spawn is still going, or of a server the hub gave up
-        waiting for (``http_timeout``), abandons the attempt: never charged.
+        waiting for (``http_timeout``), abandons the attempt: never charged. A
+        spawn still waiting in the pool's queue gives up its place.
         """
+        if self._gpupool_waiting:
+            self._gpupool_waiting = False
+            await self.gpupool_leave_queue()  # type: ignore[attr-defined]
         try:
             await super().stop(now=now)
         finally:

@@ -58,8 +58,10 @@ class CullJob:
         m, culler, enforcement, threads = self.manager, self.culler, self.manager.enforcement, self.manager.threads
         servers: dict[str, set[str]] = {}
         allocated = Decimal(0)
+        models: dict[str, set[str]] = {}
         for record in await threads.read(m.ledger.active_allocations):
             servers.setdefault(record.user, set()).add(record.server)
+            models.setdefault(record.user, set()).update(g["model"] for g in record.gpus)
             allocated += sum((Decimal(g["milli"]) / 1000 for g in record.gpus), Decimal(0))
         for user, server in enforcement.revoked_servers():
             servers.setdefault(user, set()).add(server)
@@ -80,8 +82,13 @@ class CullJob:
             state = UserState(user, balance, rules.floor, tuple(sorted(servers.get(user, ()))), exempt)
             if balance >= 0:
                 enforcement.reinstate(user)
-            # the pool is under pressure for this user by others' refusals, never their own
-            why = pressure(allocated, capacity, enforcement.last_refusal_excluding(user), now, culler, utilization)
+            # the pool is under pressure for this user when someone else waits for what they hold
+            # (with the queue off: others' refusals), never by their own request
+            if m.settings.queue_enabled:
+                demand = await threads.write(m.queue.demand_for, user, models.get(user, set()))
+            else:
+                demand = enforcement.last_refusal_excluding(user)
+            why = pressure(allocated, capacity, demand, now, culler, utilization)
             for d in decide([state], warnings, why, now, grace):
                 try:
                     await self.carry_out(d, warnings)

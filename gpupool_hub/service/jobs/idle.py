@@ -1,0 +1,93 @@
+"""The idle reclaim job: warn idle GPU servers that others wait for, stop them
+after the grace (rules in ``service/idle.py``)."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timezone
+from typing import Any
+
+from ...ledger import AuditEvent
+from ...reasons import AuditAction
+from ..enforcement import CullWarning
+from ..hubapi import HubClient, HubError
+from ..idle import IdleDecision, IdleServer, UtilizationSource, decide_idle
+from ..manager import PoolManager
+
+log = logging.getLogger("gpupool.idle")
+
+
+class IdleJob:
+    def __init__(self, hub: HubClient, manager: PoolManager, source: UtilizationSource) -> None:
+        self.hub = hub
+        self.manager = manager
+        self.source = source
+
+    async def __call__(self) -> None:
+        m = self.manager
+        s = m.settings
+        now = datetime.now(timezone.utc)
+        records = await m.threads.read(m.ledger.active_allocations)
+        uuids = [g["uuid"] for r in records for g in r.gpus]
+        try:
+            peak = await self.source.peak(uuids, s.idle_after)
+            peak_long = await self.source.peak(uuids, s.max_idle) if s.max_idle else {}
+        except Exception as e:  # no data, no idleness: never stop a server on a guess
+            log.warning("GPU utilization unavailable for idle reclaim: %s", e)
+            return
+        servers = []
+        for r in records:
+            ids = [g["uuid"] for g in r.gpus]
+            if not ids:
+                continue
+            models = {g["model"] for g in r.gpus}
+            servers.append(IdleServer(
+                user=r.user, server=r.server, allocation=r.id, started=r.created_at,
+                idle=all(u in peak and peak[u] < s.idle_threshold for u in ids),
+                idle_long=bool(s.max_idle) and all(u in peak_long and peak_long[u] < s.idle_threshold for u in ids),
+                wanted=await m.threads.write(m.queue.demand_for, r.user, models) is not None))
+        warnings = m.idle.dry if s.idle_dry_run else m.idle.warnings
+        for d in decide_idle(servers, warnings, now, grace=s.idle_grace, min_runtime=s.min_runtime,
+                             idle_after=s.idle_after, max_idle=s.max_idle):
+            try:
+                await self.carry_out(d, warnings)
+            except Exception:
+                log.exception("Idle reclaim: could not %s for %s/%s", d.action, d.user, d.server)
+
+    async def carry_out(self, d: IdleDecision, warnings: dict[tuple[str, str], CullWarning]) -> None:
+        m = self.manager
+        dry = m.settings.idle_dry_run
+        now = datetime.now(timezone.utc)
+        key = (d.user, d.server)
+        detail: dict[str, Any] = {"allocation": d.allocation}
+        if dry:
+            log.warning("[dry run] would %s for %s/%s: %s", d.action, d.user, d.server or "-", d.reason)
+        if d.action == AuditAction.CLEAR_WARNING:
+            warnings.pop(key, None)
+            m.idle.allocations.pop(key, None)
+            m.cache.forget(d.user)
+            return
+        if d.action == AuditAction.IDLE_WARN:
+            warnings[key] = CullWarning("server", d.reason, d.deadline)  # type: ignore[arg-type]
+            m.idle.allocations[key] = d.allocation
+            m.cache.forget(d.user)
+            detail["deadline"] = d.deadline.isoformat() if d.deadline else None
+            log.warning("Idle warning for %s/%s until %s: %s", d.user, d.server or "-", d.deadline, d.reason)
+        elif d.action == AuditAction.IDLE_RECLAIM and not dry:
+            try:
+                await self.hub.stop_server(d.user, d.server)
+            except HubError as e:
+                log.error("Could not stop idle %s/%s: %s", d.user, d.server or "-", e)
+                await m.threads.write(m.ledger.add_audit, AuditEvent(
+                    now, d.user, d.server, AuditAction.FAILED.value, f"{d.action}: {e}", dry))
+                return
+            warnings.pop(key, None)
+            m.idle.allocations.pop(key, None)
+            m.cache.forget(d.user)
+            # the spawner releases on stop; release here too (a no-op then) so a waiter starts at once
+            await m.threads.write(m.admission.release, d.allocation, f"{d.action}: {d.reason}")
+            log.warning("Stopped idle %s/%s: %s", d.user, d.server or "-", d.reason)
+        elif d.action == AuditAction.IDLE_RECLAIM:
+            warnings.pop(key, None)
+        await m.threads.write(m.ledger.add_audit, AuditEvent(now, d.user, d.server, str(d.action), d.reason, dry,
+                                                             detail))

@@ -1,0 +1,371 @@
+"""The wait queue in the service: servers waiting for GPUs, in fair order.
+
+The rules are pure (:mod:`gpupool_hub.waitqueue`); this unit keeps their
+state. A GPU request that finds no room joins the queue (one entry per (user,
+server)) and is refused with ``QUEUED``, its position and an estimate; the
+spawner retries every few seconds, and each retry answers the current
+position. Whenever GPUs are released, :meth:`WaitQueue.dispatch` places
+waiters in fair order; a placed waiter's GPUs are reserved in the pool under
+the entry's id, and its next retry claims them (admission records the
+allocation). While anyone waits, new arrivals join the queue too and start at
+once only where dispatch's backfill rule lets them.
+
+Entries are stored in the ledger database (``gpupool_queue``), so a restart
+loses nobody's place; reservations are made again by the first dispatch.
+An entry ends when it is claimed, when its spawner stops retrying
+(``queue_poll_timeout``), when the spawn is cancelled (``leave``), and after
+``max_wait``.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from ..config import GPUPool
+from ..ledger import Ledger, UnknownAccount
+from ..placement.request import Request, normalize_model
+from ..placement.state import Placement
+from ..reasons import RefusalReason
+from ..timefmt import iso
+from ..waitqueue import (
+    BORROWER, ExpectedRelease, Waiter, dispatch, estimate_starts, fair_order, reserve_node, wait_text,
+)
+from .errors import Refused
+from .inventory import PoolInventory
+from .reclaims import Reclaims
+
+log = logging.getLogger("gpupool.queue")
+
+#: seconds an estimate is reused (estimates read balances; retries come every few seconds)
+ESTIMATE_TTL = 3.0
+#: seconds the expected ends of held allocations are reused (they read every holder's balance)
+RELEASES_TTL = 30.0
+#: an entry not yet in the cached estimates waits this long for a recomputation (bursts of joins)
+ESTIMATE_MIN_AGE = 0.5
+#: rounds of "a waiter that starts ends a typical session later" in estimates
+CHAIN_ROUNDS = 3
+
+
+@dataclass
+class Entry:
+    """One waiting server; ``placement`` is set once dispatch reserved its GPUs."""
+
+    waiter: Waiter
+    requested_models: list[str] | None
+    last_seen: datetime
+    placement: Placement | None = None
+    expired: bool = False  # waited past max_wait: the next retry gets the final refusal
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.waiter.user, self.waiter.server
+
+
+def _request_json(req: Request) -> dict[str, Any]:
+    return {"cpu_milli": req.cpu_milli, "memory_mib": req.memory_mib, "gpus": req.gpus,
+            "gpu_milli": req.gpu_milli, "models": sorted(req.models) if req.models is not None else None}
+
+
+def _request(data: dict[str, Any]) -> Request:
+    models = data.get("models")
+    return Request(cpu_milli=data["cpu_milli"], memory_mib=data["memory_mib"], gpus=data["gpus"],
+                   gpu_milli=data["gpu_milli"], models=frozenset(models) if models is not None else None)
+
+
+def _same_shape(a: Request, b: Request) -> bool:
+    return (a.cpu_milli, a.memory_mib, a.gpus, a.gpu_milli) == (b.cpu_milli, b.memory_mib, b.gpus, b.gpu_milli)
+
+
+class WaitQueue:
+    """Waiting servers: join, dispatch, claim, leave, expire, positions and estimates."""
+
+    def __init__(self, settings: GPUPool, ledger: Ledger, inventory: PoolInventory, reclaims: Reclaims,
+                 clock: Callable[[], datetime]) -> None:
+        self.settings = settings
+        self.ledger = ledger
+        self.inventory = inventory
+        self.reclaims = reclaims
+        self.clock = clock
+        self.entries: dict[tuple[str, str], Entry] = {}
+        # (user, server) whose place was given up by a cancel: their spawner's next retry ends
+        self.cancelled: dict[tuple[str, str], datetime] = {}
+        self.reservation: tuple[str, str] | None = None  # (head entry id, node held for it)
+        # when held allocations are expected to end, beyond the defaults (idle reclaim deadlines)
+        self.expected_ends: Callable[[], dict[str, datetime]] = dict
+        self._estimates: tuple[float, dict[str, datetime | None]] | None = None
+        self._summary: tuple[float, dict[str, dict[str, Any]]] | None = None
+        self._releases: tuple[float, list[ExpectedRelease]] | None = None
+
+    @property
+    def pool(self) -> Any:
+        return self.inventory.pool
+
+    def enabled_for(self, req: Request) -> bool:
+        return bool(self.settings.queue_enabled and req.total_gpu_milli)
+
+    # ------------------------------------------------------------ lifecycle
+
+    def restore(self) -> int:
+        """At start-up: the stored entries, as if each had just retried; then a dispatch."""
+        now = self.clock()
+        for row in self.ledger.queue_entries():
+            w = Waiter(id=row["id"], user=row["user"], server=row["server"], request=_request(row["request"]),
+                       since=row["since"], priority=row["priority"])
+            self.entries[(w.user, w.server)] = Entry(w, row["requested_models"], now)
+        self.dispatch()
+        return len(self.entries)
+
+    def could_fit(self, req: Request) -> bool:
+        """Whether some node could ever take ``req`` (else it must not wait)."""
+        return reserve_node(self.pool, req) is not None
+
+    def pending(self, user: str, server: str) -> Entry | None:
+        return self.entries.get((user, server))
+
+    def join(self, user: str, server: str, req: Request, requested_models: list[str] | None,
+             priority: int = BORROWER) -> tuple[str, Placement]:
+        """Queue (user, server) behind everyone waiting, then dispatch: its (id, placement)
+        if backfill lets it start now, else ``Refused(QUEUED)`` with its position."""
+        now = self.clock()
+        w = Waiter(id=uuid.uuid4().hex, user=user, server=server, request=req, since=now,
+                   priority=priority)
+        self.ledger.queue_add({"id": w.id, "user": user, "server": server, "request": _request_json(req),
+                               "requested_models": requested_models, "priority": priority, "since": now})
+        entry = Entry(w, requested_models, now)
+        self.entries[entry.key] = entry
+        self.dispatch()
+        if entry.placement is not None:
+            return self.claim(entry)
+        log.info("%s/%s queued for %s (%d waiting)", user, server or "-", req.describe(), len(self.entries))
+        raise self.refusal(entry)
+
+    def poll(self, entry: Entry, req: Request) -> tuple[str, Placement] | None:
+        """A retry of a queued (user, server): its reservation if dispatch placed it, else
+        ``Refused(QUEUED)``. A changed request gives up the old place (None: ask anew)."""
+        if not _same_shape(entry.waiter.request, req):
+            self.remove(entry, "the request changed")
+            return None
+        entry.last_seen = self.clock()
+        if entry.expired:
+            self.remove(entry, "waited longer than max_wait")
+            raise Refused(RefusalReason.NO_CAPACITY,
+                          f"No GPU became free for {req.describe()} within {self.settings.max_wait / 60:g} minutes "
+                          "of waiting; try again later or pick a smaller profile.",
+                          details={"waited_seconds": int((self.clock() - entry.waiter.since).total_seconds())})
+        if entry.placement is not None:
+            return self.claim(entry)
+        raise self.refusal(entry)
+
+    def claim(self, entry: Entry) -> tuple[str, Placement]:
+        """Hand the reserved GPUs over (admission records them under the entry's id)."""
+        assert entry.placement is not None
+        self.entries.pop(entry.key, None)
+        self.ledger.queue_remove(entry.waiter.id)
+        return entry.waiter.id, entry.placement
+
+    def remove(self, entry: Entry, why: str) -> None:
+        """Drop an entry, giving its reserved GPUs back (and to the next waiters)."""
+        self.entries.pop(entry.key, None)
+        self.ledger.queue_remove(entry.waiter.id)
+        log.info("%s/%s left the queue: %s", entry.waiter.user, entry.waiter.server or "-", why)
+        if entry.placement is not None:
+            if entry.waiter.id in self.pool:
+                self.pool.release(entry.waiter.id)
+            self.dispatch()
+
+    def leave(self, user: str, server: str) -> bool:
+        """The spawn was cancelled: give up the place. False when (user, server) did not wait."""
+        entry = self.entries.get((user, server))
+        if entry is None:
+            return False
+        self.cancelled[(user, server)] = self.clock()
+        self.remove(entry, "cancelled")
+        return True
+
+    def check_cancelled(self, user: str, server: str) -> None:
+        """A retry from a spawn whose place was given up (``leave``) ends it, once."""
+        at = self.cancelled.pop((user, server), None)
+        if at is not None and (self.clock() - at).total_seconds() <= self.settings.queue_poll_timeout:
+            raise Refused(RefusalReason.NO_CAPACITY,
+                          "Your place in the GPU queue was given up (the spawn was cancelled); "
+                          "start the server again to queue anew.", details={"cancelled_at": iso(at)})
+
+    def expire(self) -> int:
+        """Drop entries whose spawner stopped asking; mark those past ``max_wait``."""
+        now = self.clock()
+        gone = 0
+        for entry in list(self.entries.values()):
+            if (now - entry.last_seen).total_seconds() > self.settings.queue_poll_timeout:
+                self.remove(entry, "no retry from its spawner (left or cancelled)")
+                gone += 1
+            elif entry.placement is None and (now - entry.waiter.since).total_seconds() > self.settings.max_wait:
+                entry.expired = True
+        return gone
+
+    def dispatch(self) -> list[Entry]:
+        """GPUs were released: place waiters in fair order (see :func:`waitqueue.dispatch`)."""
+        waiting = [e for e in self.entries.values() if e.placement is None and not e.expired]
+        if not waiting:
+            self.reservation = None
+            return []
+        by_id = {e.waiter.id: e for e in waiting}
+        d = dispatch(self.pool, fair_order(e.waiter for e in waiting), lambda w: w.id, self.reservation)
+        self.reservation = d.reservation
+        placed = []
+        for w, placement in d.placed:
+            entry = by_id[w.id]
+            entry.placement = placement
+            placed.append(entry)
+            log.info("Reserved %s for waiting %s/%s", self.pool.describe(placement), w.user, w.server or "-")
+        if placed:  # GPUs moved: the expected ends change
+            self._releases = None
+        return placed
+
+    # ---------------------------------------------------- positions, estimates
+
+    def ordered(self) -> list[Waiter]:
+        return fair_order(e.waiter for e in self.entries.values() if e.placement is None)
+
+    def position(self, entry: Entry) -> int:
+        if entry.placement is not None:
+            return 0
+        return next(i for i, w in enumerate(self.ordered(), 1) if w.id == entry.waiter.id)
+
+    def refusal(self, entry: Entry) -> Refused:
+        now = self.clock()
+        position = self.position(entry)
+        eta = self.estimate_of(entry.waiter.id)
+        # those far back ask less often: every retry is work on the writer thread
+        retry = now + timedelta(seconds=min(10, 2 + position // 20))
+        return Refused(RefusalReason.QUEUED, wait_text(position, eta, now), retry_at=retry, details={
+            "position": position, "queue_length": len(self.ordered()), "eta": iso(eta),
+            "since": iso(entry.waiter.since)})
+
+    def free_milli(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for ns in self.pool.nodes:
+            for s, mk in enumerate(ns.slot_model):
+                if ns.whole[s]:
+                    out[mk] = out.get(mk, 0) + ns.free[s]
+        return out
+
+    def cached_releases(self) -> list[ExpectedRelease]:
+        stamp = self.clock().timestamp()
+        if self._releases is None or stamp - self._releases[0] >= RELEASES_TTL:
+            self._releases = (stamp, self.releases())
+        return self._releases[1]
+
+    def releases(self) -> list[ExpectedRelease]:
+        """When each held allocation is expected to end: a reclaim or idle deadline, the
+        owner's balance reaching the floor, else the typical session length."""
+        now = self.clock()
+        typical = timedelta(hours=self.settings.expected_session_hours)
+        deadlines = {v.id: rc.deadline for rc in self.reclaims.active.values() for v in rc.victims}
+        deadlines.update(self.expected_ends())
+        held = self.ledger.active_allocations()
+        burn: dict[str, Decimal] = {}
+        for r in held:
+            burn[r.user] = burn.get(r.user, Decimal(0)) + r.price_per_hour
+        floor_at: dict[str, datetime] = {}
+        for user, rate in burn.items():
+            if rate <= 0:
+                continue
+            try:
+                left = self.ledger.balance(user) - self.settings.base_rules().floor
+            except UnknownAccount:
+                continue
+            floor_at[user] = now + timedelta(hours=float(max(left, Decimal(0)) / rate))
+        out = []
+        for r in held:
+            at = min(x for x in (deadlines.get(r.id), floor_at.get(r.user), r.created_at + typical) if x is not None)
+            for g in r.gpus:
+                out.append(ExpectedRelease(r.node, g["milli"], normalize_model(g["model"]), max(at, now)))
+        return out
+
+    def estimate_of(self, entry_id: str) -> datetime | None:
+        """One entry's expected start, recomputing for a newcomer unless estimates are very fresh."""
+        out = self.estimates()
+        if entry_id not in out and self._estimates is not None and (
+                self.clock().timestamp() - self._estimates[0] >= ESTIMATE_MIN_AGE):
+            self._estimates = None
+            out = self.estimates()
+        return out.get(entry_id)
+
+    def estimates(self, extra: Waiter | None = None) -> dict[str, datetime | None]:
+        """Expected start per waiting entry id (cached a few seconds); with ``extra``, for a
+        hypothetical newcomer at the end too (not cached)."""
+        stamp = self.clock().timestamp()
+        if extra is None and self._estimates is not None and stamp - self._estimates[0] < ESTIMATE_TTL:
+            return self._estimates[1]
+        ordered = self.ordered() + ([extra] if extra is not None else [])
+        free, releases, now = self.free_milli(), self.cached_releases(), self.clock()
+        out = estimate_starts(ordered, free, releases, now)
+        # a waiter expected to start frees its GPUs a typical session later: chain a few rounds
+        typical = timedelta(hours=self.settings.expected_session_hours)
+        for _ in range(CHAIN_ROUNDS):
+            chained = [ExpectedRelease("", w.request.total_gpu_milli, min(w.request.models), at + typical)
+                       for w in ordered if (at := out.get(w.id)) is not None and w is not extra
+                       and w.request.models]
+            again = estimate_starts(ordered, free, releases + chained, now)
+            if again == out:
+                break
+            out = again
+        if extra is None:
+            self._estimates = (stamp, out)
+        return out
+
+    def summary(self) -> dict[str, dict[str, Any]]:
+        """Per pool model: how many wait for it and when one more GPU of it is expected."""
+        ordered = self.ordered()
+        out: dict[str, dict[str, Any]] = {}
+        for model in sorted(self.inventory.models()):
+            key = normalize_model(model)
+            n = sum(1 for w in ordered if w.request.models is None or key in w.request.models)
+            eta = None
+            if n:
+                probe = Waiter(id="?", user="", server="", request=Request(gpus=1, models=frozenset({key})),
+                               since=self.clock(), priority=99)
+                eta = self.estimates(probe).get("?")
+            out[model] = {"waiting": n, "eta": iso(eta)}
+        return out
+
+    def cached_summary(self) -> dict[str, dict[str, Any]]:
+        """``summary``, reused for a few seconds (every spawn form asks)."""
+        stamp = self.clock().timestamp()
+        if self._summary is None or stamp - self._summary[0] >= ESTIMATE_TTL:
+            self._summary = (stamp, self.summary())
+        return self._summary[1]
+
+    def report(self) -> dict[str, Any]:
+        """The admin view: who waits for what, since when, position and estimate."""
+        now = self.clock()
+        estimates = self.estimates()
+        place = {w.id: i for i, w in enumerate(self.ordered(), 1)}
+        rows = []
+        for e in sorted(self.entries.values(), key=lambda e: (place.get(e.waiter.id, 0), e.waiter.since)):
+            w = e.waiter
+            rows.append({"user": w.user, "server": w.server, "request": w.request.describe(),
+                         "since": iso(w.since), "waited_seconds": int((now - w.since).total_seconds()),
+                         "position": place.get(w.id, 0), "priority": "under_quota" if w.priority == 0 else "fcfs",
+                         "eta": iso(estimates.get(w.id)), "reserved_on": e.placement.node if e.placement else None,
+                         "last_seen": iso(e.last_seen)})
+        return {"waiting": rows, "length": len(self.ordered()),
+                "reserved_node": self.reservation[1] if self.reservation else None}
+
+    # ---------------------------------------------------------------- demand
+
+    def demand_for(self, user: str, models: set[str]) -> datetime | None:
+        """The newest retry of another user's waiting entry that GPUs of ``models``
+        (pool model strings) would serve: the pressure signal for culling ``user``.
+        A user's own entry never counts."""
+        keys = {normalize_model(m) for m in models}
+        seen = [e.last_seen for e in self.entries.values()
+                if e.placement is None and e.waiter.user != user and not e.expired
+                and (e.waiter.request.models is None or keys & e.waiter.request.models)]
+        return max(seen, default=None)

@@ -1,0 +1,65 @@
+"""How long a spawn keeps asking while the pool says "wait", and what it says when it stops.
+
+A reclaim of borrowed GPUs is waited for ``reclaim_wait`` seconds; a place in
+the wait queue until just before the hub's own ``start_timeout`` would end the
+spawn, so that the final message is the pool's (why, and where the user was),
+not the hub's generic timeout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timezone
+from typing import Any
+
+from ..reasons import RefusalReason
+from .errors import GPUPoolRefused
+
+#: seconds before the hub's start_timeout at which a queued spawn stops waiting
+TIMEOUT_MARGIN = 3.0
+
+
+def queue_wait_limit(refusal: GPUPoolRefused, reclaim_wait: float, start_timeout: float) -> float:
+    """Seconds since the first request after which a retryable refusal is final."""
+    if refusal.refusal is RefusalReason.QUEUED:
+        return max(start_timeout - TIMEOUT_MARGIN, 1.0)
+    return reclaim_wait
+
+
+def gave_up_waiting(last: GPUPoolRefused, waited: float) -> GPUPoolRefused:
+    """The final refusal of a spawn that waited in the queue until its start timeout."""
+    where = last.details.get("position")
+    place = f" (you were number {where} in line)" if where else ""
+    message = (f"No GPU became free within the {waited:.0f} s this hub waits for a server to start{place}. "
+               "Start again within a minute to keep your place in the queue, or pick a smaller profile.")
+    return GPUPoolRefused(message, reason=RefusalReason.QUEUED.value, status_code=RefusalReason.QUEUED.status,
+                          message_html=f"<strong>{RefusalReason.QUEUED.title}.</strong> {message}",
+                          details=last.details)
+
+
+def service_away(queued: GPUPoolRefused) -> GPUPoolRefused:
+    """What a queued spawn says while the service does not answer (a restart): the
+    queue is in the ledger database, so the place is kept; keep asking."""
+    message = f"The GPU pool service is restarting; your place is kept ({queued.message})"
+    return GPUPoolRefused(message, reason=RefusalReason.QUEUED.value, status_code=RefusalReason.QUEUED.status,
+                          details=queued.details)
+
+
+def full_text(entries: Iterable[Mapping[str, Any]], now: datetime | None = None) -> str:
+    """"full — 2 waiting, about 20 min" for a profile none of whose models has room,
+    from ``GET models`` entries (``waiting``, ``eta``); "full" when nobody waits."""
+    entries = list(entries)
+    waiting = max((int(e.get("waiting") or 0) for e in entries), default=0)
+    if not waiting:
+        return "full"
+    etas = []
+    for e in entries:
+        try:
+            etas.append(datetime.fromisoformat(str(e["eta"]).replace("Z", "+00:00")))
+        except (KeyError, ValueError):
+            continue
+    text = f"full — {waiting} waiting"
+    if etas:
+        minutes = max(0, round((min(etas) - (now or datetime.now(timezone.utc))).total_seconds() / 60))
+        text += f", about {minutes} min" if minutes < 90 else f", about {minutes / 60:.1f} h"
+    return text

@@ -1,0 +1,235 @@
+"""The wait queue in the service core (in-process, manual clock): fair order, one
+entry per server, leaving, expiry, a restart that loses nobody's place, backfill
+for newcomers, and pressure from waiters (never from a user's own entry)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpupool_hub.placement import Request
+from gpupool_hub.reasons import RefusalReason
+from gpupool_hub.service.errors import Refused
+from tests.fixtures.manager import Clock, make_manager
+
+R3090 = "NVIDIA GeForce RTX 3090"
+ONE = [{"name": "node-a", "cpu_milli": 32000, "memory_mib": 131072,
+        "gpus": [{"index": 0, "uuid": "GPU-0", "model": R3090}]}]
+TWO_NODES = ONE + [{"name": "node-b", "cpu_milli": 32000, "memory_mib": 131072,
+                    "gpus": [{"index": i, "uuid": f"GPU-b{i}", "model": R3090} for i in range(2)]}]
+PRICES = {"RTX 3090": 1}
+
+
+def manager(tmp_path, nodes=ONE, clock=None, **kw):
+    kw.setdefault("queue_enabled", True)
+    return make_manager(nodes, PRICES, f"sqlite:///{tmp_path}/ledger.sqlite", clock=clock or Clock(), **kw)
+
+
+def admit(m, user, gpus=1, server=""):
+    return m.admission.admit(user, [], server, Request(gpus=gpus), None)
+
+
+def queued(m, user, gpus=1, server=""):
+    with pytest.raises(Refused) as e:
+        admit(m, user, gpus, server)
+    assert e.value.reason is RefusalReason.QUEUED, e.value.message
+    return e.value
+
+
+def test_three_users_get_one_gpu_in_fair_order_and_a_leaver_loses_the_place(tmp_path):
+    clock = Clock()
+    m = manager(tmp_path, clock=clock)
+    held = admit(m, "alice")
+    for i, user in enumerate(("bob", "carol", "dave"), 1):
+        r = queued(m, user)
+        assert r.details["position"] == i and r.details["queue_length"] == i
+        assert f"{['1st', '2nd', '3rd'][i - 1]} in the queue" in r.message
+        assert (r.retry_at - clock.now).total_seconds() == 2  # the spawner asks again in 2 s
+        clock.advance(1)
+    # a retry answers the same place, never a second entry
+    assert queued(m, "carol").details["position"] == 2 and len(m.queue.entries) == 3
+    # estimates: alice's typical session (4 h) ends, then bob's, then carol's
+    etas = [queued(m, u).details["eta"] for u in ("bob", "carol", "dave")]
+    assert etas == ["2025-03-03T13:00:00Z", "2025-03-03T17:00:00Z", "2025-03-03T21:00:00Z"]
+    assert "about 4.0 hours" in queued(m, "bob").message
+
+    m.admission.release(held.id, "server stopped")
+    got = admit(m, "bob")  # his GPU was reserved by the release; his retry claims it
+    assert got.user == "bob" and got.gpus[0]["uuid"] == "GPU-0"
+    assert queued(m, "carol").details["position"] == 1
+
+    # carol stops retrying: after queue_poll_timeout her place is gone, dave moves up
+    clock.advance(30)
+    queued(m, "dave")
+    clock.advance(40)
+    assert queued(m, "dave").details["position"] == 1
+    assert ("carol", "") not in m.queue.entries
+    assert queued(m, "carol").details["position"] == 2  # back at the end
+    # dave cancels (the spawner's stop): carol is first again
+    assert m.queue.leave("dave", "")
+    with pytest.raises(Refused) as e:  # his spawner's next retry ends the spawn, saying why
+        admit(m, "dave")
+    assert e.value.reason is RefusalReason.NO_CAPACITY and "was given up" in e.value.message
+    m.admission.release(got.id, "server stopped")
+    assert admit(m, "carol").user == "carol"
+
+
+def test_a_restart_loses_nobodys_place(tmp_path):
+    clock = Clock()
+    m = manager(tmp_path, clock=clock)
+    admit(m, "alice")
+    for user in ("bob", "carol", "dave"):
+        queued(m, user)
+        clock.advance(1)
+    # the process dies without closing anything (kill -9): a new core on the same database
+    m2 = manager(tmp_path, clock=clock)
+    assert m2.restore() == 1
+    assert [queued(m2, u).details["position"] for u in ("bob", "carol", "dave")] == [1, 2, 3]
+    m2.admission.release(m2.ledger.active_allocations()[0].id, "stopped")
+    assert admit(m2, "bob").user == "bob"
+
+
+def test_newcomers_queue_behind_waiters_unless_backfill_lets_them_start(tmp_path):
+    clock = Clock()
+    m = manager(tmp_path, TWO_NODES, clock=clock)
+    a = admit(m, "alice")        # node-a's only GPU (fgd packs the small node first)
+    b = admit(m, "bob")          # one of node-b's
+    assert {a.node, b.node} == {"node-a", "node-b"}
+    queued(m, "carol", gpus=2)   # needs both of node-b: head, node-b held for her
+    clock.advance(1)
+    m.admission.release(a.id, "stopped")  # node-a free: dave may backfill there
+    assert admit(m, "dave").node == "node-a"
+    # erin wants one GPU; node-b has one free but it is held for carol
+    queued(m, "erin")
+    # a request no node can ever take is refused, never queued
+    with pytest.raises(Refused) as e:
+        admit(m, "fred", gpus=3)
+    assert e.value.reason is RefusalReason.MODEL_UNAVAILABLE
+    m.admission.release(b.id, "stopped")
+    assert admit(m, "carol", gpus=2).node == "node-b"
+
+
+def test_pressure_comes_from_other_users_waiting_for_what_a_user_holds(tmp_path):
+    m = manager(tmp_path)
+    admit(m, "alice")
+    assert m.queue.demand_for("alice", {R3090}) is None
+    queued(m, "alice", server="second")  # alice's own entry is no pressure on alice
+    assert m.queue.demand_for("alice", {R3090}) is None
+    queued(m, "bob")
+    assert m.queue.demand_for("alice", {R3090}) is not None
+    assert m.queue.demand_for("bob", {R3090}) is not None  # alice's entry waits for what bob would hold
+    assert m.queue.demand_for("alice", {"NVIDIA RTX A6000"}) is None
+
+
+def test_waiting_can_be_turned_off_and_max_wait_ends_it(tmp_path):
+    m = manager(tmp_path, queue_enabled=False)
+    admit(m, "alice")
+    with pytest.raises(Refused) as e:
+        admit(m, "bob")
+    assert e.value.reason is RefusalReason.NO_CAPACITY
+
+    clock = Clock()
+    m = make_manager(ONE, PRICES, "sqlite://", clock=clock, max_wait=30, queue_enabled=True)
+    admit(m, "alice")
+    queued(m, "bob")
+    clock.advance(20)
+    queued(m, "bob")
+    clock.advance(20)
+    with pytest.raises(Refused) as e:  # past max_wait: the final refusal says why
+        admit(m, "bob")
+    assert e.value.reason is RefusalReason.NO_CAPACITY and "within 0.5 minutes of waiting" in e.value.message
+    assert queued(m, "bob").details["position"] == 1  # asking again queues anew
+
+
+def test_own_queue_entry_never_warns_but_another_users_does(tmp_path):
+    import asyncio
+    from decimal import Decimal
+
+    from gpupool_hub.service.cull import Culler
+    from gpupool_hub.service.jobs.cull import CullJob
+
+    from datetime import datetime, timezone
+
+    m = manager(tmp_path, clock=Clock(datetime.now(timezone.utc)))  # the cull job reads the real time
+    admit(m, "alice")
+    queued(m, "alice", server="second")  # alice herself waits for a GPU: no pressure on alice
+    m.accounts.grant("alice", Decimal(-105), "test: below zero, above the floor", "test", None)
+    culler = Culler(pressure_allocated_fraction=2.0)  # only waiters make pressure here
+
+    async def no_groups(user):
+        return []
+
+    async def no_utilization():
+        return None
+
+    job = CullJob(None, m, culler, no_groups, no_utilization)  # warnings need no hub
+    asyncio.run(job())
+    assert m.enforcement.warnings == {} and m.warning_for("alice") is None
+    queued(m, "bob")
+    asyncio.run(job())
+    warning = m.warning_for("alice")
+    assert warning is not None and "waits for GPUs like these" in warning.reason
+
+
+def test_idle_rule_table():
+    from datetime import datetime, timedelta, timezone
+
+    from gpupool_hub.reasons import AuditAction
+    from gpupool_hub.service.enforcement import CullWarning
+    from gpupool_hub.service.idle import IdleServer, decide_idle
+
+    now = datetime(2025, 3, 3, 12, 0, tzinfo=timezone.utc)
+    old = now - timedelta(hours=3)
+
+    def server(idle=True, wanted=True, idle_long=False, started=old):
+        return IdleServer("alice", "", "a1", started, idle, idle_long, wanted)
+
+    def run(s, warning=None, max_idle=0):
+        warnings = {("alice", ""): warning} if warning else {}
+        return [d.action for d in decide_idle([s], warnings, now, grace=900, min_runtime=900, idle_after=3600,
+                                              max_idle=max_idle)]
+
+    due = CullWarning("server", "idle", now - timedelta(seconds=1))
+    later = CullWarning("server", "idle", now + timedelta(seconds=60))
+    assert run(server()) == [AuditAction.IDLE_WARN]
+    assert run(server(), later) == []
+    assert run(server(), due) == [AuditAction.IDLE_RECLAIM]
+    assert run(server(wanted=False)) == []                           # nobody waits: left alone
+    assert run(server(wanted=False), later) == [AuditAction.CLEAR_WARNING]
+    assert run(server(idle=False), later) == [AuditAction.CLEAR_WARNING]  # busy again
+    assert run(server(started=now - timedelta(seconds=60))) == []     # min_runtime protects new servers
+    assert run(server(wanted=False, idle_long=True), max_idle=7200) == [AuditAction.IDLE_WARN]
+
+
+def test_reported_utilization_needs_the_whole_window():
+    import asyncio
+    from datetime import datetime, timedelta, timezone
+
+    from gpupool_hub.service.idle import ReportedUtilization
+
+    src = ReportedUtilization(0.05)
+    now = datetime.now(timezone.utc)
+    src.report({"g0": 0.0, "g1": 0.0, "g2": 0.0}, now - timedelta(seconds=100))
+    src.report({"g1": 0.5}, now - timedelta(seconds=10))
+    src.report({"g2": 0.0}, now - timedelta(seconds=5))
+    peak = asyncio.run(src.peak(["g0", "g1", "g2", "g3"], 60))
+    assert peak == {"g0": 0.0, "g1": 1.0, "g2": 0.0}  # g3 unknown: never idle
+    assert asyncio.run(src.peak(["g0"], 200)) == {}      # not known for 200 s
+
+
+def test_spawn_form_says_full_with_waiters_and_estimate():
+    from datetime import datetime, timezone
+
+    from gpupool_hub.profiles import parse_profiles
+    from gpupool_hub.spawner.form import form_context
+    from gpupool_hub.spawner.waiting import full_text
+
+    now = datetime(2025, 3, 3, 9, 0, tzinfo=timezone.utc)
+    assert full_text([{"waiting": 0, "eta": None}], now) == "full"
+    assert full_text([{"waiting": 2, "eta": "2025-03-03T09:20:00Z"}], now) == "full — 2 waiting, about 20 min"
+    assert full_text([{"waiting": 1, "eta": None}], now) == "full — 1 waiting"
+    assert full_text([{"waiting": 3, "eta": "2025-03-03T13:00:00Z"}], now) == "full — 3 waiting, about 4.0 h"
+    profiles = parse_profiles([{"slug": "two", "display_name": "2 GPUs", "gpus": 2, "models": ["RTX 3090"]}])
+    catalog = {"models": [{"model": R3090, "price_per_gpu_hour": "1", "gpus": 2, "whole_free": 1,
+                           "largest_whole_block": 1, "waiting": 2, "eta": None}], "min_start_hours": "1"}
+    choice = form_context(profiles, profiles[0], None, catalog)["profiles"][0]
+    assert choice.free == "full — 2 waiting"
