@@ -14,6 +14,10 @@ call. The last line of output is one JSON object with the figures.
 
     python benchmarks/placement_openb.py                      # everything (minutes)
     python benchmarks/placement_openb.py --seeds 42 --workloads default --policies best-fit,fgd
+    python benchmarks/placement_openb.py --trace /data/openb  # or GPUPOOL_OPENB_TRACE=/data/openb
+
+The trace folder comes from ``--trace``, else ``GPUPOOL_OPENB_TRACE``, else the
+first ``shared/traces/openb`` found inside the repository or next to it.
 """
 
 from __future__ import annotations
@@ -27,13 +31,18 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpupool_hub.placement import ModelUnavailable, NoCapacity, Pool, Request, get_policy, load_nodes  # noqa: E402
 
-DEFAULT_TRACE = Path(__file__).resolve().parents[1].parent / "shared/traces/openb"
+REPO = Path(__file__).resolve().parents[1]
+TRACE_ENV = "GPUPOOL_OPENB_TRACE"
+# Where the trace is looked for when neither --trace nor the environment names it:
+# a checkout that carries it, then the shared folder beside the checkout (worktrees).
+TRACE_CANDIDATES = (REPO / "shared/traces/openb", REPO.parent / "shared/traces/openb")
+TRACE_MARKER = "openb_node_list_gpu_node.csv"
 WORKLOADS = ("default", "multigpu50", "gpushare40")
 POLICIES = ("random", "first-fit", "best-fit", "fgd")
 PAPER = {  # unallocated GPU % at 130 % arrived load, the paper's simulator
@@ -42,6 +51,31 @@ PAPER = {  # unallocated GPU % at 130 % arrived load, the paper's simulator
 }
 TARGETS = {"default": 4.6, "multigpu50": 2.8}
 LOAD = 1.3
+
+
+class TraceNotFound(Exception):
+    """The openb trace folder is missing; the message says where it looked and how to point at it."""
+
+
+def resolve_trace(cli: Optional[str], env: Mapping[str, str] = os.environ,
+                  candidates: Sequence[Path] = TRACE_CANDIDATES) -> Path:
+    """The trace folder: ``--trace``, else ``$GPUPOOL_OPENB_TRACE``, else the first default that exists.
+
+    An explicitly named folder is never silently replaced by a default: if it
+    lacks the trace, that is the error, so a typo cannot benchmark other data.
+    """
+    hint = f"pass --trace DIR or set {TRACE_ENV}=DIR (a folder holding {TRACE_MARKER} and openb_pod_list_*.csv)"
+    for where, value in (("--trace", cli), (TRACE_ENV, env.get(TRACE_ENV))):
+        if value:
+            path = Path(value).expanduser()
+            if not (path / TRACE_MARKER).is_file():
+                raise TraceNotFound(f"openb trace not found in {path} (from {where}): no {TRACE_MARKER}; {hint}")
+            return path
+    for path in candidates:
+        if (path / TRACE_MARKER).is_file():
+            return path
+    tried = ", ".join(str(p) for p in candidates)
+    raise TraceNotFound(f"openb trace not found; looked in {tried}; {hint}")
 
 
 def load_cluster(trace: Path) -> List[dict]:
@@ -162,22 +196,30 @@ def parse_seeds(text: str) -> List[int]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--trace-dir", default=os.environ.get("GPUPOOL_TRACE_DIR", str(DEFAULT_TRACE)))
+    ap.add_argument("--trace", "--trace-dir", dest="trace", default=None,
+                    help=f"openb trace folder (default: ${TRACE_ENV}, else shared/traces/openb "
+                         "inside or next to the repository)")
     ap.add_argument("--seeds", default="42-51", help="e.g. 42-51 or 42,43")
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--quiet", action="store_true", help="no per-seed progress on stderr")
     args = ap.parse_args(argv)
-    trace = Path(args.trace_dir)
-    if not (trace / "openb_node_list_gpu_node.csv").exists():
-        print(f"trace not found in {trace} (set --trace-dir or GPUPOOL_TRACE_DIR)", file=sys.stderr)
+    try:
+        trace = resolve_trace(args.trace)
+    except TraceNotFound as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     seeds = parse_seeds(args.seeds)
     workloads = [w for w in args.workloads.split(",") if w]
+    missing = [w for w in workloads if not (trace / f"openb_pod_list_{w}.csv").is_file()]
+    if missing:
+        print(f"error: no openb_pod_list_{missing[0]}.csv in {trace}; workloads: {', '.join(WORKLOADS)}",
+              file=sys.stderr)
+        return 2
     policies = [p for p in args.policies.split(",") if p]
     results = run(trace, workloads, policies, seeds, args.quiet)
 
-    print(f"openb replay, seeds {args.seeds} ({len(seeds)}), load tuned to {LOAD:.0%} of GPU capacity")
+    print(f"openb replay of {trace}, seeds {args.seeds} ({len(seeds)}), load tuned to {LOAD:.0%} of GPU capacity")
     print(f"{'workload':<11} {'policy':<10} {'unalloc@130':>11} {'paper':>6} {'alloc@100':>9} "
           f"{'mean µs':>8} {'p99 µs':>8}")
     ok = True
