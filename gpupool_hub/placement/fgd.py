@@ -1,0 +1,240 @@
+"""Fragmentation Gradient Descent: the default placement policy (see docs/placement.md)."""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections import Counter
+from math import exp
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+from .base import Choice, Policy, pick_fraction_slot, pick_slots
+from .request import MILLI, Request
+
+
+class FGD(Policy):
+    """Fragmentation Gradient Descent (Weng et al., ATC'23), memory-aware and cached.
+
+    A node's *fragmentation* is the free GPU share that the typical requests
+    could not use: for each typical request type t (weight w_t), the free
+    milli-GPU on GPUs too small for t, or all of the node's free GPU if t does
+    not fit the node at all (too little CPU or memory, too few suitable GPUs,
+    wrong model, or t wants no GPU). Equivalently F = W·free − Useful, with
+
+        Useful = Σ_t w_t · [t fits] · (free milli on GPUs with ≥ t's share).
+
+    Placing a request lowers ``free`` by its size on any node, so the best
+    node and device are those where ``Useful`` drops least: the request goes
+    where it spoils the fewest future placements. Differences from the paper:
+    types carry memory as well as CPU (the paper ignores memory, yet memory
+    strands GPUs on the openb trace), and CPU-only requests prefer, among equal
+    grades, nodes with the fewest free GPUs. Gains are graded coarsely as in
+    the paper (see :meth:`_grade`); equal grades go to the seeded node order.
+
+    The typical types come from ``workload`` (an expected request mix) and/or
+    the requests observed (``learn=True``): the most common request shapes
+    that together make up ``coverage`` of all requests. Scores are cached per
+    node-state signature and request shape, so a decision costs one dict
+    lookup per fitting node plus a few evaluations for states not seen yet.
+    """
+
+    name = "fgd"
+
+    def __init__(self, workload: Optional[Iterable[Request]] = None, *, learn: bool = True,
+                 coverage: float = 0.95, seed: int = 0) -> None:
+        super().__init__(seed)
+        self.learn = learn
+        self.coverage = coverage
+        self.counts: Counter = Counter()
+        if workload is not None:
+            for r in workload:
+                self.counts[self._type_key(r)] += 1
+        self._observed = 0
+        self._next_rebuild = 16
+        self._reset_tables()
+
+    @staticmethod
+    def _type_key(r: Request) -> tuple:
+        return (r.cpu_milli, r.memory_mib, r.gpus if r.gpus else (1 if r.gpu_milli else 0),
+                r.gpu_milli if r.gpu_milli else (MILLI if r.gpus else 0), r.models)
+
+    def _reset_tables(self) -> None:
+        self._types: List[tuple] = self._typical()
+        self._model_tables: Dict[str, tuple] = {}
+        self._useful: Dict[tuple, float] = {}
+        self._scores: Dict[tuple, Dict[int, int]] = {}
+        self._epoch = self.pool.sig_epoch if self.pool is not None else 0
+
+    def _typical(self) -> List[tuple]:
+        total = sum(self.counts.values())
+        if not total:
+            return []
+        ranked = sorted(self.counts.items(), key=lambda kv: (-kv[1], kv[0][:4]))
+        chosen = []
+        cum = 0
+        for key, n in ranked:
+            chosen.append((key, n))
+            cum += n
+            if cum >= self.coverage * total:
+                break
+        return [(c, mem, k, m, n / cum, models) for (c, mem, k, m, models), n in chosen]
+
+    def observe(self, req: Request) -> None:
+        if not self.learn:
+            return
+        self.counts[self._type_key(req)] += 1
+        self._observed += 1
+        if self._observed >= self._next_rebuild:
+            # Rebuild rarely: tables are caches and the mix changes slowly.
+            self._next_rebuild = self._observed * 2 if self._observed < 2048 else self._observed + 2048
+            self._reset_tables()
+
+    # -- fragmentation model ------------------------------------------------
+    def _table(self, model_key: str) -> tuple:
+        """Per model: CPU and memory thresholds, and per (count, share) group the
+        weight of the types that fit at each (CPU level, memory level)."""
+        tab = self._model_tables.get(model_key)
+        if tab is None:
+            types = [t for t in self._types if t[2] > 0 and (t[5] is None or model_key in t[5])]
+            cpu_thr = sorted({t[0] for t in types})
+            mem_thr = sorted({t[1] for t in types})
+            width = len(mem_thr) + 1
+            size = (len(cpu_thr) + 1) * width
+            groups: Dict[Tuple[int, int], List[float]] = {}
+            for c, mem, k, m, w, _ in types:
+                table = groups.setdefault((k, m), [0.0] * size)
+                lc = bisect_right(cpu_thr, c)  # first CPU level at which t fits
+                lm = bisect_right(mem_thr, mem)
+                for i in range(lc, len(cpu_thr) + 1):
+                    row = i * width
+                    for j in range(lm, width):
+                        table[row + j] += w
+            # sort groups by share, descending, so one pass over sorted free values serves all
+            glist = tuple(sorted(((m, k, tuple(t)) for (k, m), t in groups.items()), reverse=True))
+            tab = (cpu_thr, mem_thr, width, glist)
+            self._model_tables[model_key] = tab
+        return tab
+
+    def _useful_of(self, model_key: str, level: int, free_desc: tuple) -> float:
+        key = (model_key, level, free_desc)
+        u = self._useful.get(key)
+        if u is None:
+            glist = self._table(model_key)[3]
+            u = 0.0
+            n = len(free_desc)
+            i = 0
+            cnt = 0
+            acc = 0
+            for m, k, weights in glist:  # m descending
+                while i < n and free_desc[i] >= m:
+                    acc += free_desc[i]
+                    cnt += 1
+                    i += 1
+                if cnt >= k and acc:
+                    u += weights[level] * acc
+            u = round(u, 6)
+            if len(self._useful) > 400_000:
+                self._useful.clear()
+            self._useful[key] = u
+        return u
+
+    def _evaluate(self, ns, req: Request) -> tuple:
+        """(change of Useful, share value to take from) for a node state."""
+        model_key, cpu, mem, free_desc = ns.sig
+        cpu_thr, mem_thr, width, _ = self._table(model_key)
+        lvl0 = bisect_right(cpu_thr, cpu) * width + bisect_right(mem_thr, mem)
+        before = self._useful_of(model_key, lvl0, free_desc)
+        lvl1 = (bisect_right(cpu_thr, cpu - req.cpu_milli) * width
+                + bisect_right(mem_thr, mem - req.memory_mib))
+        if req.gpu_milli:
+            f = req.gpu_milli
+            best = None
+            best_v = 0
+            last = -1
+            for j, v in enumerate(free_desc):
+                if v < f:
+                    break
+                if v == last:
+                    continue
+                last = v
+                after = free_desc[:j] + free_desc[j + 1:]
+                nv = v - f
+                p = j  # re-insert nv keeping descending order
+                while p < len(after) and after[p] > nv:
+                    p += 1
+                after = after[:p] + (nv,) + after[p:]
+                u = self._useful_of(model_key, lvl1, after)
+                if best is None or u >= best:  # ties: tighter device (smaller v)
+                    best, best_v = u, v
+            return (round(best - before, 6), best_v)
+        if req.gpus:
+            k = req.gpus
+            after = free_desc[k:] + (0,) * k
+            return (round(self._useful_of(model_key, lvl1, after) - before, 6), MILLI)
+        return (round(self._useful_of(model_key, lvl1, free_desc) - before, 6), 0)
+
+    @staticmethod
+    def _grade(gain: float) -> int:
+        """Coarse grade of a fragmentation change, as in the paper's scheduler plugin.
+
+        ``gain`` is the drop in fragmentation (milli-GPU). Grading it as
+        ⌊100·sigmoid(gain/1000)⌋ makes near-equal moves equal (≈40-60 milli-GPU
+        per grade for one GPU or less, coarser for big requests), and equal
+        grades are then settled by the node order. This matters: ranking by the
+        exact value chases differences far below what the typical-request
+        model can predict and measurably fragments more on the openb trace.
+        """
+        if gain >= 0:
+            return int(100.0 / (1.0 + exp(-gain / 1000.0)))
+        z = exp(gain / 1000.0)
+        return int(100.0 * z / (1.0 + z))
+
+    def select(self, req: Request, candidates: Sequence) -> Choice:
+        pool = self.pool
+        if pool.sig_epoch != self._epoch:
+            self._reset_tables()
+        shape = (req.cpu_milli, req.memory_mib, req.gpus, req.gpu_milli, req.models)
+        cache = self._scores.get(shape)
+        if cache is None:
+            if len(self._scores) > 4096:
+                self._scores.clear()
+            cache = self._scores[shape] = {}
+        g = req.total_gpu_milli
+        span = _RANK_SPAN
+        grade = self._grade
+        evaluate = self._evaluate
+        best = None
+        best_key = None
+        if g:
+            for ns in candidates:
+                q = cache.get(ns.sig_id)
+                if q is None:
+                    q = cache[ns.sig_id] = grade(g + evaluate(ns, req)[0]) * span
+                k = q - ns.rank
+                if best_key is None or k > best_key:
+                    best, best_key = ns, k
+        else:
+            # A CPU-only request strands GPUs by eating CPU: among equal grades,
+            # send it where the fewest GPUs are left to strand.
+            for ns in candidates:
+                q = cache.get(ns.sig_id)
+                if q is None:
+                    q = cache[ns.sig_id] = grade(evaluate(ns, req)[0]) * span
+                k = (q, -ns.total_free, -ns.rank)
+                if best_key is None or k > best_key:
+                    best, best_key = ns, k
+        if req.gpu_milli:
+            v = evaluate(best, req)[1]
+            f = req.gpu_milli
+            free = best.free
+            slot = -1
+            for s in range(len(free)):
+                if free[s] == v and best.cap[s] >= f and (req.models is None or best.slot_model[s] in req.models):
+                    slot = s
+                    break
+            if slot < 0:
+                slot = pick_fraction_slot(best, f, req.models)
+            return best, (slot,)
+        return best, pick_slots(best, req)
+
+
+_RANK_SPAN = 1 << 24  # more nodes than any pool will have; keeps (grade, rank) in one int
