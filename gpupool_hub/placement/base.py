@@ -9,8 +9,9 @@ policy learn the request mix; ``bind`` is called once with the pool.
 
 from __future__ import annotations
 
-from typing import Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
+from . import pins
 from .request import MILLI, Request
 
 Choice = Tuple["NodeState", Tuple[int, ...]]  # noqa: F821  (NodeState from .state)
@@ -38,23 +39,33 @@ def pick_fraction_slot(ns, f: int, models=None) -> int:
     return best
 
 
-def pick_whole_slots(ns, k: int, models=None) -> Tuple[int, ...]:
-    """``k`` wholly free GPUs, chosen for NVLink/PCIe closeness (see Topology.choose)."""
+def pick_whole_slots(ns, k: int, models=None, req: Optional[Request] = None) -> Tuple[int, ...]:
+    """``k`` wholly free GPUs, chosen for NVLink/PCIe closeness (see Topology.choose).
+
+    With a pinned ``req``, its required GPUs are in the set and its preferred
+    ones come next.
+    """
     free = ns.free
     whole = ns.whole
     pos_to_slot = {}
     for s in range(len(free)):
         if whole[s] and free[s] == MILLI and (models is None or ns.slot_model[s] in models):
             pos_to_slot[ns.slot_gpu[s]] = s
-    chosen = ns.node.topology.choose(tuple(pos_to_slot), k)
+    if req is not None and req.pinned:
+        required, preferred = pins.whole_positions(ns, req, pos_to_slot)
+        chosen = ns.node.topology.choose(tuple(pos_to_slot), k, required, preferred)
+    else:
+        chosen = ns.node.topology.choose(tuple(pos_to_slot), k)
     return tuple(pos_to_slot[p] for p in chosen)
 
 
 def pick_slots(ns, req: Request) -> Tuple[int, ...]:
+    """The devices for ``req`` on node ``ns``: tightest share for a fraction, best-connected set otherwise."""
     if req.gpu_milli:
-        return (pick_fraction_slot(ns, req.gpu_milli, req.models),)
+        slot = pick_fraction_slot(ns, req.gpu_milli, req.models)
+        return (pins.fraction_slot(ns, req, slot) if req.pinned else slot,)
     if req.gpus:
-        return pick_whole_slots(ns, req.gpus, req.models)
+        return pick_whole_slots(ns, req.gpus, req.models, req)
     return ()
 
 

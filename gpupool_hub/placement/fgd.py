@@ -7,6 +7,7 @@ from collections import Counter
 from math import exp
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
+from . import pins
 from .base import Choice, Policy, pick_fraction_slot, pick_slots
 from .request import MILLI, Request
 
@@ -233,6 +234,8 @@ class FGD(Policy):
                     break
             if slot < 0:
                 slot = pick_fraction_slot(best, f, req.models)
+            if req.pinned:
+                slot = pins.fraction_slot(best, req, slot)
             return best, (slot,)
         return best, pick_slots(best, req)
 

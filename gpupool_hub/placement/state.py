@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from .errors import ModelUnavailable, NoCapacity, PlacementConflict, PlacementError
+from . import pins
 from .inventory import GPU, MigDevice, Node, load_node
 from .request import MILLI, Request, model_allowed, normalize_model
 
@@ -53,7 +54,7 @@ class NodeState:
     __slots__ = (
         "i", "node", "name", "model_key", "models", "slot_gpu", "slot_mig", "slot_model",
         "cap", "whole", "cpu_free", "mem_free", "free", "n_full", "max_free", "total_free",
-        "holders", "sig", "sig_id", "rank", "real",
+        "holders", "sig", "sig_id", "rank", "real", "cap_total", "uuid_slots",
     )
 
     def __init__(self, i: int, node: Node, rank: int) -> None:
@@ -84,7 +85,16 @@ class NodeState:
         self.models = frozenset(g.model_key for g in node.gpus)
         self.model_key = next(iter(self.models)) if len(self.models) == 1 else ("" if not self.models else "<mixed>")
         self.cap = cap
+        self.cap_total = sum(cap)
         self.whole = whole
+        # device UUID -> its slots: a plain GPU's or MIG instance's own slot; a MIG GPU's UUID -> all its instances
+        uuid_slots: Dict[str, Tuple[int, ...]] = {}
+        for s, pos in enumerate(slot_gpu):
+            g = node.gpus[pos]
+            uuid_slots[g.uuid] = uuid_slots.get(g.uuid, ()) + (s,)
+            if slot_mig[s] is not None:
+                uuid_slots[slot_mig[s].uuid] = (s,)
+        self.uuid_slots = uuid_slots
         self.cpu_free = node.cpu_milli
         self.mem_free = node.memory_mib
         self.free = list(cap)
@@ -136,6 +146,7 @@ class Pool:
         self.seed = seed
         self.nodes: List[NodeState] = [NodeState(i, n, rank[i]) for i, n in enumerate(node_list)]
         self.by_name: Dict[str, NodeState] = {ns.name: ns for ns in self.nodes}
+        self.by_device: Dict[str, NodeState] = {u: ns for ns in self.nodes for u in ns.uuid_slots}
         self._sig_ids: Dict[tuple, int] = {}
         self.sig_epoch = 0  # bumps when the signature table is reset; policies drop caches then
         for ns in self.nodes:
@@ -188,7 +199,21 @@ class Pool:
         return hit
 
     def candidates(self, req: Request) -> List[NodeState]:
-        """Nodes that can take ``req`` right now (a fresh list; order = config order)."""
+        """Nodes that can take ``req`` right now (a fresh list; order = config order).
+
+        With ``required`` devices only their node qualifies, and only while
+        they are free; with ``preferred`` ones, the nodes holding the most of
+        them (usable now) are the only candidates if any holds one.
+        """
+        out = self._candidates(req)
+        if req.required:
+            node = pins.pin_node(self.by_device, req)
+            return pins.keep_required(out, node, req) if node is not None else []
+        if req.preferred and out:
+            return pins.keep_preferred(out, req)
+        return out
+
+    def _candidates(self, req: Request) -> List[NodeState]:
         c, m = req.cpu_milli, req.memory_mib
         if not req.gpus and not req.gpu_milli:
             return [n for n in self.nodes if n.cpu_free >= c and n.mem_free >= m]
@@ -212,6 +237,8 @@ class Pool:
 
     def could_ever_fit(self, req: Request) -> bool:
         """Whether the request fits some node of this pool when that node is empty."""
+        if req.required:
+            return pins.why_never(self.by_device, req) is None
         for ns in self.nodes:
             n = ns.node
             if n.cpu_milli < req.cpu_milli or n.memory_mib < req.memory_mib:
@@ -247,7 +274,11 @@ class Pool:
             have = ", ".join(sorted({g.model for ns in self.nodes for g in ns.node.gpus})) or "none"
             raise ModelUnavailable(
                 f"no node in this pool has GPU model {' or '.join(sorted(req.models))} (available: {have})")
-        key = (req.cpu_milli, req.memory_mib, req.gpus, req.gpu_milli, req.models)
+        if req.required:
+            never = pins.why_never(self.by_device, req)
+            if never:
+                raise ModelUnavailable(never)
+        key = (req.cpu_milli, req.memory_mib, req.gpus, req.gpu_milli, req.models, req.required)
         ever = self._ever_fits.get(key)
         if ever is None:
             ever = self._ever_fits[key] = self.could_ever_fit(req)
