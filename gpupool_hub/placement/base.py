@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Optional, Sequence, Tuple
 
 from . import pins
+from .mix import DEFAULT_FLOOR_WEIGHT, DEFAULT_RESERVE, Expected, RequestMix, check_reserve
 from .request import MILLI, Request
 
 Choice = Tuple["NodeState", Tuple[int, ...]]  # noqa: F821  (NodeState from .state)
@@ -88,6 +89,16 @@ class Policy:
 
     def observe(self, req: Request) -> None:
         """Every request the pool sees (placed or not); default: ignore."""
+
+    def expect(self, shapes: Expected, floor_weight: float = DEFAULT_FLOOR_WEIGHT,
+               reserve: int = DEFAULT_RESERVE) -> None:
+        """Request shapes the caller declares may come (see :meth:`Pool.expect`).
+
+        Policies that do not model the request mix have no use for them; the
+        declaration is still validated, so a bad one fails whatever the policy.
+        """
+        check_reserve(reserve)
+        RequestMix().expect(shapes, floor_weight)
 
     def score(self, ns, req: Request) -> float:
         raise NotImplementedError

@@ -5,11 +5,12 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import Counter
 from math import exp
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import pins
 from .base import Choice, Policy, pick_fraction_slot, pick_slots
-from .request import MILLI, Request
+from .mix import DEFAULT_FLOOR_WEIGHT, DEFAULT_RESERVE, Expected, RequestMix, check_reserve, type_key
+from .request import MILLI, Request, normalize_model
 
 
 class FGD(Policy):
@@ -40,9 +41,20 @@ class FGD(Policy):
 
     The typical types come from ``workload`` (an expected request mix) and/or
     the requests observed (``learn=True``): the most common request shapes
-    that together make up ``coverage`` of all requests. Scores are cached per
-    node-state signature and request shape, so a decision costs one dict
-    lookup per fitting node plus a few evaluations for states not seen yet.
+    that together make up ``coverage`` of all requests; plus the shapes the
+    caller declares may come (``expected``, or :meth:`expect` later), each
+    with at least ``floor_weight`` of the mix however rarely seen, so that a
+    configured 8-GPU profile keeps whole nodes free even when history holds
+    only small requests (:mod:`.mix`). ``whole_sets`` counts, for a k-GPU
+    type, only the whole GPUs that k-sets can use (⌊free/k⌋·k), so that
+    7 free GPUs serve one 5-GPU request, not 7 GPUs' worth of them.
+    ``keep_whole_nodes`` (a count, or GPU model → count) is a guard on top:
+    while at most that many nodes of a model have no GPU in use, GPU
+    requests go elsewhere if they fit elsewhere.
+
+    Scores are cached per node-state signature and request shape, so a
+    decision costs one dict lookup per fitting node plus a few evaluations for
+    states not seen yet.
     """
 
     name = "fgd"
@@ -50,7 +62,10 @@ class FGD(Policy):
     REACH = ("tight", "largest", "off")
 
     def __init__(self, workload: Optional[Iterable[Request]] = None, *, learn: bool = True,
-                 coverage: float = 0.95, seed: int = 0, fraction_reach: str = "tight") -> None:
+                 coverage: float = 0.95, seed: int = 0, fraction_reach: str = "tight",
+                 expected: Optional[Expected] = None, floor_weight: float = DEFAULT_FLOOR_WEIGHT,
+                 reserve: int = DEFAULT_RESERVE, whole_sets: bool = True,
+                 keep_whole_nodes: Union[int, Mapping[str, int], None] = None) -> None:
         super().__init__(seed)
         if fraction_reach not in self.REACH:
             raise ValueError(f"fraction_reach must be one of {', '.join(self.REACH)}, got {fraction_reach!r}")
@@ -59,18 +74,63 @@ class FGD(Policy):
         self.fraction_reach = fraction_reach
         self.learn = learn
         self.coverage = coverage
-        self.counts: Counter = Counter()
+        self.whole_sets = whole_sets
+        self.keep_whole_nodes = self._keep_spec(keep_whole_nodes)
+        self.mix = RequestMix(coverage)
+        self.reserve = 0
+        self._guarded: Tuple[Tuple[int, Optional[frozenset]], ...] = ()
         if workload is not None:
             for r in workload:
-                self.counts[self._type_key(r)] += 1
+                self.mix.add(r)
+        if expected is not None:
+            self._declare(expected, floor_weight, reserve)
         self._observed = 0
         self._next_rebuild = 16
         self._reset_tables()
 
+    @property
+    def counts(self) -> Counter:
+        """Observed request shapes and how often each came."""
+        return self.mix.counts
+
     @staticmethod
     def _type_key(r: Request) -> tuple:
-        return (r.cpu_milli, r.memory_mib, r.gpus if r.gpus else (1 if r.gpu_milli else 0),
-                r.gpu_milli if r.gpu_milli else (MILLI if r.gpus else 0), r.models)
+        return type_key(r)
+
+    @staticmethod
+    def _keep_spec(keep: Union[int, Mapping[str, int], None]) -> Union[int, Dict[str, int]]:
+        if keep is None:
+            return 0
+        if isinstance(keep, Mapping):
+            out = {}
+            for model, n in keep.items():
+                if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                    raise ValueError(f"keep_whole_nodes[{model!r}] must be a whole number ≥ 0, got {n!r}")
+                out[normalize_model(model)] = n
+            return out
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
+            raise ValueError(f"keep_whole_nodes must be a whole number ≥ 0 or a mapping model → number, got {keep!r}")
+        return keep
+
+    def expect(self, shapes: Expected, floor_weight: float = DEFAULT_FLOOR_WEIGHT,
+               reserve: int = DEFAULT_RESERVE) -> None:
+        """Declare request shapes that may come (configured profiles, quota-owed shapes).
+
+        Each keeps at least ``floor_weight`` of the request mix however rarely
+        it has been seen (see :meth:`RequestMix.expect`), and while only
+        ``reserve`` nodes could still host a declared whole-GPU shape, requests
+        that would take one of them go elsewhere if they fit elsewhere.
+        Replaces any earlier declaration; takes effect on the next decision.
+        """
+        self._declare(shapes, floor_weight, reserve)
+        self._reset_tables()
+
+    def _declare(self, shapes: Expected, floor_weight: float, reserve: int) -> None:
+        check_reserve(reserve)
+        self.mix.expect(shapes, floor_weight)
+        self.reserve = reserve
+        self._guarded = tuple(sorted({(k, models) for _, _, k, m, models in self.mix.expected if m == MILLI},
+                                     key=lambda km: (km[0], sorted(km[1] or ()))))
 
     def _reset_tables(self) -> None:
         self._types: List[tuple] = self._typical()
@@ -82,28 +142,33 @@ class FGD(Policy):
         self._epoch = self.pool.sig_epoch if self.pool is not None else 0
 
     def _typical(self) -> List[tuple]:
-        total = sum(self.counts.values())
-        if not total:
-            return []
-        ranked = sorted(self.counts.items(), key=lambda kv: (-kv[1], kv[0][:4]))
-        chosen = []
-        cum = 0
-        for key, n in ranked:
-            chosen.append((key, n))
-            cum += n
-            if cum >= self.coverage * total:
-                break
-        return [(c, mem, k, m, n / cum, models) for (c, mem, k, m, models), n in chosen]
+        return self.mix.typical()
 
     def observe(self, req: Request) -> None:
         if not self.learn:
             return
-        self.counts[self._type_key(req)] += 1
+        self.mix.add(req)
         self._observed += 1
         if self._observed >= self._next_rebuild:
-            # Rebuild rarely: tables are caches and the mix changes slowly.
+            # Check rarely: tables are caches and the mix changes slowly.
             self._next_rebuild = self._observed * 2 if self._observed < 2048 else self._observed + 2048
-            self._reset_tables()
+            if self._mix_moved():
+                self._reset_tables()
+
+    def _mix_moved(self) -> bool:
+        """Whether the typical types moved enough to change a grade somewhere.
+
+        Useful is linear in the weights, so a weight change δ moves a node's
+        score by at most δ·(its GPU milli); below one grade (≈ 40 milli-GPU,
+        see :meth:`_grade`) on the biggest node, keeping every cached score is
+        as good as recomputing them all, and recomputing is what makes the
+        slowest decisions (every node state is rescored).
+        """
+        new = {t[:4] + (t[5],): t[4] for t in self.mix.typical()}
+        old = {t[:4] + (t[5],): t[4] for t in self._types}
+        biggest = self.pool.max_gpu_milli if self.pool is not None else 8 * MILLI
+        tol = _GRADE_MILLI / biggest
+        return any(abs(new.get(k, 0.0) - old.get(k, 0.0)) >= tol for k in new.keys() | old.keys())
 
     # -- fragmentation model ------------------------------------------------
     def _table(self, model_key: str) -> tuple:
@@ -165,13 +230,17 @@ class FGD(Policy):
             i = 0
             cnt = 0
             acc = 0
+            sets = self.whole_sets
             for m, k, weights in tab[3]:  # m descending
                 while i < n and free_desc[i] >= m:
                     acc += free_desc[i]
                     cnt += 1
                     i += 1
                 if cnt >= k and acc:
-                    u += weights[level] * acc
+                    if sets and k > 1:  # only whole k-sets of GPUs serve a k-GPU type
+                        u += weights[level] * (cnt // k) * k * MILLI
+                    else:
+                        u += weights[level] * acc
             if reach:
                 u += self._fraction_useful(reach, free_desc)
             u = round(u, 6)
@@ -267,6 +336,44 @@ class FGD(Policy):
             return (round(self._useful_of(model_key, lvl1, cpu1, mem1, after) - before, 6), MILLI)
         return (round(self._useful_of(model_key, lvl1, cpu1, mem1, free_desc) - before, 6), 0)
 
+    def _spare(self, candidates: Sequence, req: Request) -> Sequence:
+        """Drop the candidates a guard protects, unless that leaves none.
+
+        Guards: the idle nodes of a model down to its ``keep_whole_nodes``
+        reserve, and the last ``reserve`` nodes that could host a declared
+        k-GPU shape (≥ k whole free GPUs) when the request would take that
+        away (a fraction is assumed to break a whole GPU only where no shared
+        one has room for it).
+        """
+        keep = self.keep_whole_nodes
+        pool = self.pool
+        protect = [(k, models) for k, models in self._guarded
+                   if self.reserve and pool.nodes_with_whole(k, models) <= self.reserve]
+        reserved: Dict[str, bool] = {}
+        out = []
+        for ns in candidates:
+            real = ns.real
+            if keep and real.total_free == real.cap_total:  # no GPU in use
+                mk = real.model_key
+                hit = reserved.get(mk)
+                if hit is None:
+                    want = keep.get(mk, 0) if isinstance(keep, dict) else keep
+                    hit = reserved[mk] = bool(want) and pool.idle_nodes(mk) <= want
+                if hit:
+                    continue
+            if protect:
+                before = ns.n_full
+                if req.gpus:
+                    after = before - req.gpus
+                else:
+                    f = req.gpu_milli
+                    after = before if any(f <= v < MILLI for v in ns.free) else before - 1
+                if any(before >= k > after and (models is None or real.model_key in models)
+                       for k, models in protect):
+                    continue
+            out.append(ns)
+        return out if out else candidates
+
     @staticmethod
     def _grade(gain: float) -> int:
         """Coarse grade of a fragmentation change, as in the paper's scheduler plugin.
@@ -294,6 +401,8 @@ class FGD(Policy):
                 self._scores.clear()
             cache = self._scores[shape] = {}
         g = req.total_gpu_milli
+        if g and (self.keep_whole_nodes or (self.reserve and self._guarded)):
+            candidates = self._spare(candidates, req)
         span = _RANK_SPAN
         grade = self._grade
         evaluate = self._evaluate
@@ -334,4 +443,5 @@ class FGD(Policy):
         return best, pick_slots(best, req)
 
 
+_GRADE_MILLI = 40  # milli-GPU per grade near zero gain: 100 grades · sigmoid'(0) = 1/4 per 1000 milli
 _RANK_SPAN = 1 << 24  # more nodes than any pool will have; keeps (grade, rank) in one int

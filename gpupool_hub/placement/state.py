@@ -18,6 +18,7 @@ from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequ
 from .errors import ModelUnavailable, NoCapacity, PlacementConflict, PlacementError
 from . import pins
 from .inventory import GPU, MigDevice, Node, load_node
+from .mix import DEFAULT_FLOOR_WEIGHT, DEFAULT_RESERVE, Expected
 from .request import MILLI, Request, model_allowed, normalize_model
 
 
@@ -147,11 +148,22 @@ class Pool:
         self.nodes: List[NodeState] = [NodeState(i, n, rank[i]) for i, n in enumerate(node_list)]
         self.by_name: Dict[str, NodeState] = {ns.name: ns for ns in self.nodes}
         self.by_device: Dict[str, NodeState] = {u: ns for ns in self.nodes for u in ns.uuid_slots}
+        # Per model key: nodes with no GPU in use (what keep_whole_nodes protects), and nodes by
+        # their number of whole free GPUs (what protects declared k-GPU shapes); kept in O(1) per change.
+        self._idle: Dict[str, int] = {}
+        self._by_whole: Dict[str, List[int]] = {}
+        for ns in self.nodes:
+            if ns.cap_total:
+                self._idle[ns.model_key] = self._idle.get(ns.model_key, 0) + 1
+            hist = self._by_whole.setdefault(ns.model_key, [0] * (len(ns.free) + 1))
+            if len(hist) <= len(ns.free):
+                hist.extend([0] * (len(ns.free) + 1 - len(hist)))
         self._sig_ids: Dict[tuple, int] = {}
         self.sig_epoch = 0  # bumps when the signature table is reset; policies drop caches then
         for ns in self.nodes:
             ns.refresh()
             self._resign(ns)
+            self._by_whole[ns.model_key][ns.n_full] += 1
         self._allocs: Dict[str, Tuple[NodeState, Tuple[int, ...], Tuple[int, ...], Placement]] = {}
         self._ever_fits: Dict[tuple, bool] = {}
         self._model_nodes: Dict[Optional[FrozenSet[str]], Tuple[List[NodeState], List[NodeState]]] = {}
@@ -197,6 +209,31 @@ class Pool:
                 hit = (plain, mixed)
             self._model_nodes[models] = hit
         return hit
+
+    def expect(self, shapes: Expected, floor_weight: float = DEFAULT_FLOOR_WEIGHT,
+               reserve: int = DEFAULT_RESERVE) -> None:
+        """Declare request shapes that may come, whatever history says.
+
+        ``shapes``: :class:`Request` objects (configured profiles, shapes a team
+        is owed under its quota), or a mapping request → its own floor. Each
+        keeps at least ``floor_weight`` of the request mix the policy plans for,
+        so a configured 8-GPU profile keeps a whole node free even after weeks
+        of small requests. Replaces the previous declaration; an empty list
+        clears it. Raises :class:`InvalidRequest` for a bad declaration.
+        """
+        self.policy.expect(shapes, floor_weight, reserve)
+
+    def idle_nodes(self, model_key: str) -> int:
+        """How many nodes of this (normalized) GPU model have no GPU in use."""
+        return self._idle.get(model_key, 0)
+
+    def nodes_with_whole(self, k: int, models: Optional[FrozenSet[str]] = None) -> int:
+        """How many nodes (of the allowed models) have at least ``k`` whole free GPUs right now."""
+        total = 0
+        for mk, hist in self._by_whole.items():
+            if models is None or mk in models:
+                total += sum(hist[k:])
+        return total
 
     def candidates(self, req: Request) -> List[NodeState]:
         """Nodes that can take ``req`` right now (a fresh list; order = config order).
@@ -318,6 +355,9 @@ class Pool:
         return placement
 
     def _commit(self, alloc_id: str, ns: NodeState, slots: Tuple[int, ...], charges: Tuple[int, ...], placement: Placement) -> None:
+        if slots and ns.total_free == ns.cap_total:
+            self._idle[ns.model_key] -= 1
+        self._by_whole[ns.model_key][ns.n_full] -= 1
         ns.cpu_free -= placement.cpu_milli
         ns.mem_free -= placement.memory_mib
         for s, ch in zip(slots, charges):
@@ -325,6 +365,7 @@ class Pool:
             ns.holders[s][alloc_id] = ch
             self.allocated_gpu_milli += ch
         ns.refresh()
+        self._by_whole[ns.model_key][ns.n_full] += 1
         self._resign(ns)
         self._allocs[alloc_id] = (ns, slots, charges, placement)
 
@@ -334,6 +375,7 @@ class Pool:
             ns, slots, charges, placement = self._allocs.pop(alloc_id)
         except KeyError:
             raise PlacementConflict(f"unknown allocation id {alloc_id!r}") from None
+        self._by_whole[ns.model_key][ns.n_full] -= 1
         ns.cpu_free += placement.cpu_milli
         ns.mem_free += placement.memory_mib
         for s, ch in zip(slots, charges):
@@ -341,6 +383,9 @@ class Pool:
             del ns.holders[s][alloc_id]
             self.allocated_gpu_milli -= ch
         ns.refresh()
+        self._by_whole[ns.model_key][ns.n_full] += 1
+        if slots and ns.total_free == ns.cap_total:
+            self._idle[ns.model_key] += 1
         self._resign(ns)
         return placement
 
