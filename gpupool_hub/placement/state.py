@@ -12,14 +12,14 @@ identical nodes and across requests.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
-from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Tuple
 
 from .errors import ModelUnavailable, NoCapacity, PlacementConflict, PlacementError
 from . import pins
-from .inventory import GPU, MigDevice, Node, load_node
+from .inventory import MigDevice, Node, load_node
 from .mix import DEFAULT_FLOOR_WEIGHT, DEFAULT_RESERVE, Expected
-from .request import MILLI, Request, model_allowed, normalize_model
+from .request import MILLI, Request, model_allowed
 
 
 @dataclass(frozen=True, slots=True)

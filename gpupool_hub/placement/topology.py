@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from enum import IntEnum
 from itertools import combinations
-from math import comb
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 
