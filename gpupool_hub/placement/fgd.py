@@ -88,6 +88,11 @@ class FGD(Policy):
         self._next_rebuild = 16
         self._reset_tables()
 
+    def bind(self, pool) -> None:
+        """Rebuild the tables for this pool: reach profiles depend on its biggest node."""
+        super().bind(pool)
+        self._reset_tables()
+
     @property
     def counts(self) -> Counter:
         """Observed request shapes and how often each came."""

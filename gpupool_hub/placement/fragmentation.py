@@ -124,7 +124,10 @@ class FragmentationModel:
         the "CPU (memory) for j copies of t" thresholds the node meets, which
         determines every reach, so most node states share a few profiles.
         """
-        key = (model_key, bisect_right(tab[5], cpu), bisect_right(tab[6], mem), n)
+        if n <= self.max_slots:
+            key = (model_key, bisect_right(tab[5], cpu), bisect_right(tab[6], mem), n)
+        else:  # a node bigger than the thresholds were built for: key by the exact amounts
+            key = (model_key, -1 - cpu, -1 - mem, n)
         hit = self._profiles.get(key)
         if hit is None:
             merged: Dict[Tuple[int, int], float] = {}

@@ -193,3 +193,20 @@ def test_floor_zero_guards_without_weighing():
     assert policy.reserve == 1 and policy._guarded == ((8, None),)
     with pytest.raises(InvalidRequest, match="reserve"):
         policy.expect([servers(8)], reserve=-1)
+
+
+@pytest.mark.parametrize("max_slots", [2, 0])  # 0: node size unknown, states keyed by exact CPU and memory
+def test_reach_depends_on_the_cpu_left(max_slots):
+    from gpupool_hub.placement.fragmentation import FragmentationModel
+    model = FragmentationModel([(6000, 0, 1, 500, 1.0, None)], max_slots=max_slots)
+    lvl = model.table("x")[2] + 1  # one CPU level up: the type fits
+    assert model.useful("x", lvl, 8000, 0, (1000, 500)) == 500      # one copy fits: the tightest device
+    assert model.useful("x", lvl, 20000, 0, (1000, 500)) == 1500    # three fit: both devices
+    assert FragmentationModel([(6000, 0, 1, 500, 1.0, None)], fraction_reach="largest",
+                              max_slots=max_slots).useful("x", lvl, 8000, 0, (1000, 500)) == 1000
+
+
+def test_a_policy_built_before_its_pool_rebuilds_when_bound():
+    policy = get_policy("fgd", workload=[HALF], learn=False)
+    Pool(load_nodes([plain_node("a", 2, cpu_milli=14000)]), policy=policy)
+    assert policy._model.max_slots == 2
