@@ -12,15 +12,16 @@ from .errors import (
     PlacementError,
 )
 from .inventory import GPU, Link, MigDevice, Node, load_node, load_nodes
+from .mix import DEFAULT_FLOOR_WEIGHT, DEFAULT_RESERVE, RequestMix
 from .policies import FGD, BestFit, FirstFit, Policy, RandomFit, get_policy, policy_names, register_policy
 from .request import MILLI, Request, model_allowed, normalize_model
 from .state import FreeSummary, GPUShare, NodeState, Placement, Pool
 from .topology import PcieLevel, Topology
 
 __all__ = [
-    "BestFit", "FGD", "FirstFit", "FreeSummary", "GPU", "GPUShare", "InvalidRequest", "InventoryError",
-    "Link", "MILLI", "MigDevice", "ModelUnavailable", "NoCapacity", "Node", "NodeState", "PcieLevel",
-    "Placement", "PlacementConflict", "PlacementError", "Policy", "Pool", "RandomFit", "Request",
+    "BestFit", "DEFAULT_FLOOR_WEIGHT", "DEFAULT_RESERVE", "FGD", "FirstFit", "FreeSummary", "GPU", "GPUShare",
+    "InvalidRequest", "InventoryError", "Link", "MILLI", "MigDevice", "ModelUnavailable", "NoCapacity", "Node", "NodeState", "PcieLevel",
+    "Placement", "PlacementConflict", "PlacementError", "Policy", "Pool", "RandomFit", "Request", "RequestMix",
     "Topology", "get_policy", "load_node", "load_nodes", "model_allowed", "normalize_model",
     "policy_names", "register_policy",
 ]

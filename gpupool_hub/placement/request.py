@@ -35,6 +35,14 @@ class Request:
     single GPU, never both: a fraction spread over several devices is not
     something a notebook can use. ``models`` restricts which GPU models may
     serve it (``None`` = any).
+
+    ``required`` and ``preferred`` name devices by UUID (a GPU's, or a MIG
+    instance's), like go-gpuallocator's required devices: the placement
+    includes every ``required`` device (so they pin the node too), and as many
+    ``preferred`` ones as it can, on the node holding most of them. The
+    service uses them to put a server back on the GPUs it had, or to pin one.
+    A fraction takes at most one required device; naming a GPU with MIG
+    instances lets it take any of them.
     """
 
     cpu_milli: int = 0
@@ -42,6 +50,8 @@ class Request:
     gpus: int = 0
     gpu_milli: int = 0
     models: Optional[frozenset] = None
+    required: frozenset = frozenset()
+    preferred: frozenset = frozenset()
 
     def __post_init__(self) -> None:
         for name in ("cpu_milli", "memory_mib", "gpus", "gpu_milli"):
@@ -74,6 +84,25 @@ class Request:
             if not keys or "" in keys:
                 raise InvalidRequest("models, when given, must name at least one GPU model")
             object.__setattr__(self, "models", keys)
+        for name in ("required", "preferred"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                value = (value,)
+            try:
+                uuids = frozenset(value)
+            except TypeError:
+                raise InvalidRequest(f"{name} must be a set of device UUIDs, got {value!r}") from None
+            if not all(isinstance(u, str) and u.strip() for u in uuids):
+                raise InvalidRequest(f"{name} must name devices by non-empty UUID strings, got {sorted(map(repr, uuids))}")
+            object.__setattr__(self, name, frozenset(u.strip() for u in uuids))
+        if (self.required or self.preferred) and not (self.gpus or self.gpu_milli):
+            raise InvalidRequest("a request without GPUs cannot require or prefer GPU devices")
+        limit = self.gpus if self.gpus else 1
+        if len(self.required) > limit:
+            raise InvalidRequest(f"{len(self.required)} required devices do not fit a request for "
+                                 f"{self.gpus or 'a fraction of 1'} GPU{'s' if self.gpus > 1 else ''}")
+        if self.required & self.preferred:
+            object.__setattr__(self, "preferred", self.preferred - self.required)
 
     @classmethod
     def fraction(cls, share: float, *, cpu_milli: int = 0, memory_mib: int = 0,
@@ -101,8 +130,14 @@ class Request:
         """Hashable key of what the policies care about (memory excluded on purpose)."""
         return (self.cpu_milli, self.gpus, self.gpu_milli, self.models)
 
+    @property
+    def pinned(self) -> bool:
+        """Whether the request names devices (required or preferred)."""
+        return bool(self.required or self.preferred)
+
     def describe(self) -> str:
         gpu = (f"{self.gpu_milli / MILLI:g} of a GPU" if self.gpu_milli
                else f"{self.gpus} GPU{'s' if self.gpus != 1 else ''}")
         models = f" ({' or '.join(sorted(self.models))})" if self.models else ""
-        return f"{gpu}{models}, {self.cpu_milli / 1000:g} CPU, {self.memory_mib} MiB"
+        pins = f", on {' and '.join(sorted(self.required))}" if self.required else ""
+        return f"{gpu}{models}, {self.cpu_milli / 1000:g} CPU, {self.memory_mib} MiB{pins}"

@@ -12,12 +12,14 @@ identical nodes and across requests.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
-from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Tuple
 
 from .errors import ModelUnavailable, NoCapacity, PlacementConflict, PlacementError
-from .inventory import GPU, MigDevice, Node, load_node
-from .request import MILLI, Request, model_allowed, normalize_model
+from . import pins
+from .inventory import MigDevice, Node, load_node
+from .mix import DEFAULT_FLOOR_WEIGHT, DEFAULT_RESERVE, Expected
+from .request import MILLI, Request, model_allowed
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +55,7 @@ class NodeState:
     __slots__ = (
         "i", "node", "name", "model_key", "models", "slot_gpu", "slot_mig", "slot_model",
         "cap", "whole", "cpu_free", "mem_free", "free", "n_full", "max_free", "total_free",
-        "holders", "sig", "sig_id", "rank", "real",
+        "holders", "sig", "sig_id", "rank", "real", "cap_total", "uuid_slots",
     )
 
     def __init__(self, i: int, node: Node, rank: int) -> None:
@@ -84,7 +86,16 @@ class NodeState:
         self.models = frozenset(g.model_key for g in node.gpus)
         self.model_key = next(iter(self.models)) if len(self.models) == 1 else ("" if not self.models else "<mixed>")
         self.cap = cap
+        self.cap_total = sum(cap)
         self.whole = whole
+        # device UUID -> its slots: a plain GPU's or MIG instance's own slot; a MIG GPU's UUID -> all its instances
+        uuid_slots: Dict[str, Tuple[int, ...]] = {}
+        for s, pos in enumerate(slot_gpu):
+            g = node.gpus[pos]
+            uuid_slots[g.uuid] = uuid_slots.get(g.uuid, ()) + (s,)
+            if slot_mig[s] is not None:
+                uuid_slots[slot_mig[s].uuid] = (s,)
+        self.uuid_slots = uuid_slots
         self.cpu_free = node.cpu_milli
         self.mem_free = node.memory_mib
         self.free = list(cap)
@@ -136,11 +147,23 @@ class Pool:
         self.seed = seed
         self.nodes: List[NodeState] = [NodeState(i, n, rank[i]) for i, n in enumerate(node_list)]
         self.by_name: Dict[str, NodeState] = {ns.name: ns for ns in self.nodes}
+        self.by_device: Dict[str, NodeState] = {u: ns for ns in self.nodes for u in ns.uuid_slots}
+        # Per model key: nodes with no GPU in use (what keep_whole_nodes protects), and nodes by
+        # their number of whole free GPUs (what protects declared k-GPU shapes); kept in O(1) per change.
+        self._idle: Dict[str, int] = {}
+        self._by_whole: Dict[str, List[int]] = {}
+        for ns in self.nodes:
+            if ns.cap_total:
+                self._idle[ns.model_key] = self._idle.get(ns.model_key, 0) + 1
+            hist = self._by_whole.setdefault(ns.model_key, [0] * (len(ns.free) + 1))
+            if len(hist) <= len(ns.free):
+                hist.extend([0] * (len(ns.free) + 1 - len(hist)))
         self._sig_ids: Dict[tuple, int] = {}
         self.sig_epoch = 0  # bumps when the signature table is reset; policies drop caches then
         for ns in self.nodes:
             ns.refresh()
             self._resign(ns)
+            self._by_whole[ns.model_key][ns.n_full] += 1
         self._allocs: Dict[str, Tuple[NodeState, Tuple[int, ...], Tuple[int, ...], Placement]] = {}
         self._ever_fits: Dict[tuple, bool] = {}
         self._model_nodes: Dict[Optional[FrozenSet[str]], Tuple[List[NodeState], List[NodeState]]] = {}
@@ -187,8 +210,47 @@ class Pool:
             self._model_nodes[models] = hit
         return hit
 
+    def expect(self, shapes: Expected, floor_weight: float = DEFAULT_FLOOR_WEIGHT,
+               reserve: int = DEFAULT_RESERVE) -> None:
+        """Declare request shapes that may come, whatever history says.
+
+        ``shapes``: :class:`Request` objects (configured profiles, shapes a team
+        is owed under its quota), or a mapping request → its own floor. Each
+        keeps at least ``floor_weight`` of the request mix the policy plans for,
+        so a configured 8-GPU profile keeps a whole node free even after weeks
+        of small requests. Replaces the previous declaration; an empty list
+        clears it. Raises :class:`InvalidRequest` for a bad declaration.
+        """
+        self.policy.expect(shapes, floor_weight, reserve)
+
+    def idle_nodes(self, model_key: str) -> int:
+        """How many nodes of this (normalized) GPU model have no GPU in use."""
+        return self._idle.get(model_key, 0)
+
+    def nodes_with_whole(self, k: int, models: Optional[FrozenSet[str]] = None) -> int:
+        """How many nodes (of the allowed models) have at least ``k`` whole free GPUs right now."""
+        total = 0
+        for mk, hist in self._by_whole.items():
+            if models is None or mk in models:
+                total += sum(hist[k:])
+        return total
+
     def candidates(self, req: Request) -> List[NodeState]:
-        """Nodes that can take ``req`` right now (a fresh list; order = config order)."""
+        """Nodes that can take ``req`` right now (a fresh list; order = config order).
+
+        With ``required`` devices only their node qualifies, and only while
+        they are free; with ``preferred`` ones, the nodes holding the most of
+        them (usable now) are the only candidates if any holds one.
+        """
+        out = self._candidates(req)
+        if req.required:
+            node = pins.pin_node(self.by_device, req)
+            return pins.keep_required(out, node, req) if node is not None else []
+        if req.preferred and out:
+            return pins.keep_preferred(out, req)
+        return out
+
+    def _candidates(self, req: Request) -> List[NodeState]:
         c, m = req.cpu_milli, req.memory_mib
         if not req.gpus and not req.gpu_milli:
             return [n for n in self.nodes if n.cpu_free >= c and n.mem_free >= m]
@@ -212,6 +274,8 @@ class Pool:
 
     def could_ever_fit(self, req: Request) -> bool:
         """Whether the request fits some node of this pool when that node is empty."""
+        if req.required:
+            return pins.why_never(self.by_device, req) is None
         for ns in self.nodes:
             n = ns.node
             if n.cpu_milli < req.cpu_milli or n.memory_mib < req.memory_mib:
@@ -250,7 +314,11 @@ class Pool:
             have = ", ".join(sorted({g.model for ns in self.nodes for g in ns.node.gpus})) or "none"
             raise ModelUnavailable(
                 f"no node in this pool has GPU model {' or '.join(sorted(req.models))} (available: {have})")
-        key = (req.cpu_milli, req.memory_mib, req.gpus, req.gpu_milli, req.models)
+        if req.required:
+            never = pins.why_never(self.by_device, req)
+            if never:
+                raise ModelUnavailable(never)
+        key = (req.cpu_milli, req.memory_mib, req.gpus, req.gpu_milli, req.models, req.required)
         ever = self._ever_fits.get(key)
         if ever is None:
             ever = self._ever_fits[key] = self.could_ever_fit(req)
@@ -290,6 +358,9 @@ class Pool:
         return placement
 
     def _commit(self, alloc_id: str, ns: NodeState, slots: Tuple[int, ...], charges: Tuple[int, ...], placement: Placement) -> None:
+        if slots and ns.total_free == ns.cap_total:
+            self._idle[ns.model_key] -= 1
+        self._by_whole[ns.model_key][ns.n_full] -= 1
         ns.cpu_free -= placement.cpu_milli
         ns.mem_free -= placement.memory_mib
         for s, ch in zip(slots, charges):
@@ -297,6 +368,7 @@ class Pool:
             ns.holders[s][alloc_id] = ch
             self.allocated_gpu_milli += ch
         ns.refresh()
+        self._by_whole[ns.model_key][ns.n_full] += 1
         self._resign(ns)
         self._allocs[alloc_id] = (ns, slots, charges, placement)
 
@@ -306,6 +378,7 @@ class Pool:
             ns, slots, charges, placement = self._allocs.pop(alloc_id)
         except KeyError:
             raise PlacementConflict(f"unknown allocation id {alloc_id!r}") from None
+        self._by_whole[ns.model_key][ns.n_full] -= 1
         ns.cpu_free += placement.cpu_milli
         ns.mem_free += placement.memory_mib
         for s, ch in zip(slots, charges):
@@ -313,6 +386,9 @@ class Pool:
             del ns.holders[s][alloc_id]
             self.allocated_gpu_milli -= ch
         ns.refresh()
+        self._by_whole[ns.model_key][ns.n_full] += 1
+        if slots and ns.total_free == ns.cap_total:
+            self._idle[ns.model_key] += 1
         self._resign(ns)
         return placement
 

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from enum import IntEnum
 from itertools import combinations
-from math import comb
-from typing import Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 
 class PcieLevel(IntEnum):
@@ -73,18 +72,22 @@ class Topology:
     costs nothing.
     """
 
-    __slots__ = ("n", "score", "flat", "_cache", "_nv")
+    __slots__ = ("n", "score", "flat", "_cache", "_nv", "_pairs")
 
-    # Beyond this many subsets we stop enumerating and build sets greedily.
-    ENUM_LIMIT = 600
+    # Nodes of up to this many GPUs enumerate every completion (at most C(8,4) = 70 sets);
+    # bigger ones enumerate only completions by one or two GPUs and grow the rest greedily.
+    SMALL_NODE = 8
+    # Only this many of the best-connected candidates are checked for what they leave behind.
     SHORTLIST = 8
+    CACHE_SIZE = 4096
 
     def __init__(self, n: int, score: Sequence[Sequence[int]], nvlinks: Sequence[Sequence[int]]) -> None:
         self.n = n
         self.score = [list(row) for row in score]
         self._nv = [list(row) for row in nvlinks]
         self.flat = all(self.score[i][j] == self.score[0][1] for i in range(n) for j in range(n) if i != j) if n > 1 else True
-        self._cache: Dict[Tuple[int, int], Tuple[int, ...]] = {}
+        self._cache: Dict[Tuple[int, int, int], Tuple[int, ...]] = {}
+        self._pairs: Optional[List[Tuple[int, int]]] = None
 
     @classmethod
     def flat_topology(cls, n: int) -> "Topology":
@@ -98,100 +101,208 @@ class Topology:
         return sum(s[a][b] for a, b in combinations(gpus, 2))
 
     # -- choosing ---------------------------------------------------------
-    def choose(self, free: Sequence[int], k: int) -> Tuple[int, ...]:
-        """Pick ``k`` of the ``free`` GPU positions.
+    def choose(self, free: Sequence[int], k: int, required: Iterable[int] = (),
+               preferred: Iterable[int] = ()) -> Tuple[int, ...]:
+        """Pick ``k`` of the ``free`` GPU positions, including all of ``required``.
 
         The chosen set is well connected *and* leaves the rest partitionable
         into well-connected sets of the same size, so the next request of this
         size is not stuck with a scattered remainder (go-gpuallocator's insight,
-        without its exponential partition search).
+        without its exponential partition search). ``required`` GPUs are always
+        in the set (go-gpuallocator's required devices: restoring or pinning a
+        placement); as many ``preferred`` GPUs as fit come next, the best
+        connected ones if there are too many; the rest is chosen as usual.
+        Raises ``ValueError`` when ``required`` is not free or larger than ``k``.
         """
         free = tuple(sorted(free))
+        fixed = tuple(sorted(set(required)))
+        if len(fixed) > k:
+            raise ValueError(f"{len(fixed)} required GPUs do not fit a set of {k}")
+        free_set = set(free)
+        if not free_set.issuperset(fixed):
+            raise ValueError(f"required GPUs {sorted(set(fixed) - free_set)} are not free")
         if k >= len(free):
             return free
+        pref = sorted((set(preferred) & free_set) - set(fixed))
+        if pref and len(fixed) < k:
+            room = k - len(fixed)
+            pick = pref if len(pref) <= room else self.choose(tuple(fixed) + tuple(pref), k, fixed)
+            fixed = tuple(sorted(set(fixed) | set(pick)))
+        if len(fixed) == k:
+            return fixed
         if self.flat or k == 0:
-            return free[:k]
-        mask = 0
+            return tuple(sorted(fixed + tuple(g for g in free if g not in fixed)[: k - len(fixed)]))
+        mask = fmask = 0
         for g in free:
             mask |= 1 << g
-        key = (mask, k)
+        for g in fixed:
+            fmask |= 1 << g
+        key = (mask, k, fmask)
         hit = self._cache.get(key)
         if hit is not None:
             return hit
         if k == 1:
             # Give away the GPU the remaining GPUs need least.
             s = self.score
-            best = min(free, key=lambda g: (sum(s[g][h] for h in free if h != g), g))
+            best = min(free, key=lambda g: (sum(s[g][h] for h in free), g))
             result: Tuple[int, ...] = (best,)
         else:
-            cands = self._candidates(free, k)
+            cands = self._candidates(free, k, fixed)
             cands.sort(key=lambda c: (-c[0], c[1]))
             best_val = None
             result = cands[0][1]
             for own, cand in cands[: self.SHORTLIST]:
-                rest = tuple(g for g in free if g not in cand)
-                val = own + self._greedy_packing(rest, k)
+                chosen = set(cand)
+                val = own + self._greedy_packing(tuple(g for g in free if g not in chosen), k)
                 if best_val is None or val > best_val:
                     best_val, result = val, cand
-        if len(self._cache) > 4096:
+        if len(self._cache) >= self.CACHE_SIZE:
             self._cache.clear()
         self._cache[key] = result
         return result
 
-    def _candidates(self, free: Tuple[int, ...], k: int) -> List[Tuple[int, Tuple[int, ...]]]:
-        if comb(len(free), k) <= self.ENUM_LIMIT:
-            return [(self.set_score(c), c) for c in combinations(free, k)]
-        seen = {}
-        for seed in free:
-            cand = self._grow(seed, free, k)
-            cand = self._improve(cand, free)
-            seen[cand] = self.set_score(cand)
-        return [(v, c) for c, v in seen.items()]
-
-    def _grow(self, seed: int, free: Tuple[int, ...], k: int) -> Tuple[int, ...]:
+    def _candidates(self, free: Tuple[int, ...], k: int, fixed: Tuple[int, ...]) -> List[Tuple[int, Tuple[int, ...]]]:
+        """(own score, sorted set) of promising k-sets that contain ``fixed``."""
         s = self.score
-        chosen = [seed]
-        pool = [g for g in free if g != seed]
-        while len(chosen) < k:
-            g = max(pool, key=lambda h: (sum(s[h][c] for c in chosen), -h))
-            chosen.append(g)
-            pool.remove(g)
-        return tuple(sorted(chosen))
+        rest = tuple(g for g in free if g not in fixed)
+        r = k - len(fixed)
+        base = self.set_score(fixed)
+        if self.n <= self.SMALL_NODE or r <= 2:
+            tie = [sum(s[g][f] for f in fixed) for g in range(self.n)] if fixed else None
+            out = []
+            for c in combinations(rest, r):
+                v = base + sum(s[a][b] for a, b in combinations(c, 2))
+                if tie:
+                    v += sum(tie[g] for g in c)
+                out.append((v, tuple(sorted(fixed + c))))
+            return out
+        seen: Dict[Tuple[int, ...], int] = {}
+        covered: set = set()
+        for seed in rest:
+            if seed in covered:  # growing from a member of a set found already mostly finds it again
+                continue
+            own, cand = self._grow(fixed + (seed,), free, k)
+            covered.update(cand)
+            if cand not in seen:
+                seen[cand] = own
+        out = []
+        done = set()
+        for cand, own in sorted(seen.items(), key=lambda kv: (-kv[1], kv[0]))[: self.SHORTLIST]:
+            own, cand = self._improve(cand, own, free, fixed)
+            if cand not in done:
+                done.add(cand)
+                out.append((own, cand))
+        return out
 
-    def _improve(self, cand: Tuple[int, ...], free: Tuple[int, ...]) -> Tuple[int, ...]:
-        """One-swap hill climbing: bounded, polynomial, good enough for 16 GPUs."""
-        best = cand
-        best_score = self.set_score(cand)
-        improved = True
-        rounds = 0
-        while improved and rounds < 4:
-            improved = False
-            rounds += 1
-            for out in best:
-                for inn in free:
-                    if inn in best:
-                        continue
-                    trial = tuple(sorted([g for g in best if g != out] + [inn]))
-                    sc = self.set_score(trial)
-                    if sc > best_score:
-                        best, best_score, improved = trial, sc, True
-                        break
-                if improved:
-                    break
-        return best
+    def _grow(self, start: Sequence[int], pool: Sequence[int], k: int) -> Tuple[int, Tuple[int, ...]]:
+        """Grow ``start`` to ``k`` GPUs, each time adding the GPU best connected to the set so far.
+
+        Affinities to the set are kept incrementally: O(k · |pool|), no set rescoring.
+        """
+        s = self.score
+        chosen = list(start)
+        inside = set(chosen)
+        cand = [g for g in pool if g not in inside]
+        row = s[chosen[0]]
+        aff = [row[g] for g in cand]
+        for c in chosen[1:]:
+            row = s[c]
+            for j, g in enumerate(cand):
+                aff[j] += row[g]
+        own = self.set_score(chosen) if len(chosen) > 1 else 0
+        while len(chosen) < k:
+            i = max(range(len(aff)), key=aff.__getitem__)  # first maximum: lowest index on ties
+            g = cand.pop(i)
+            own += aff.pop(i)
+            chosen.append(g)
+            row = s[g]
+            for j, h in enumerate(cand):
+                aff[j] += row[h]
+        return own, tuple(sorted(chosen))
+
+    def _improve(self, cand: Tuple[int, ...], own: int, pool: Tuple[int, ...],
+                 fixed: Tuple[int, ...]) -> Tuple[int, Tuple[int, ...]]:
+        """Best single swaps (one GPU out, one in) while they raise the score; fixed GPUs stay."""
+        s = self.score
+        members = list(cand)
+        outside = [g for g in pool if g not in cand]
+        aff = dict.fromkeys(pool, 0)
+        for c in members:
+            row = s[c]
+            for g in pool:
+                aff[g] += row[g]
+        movable = [g for g in members if g not in fixed]
+        for _ in range(8):
+            best = 0
+            move = None
+            for o in movable:
+                ao = aff[o]
+                row = s[o]
+                for i in outside:
+                    d = aff[i] - row[i] - ao
+                    if d > best:
+                        best, move = d, (o, i)
+            if move is None:
+                break
+            o, i = move
+            own += best
+            movable.remove(o)
+            movable.append(i)
+            members.remove(o)
+            members.append(i)
+            outside.remove(i)
+            outside.append(o)
+            ro, ri = s[o], s[i]
+            for g in pool:
+                aff[g] += ri[g] - ro[g]
+        return own, tuple(sorted(members))
+
+    def _sorted_pairs(self) -> List[Tuple[int, int]]:
+        """All GPU pairs, best connected first (computed once per node)."""
+        if self._pairs is None:
+            s = self.score
+            self._pairs = sorted(combinations(range(self.n), 2), key=lambda p: (-s[p[0]][p[1]], p))
+        return self._pairs
 
     def _greedy_packing(self, free: Tuple[int, ...], k: int) -> int:
-        """Score of carving ``free`` greedily into sets of size ``k``."""
+        """Score of carving ``free`` greedily into sets of size ``k``.
+
+        Nodes of up to 8 GPUs take the exact best set each time; bigger ones
+        grow each set from the best-connected pair still available (one pass
+        over the pre-sorted pairs for the whole carving).
+        """
+        if k < 2 or len(free) < k:
+            return 0
         total = 0
+        if k == 2:  # greedy matching: best available pair first, which is what carving pairs means
+            s = self.score
+            avail = set(free)
+            for a, b in self._sorted_pairs():
+                if a in avail and b in avail:
+                    total += s[a][b]
+                    avail.discard(a)
+                    avail.discard(b)
+                    if len(avail) < 2:
+                        break
+            return total
         rest = free
+        pairs = None
+        p = 0
         while len(rest) >= k:
-            if comb(len(rest), k) <= 64:
+            if len(rest) == k:
+                sc, cand = self.set_score(rest), rest
+            elif self.n <= self.SMALL_NODE:  # the exact best set at every carve (at most C(7,3) = 35)
                 sc, cand = max(((self.set_score(c), c) for c in combinations(rest, k)), key=lambda x: (x[0], [-g for g in x[1]]))
             else:
-                cand = max((self._grow(g, rest, k) for g in rest), key=self.set_score)
-                sc = self.set_score(cand)
+                if pairs is None:
+                    pairs = self._sorted_pairs()
+                avail = set(rest)
+                while not (pairs[p][0] in avail and pairs[p][1] in avail):
+                    p += 1
+                sc, cand = self._grow(pairs[p], rest, k)
             total += sc
-            rest = tuple(g for g in rest if g not in cand)
+            taken = set(cand)
+            rest = tuple(g for g in rest if g not in taken)
         return total
 
     def describe_set(self, gpus: Sequence[int]) -> str:

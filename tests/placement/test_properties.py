@@ -61,6 +61,12 @@ def check_invariants(pool: Pool, live: dict) -> None:
         assert ns.n_full == sum(1 for s, f in enumerate(ns.free) if f == MILLI and ns.whole[s])
         assert ns.total_free == sum(ns.free) and ns.max_free == max(ns.free, default=0)
     assert total_alloc == pool.allocated_gpu_milli
+    # the O(1) per-model counters equal a recount
+    for mk in {ns.model_key for ns in pool.nodes}:
+        same = [ns for ns in pool.nodes if ns.model_key == mk]
+        assert pool.idle_nodes(mk) == sum(1 for ns in same if ns.cap_total and ns.total_free == ns.cap_total)
+        for k in range(1, 9):
+            assert pool.nodes_with_whole(k, frozenset({mk})) == sum(1 for ns in same if ns.n_full >= k)
     for snap in pool.snapshot():
         for g in snap["gpus"]:
             assert g["allocated_milli"] <= MILLI  # fractions on one GPU never sum above 1

@@ -102,3 +102,27 @@ def test_sixteen_gpu_node_is_fast():
     for s in got:
         linked = sum(1 for a in s for b in s if a < b and (b == a + 1 or (a == 0 and b == 15)))
         assert linked == 3, got
+
+
+# Two DGX-1V boards in one 16-GPU node (NVLink only within a board) and a DGX-2-like NVSwitch node.
+SIXTEEN_CASES = [
+    ("two boards: 8+8 are the boards", "2x-cube-mesh", 8, 2, {(0, 1, 2, 3, 4, 5, 6, 7), (8, 9, 10, 11, 12, 13, 14, 15)}),
+    ("two boards: four quads", "2x-cube-mesh", 4, 4, {(0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11), (12, 13, 14, 15)}),
+    ("dgx2: 8+8 are the PCIe halves", "dgx2-like", 8, 2, {tuple(range(8)), tuple(range(8, 16))}),
+    ("dgx2: four quads under their switches", "dgx2-like", 4, 4, {tuple(range(q, q + 4)) for q in (0, 4, 8, 12)}),
+    ("dgx2: eight switch pairs", "dgx2-like", 2, 8, {(p, p + 1) for p in range(0, 16, 2)}),
+]
+
+
+@pytest.mark.parametrize("name, topo, k, n, want", SIXTEEN_CASES, ids=[c[0] for c in SIXTEEN_CASES])
+def test_sixteen_gpu_topologies_carve_into_their_natural_sets(name, topo, k, n, want):
+    from benchmarks.placement_pick import TOPOLOGIES
+    pool = Pool([TOPOLOGIES[topo]()])
+    assert {indices(pool.allocate(f"r{i}", Request(gpus=k))) for i in range(n)} == want
+
+
+def test_two_boards_pairs_are_double_nvlinked():
+    from benchmarks.placement_pick import CUBE_MESH, TOPOLOGIES
+    pool = Pool([TOPOLOGIES["2x-cube-mesh"]()])
+    pairs = [indices(pool.allocate(f"p{i}", Request(gpus=2))) for i in range(8)]
+    assert all(a // 8 == b // 8 and CUBE_MESH[(a % 8, b % 8)] == 2 for a, b in pairs), pairs
