@@ -165,6 +165,73 @@ queue = sa.Table(
 )
 
 
+class LedgerRecords:
+    """What the service records beside money, in the same database and transactions:
+    the audit log of culling and fair share, and the wait queue. A base of
+    :class:`Ledger`, which provides the connections (``_read``/``_write``)."""
+
+    def _read(self) -> Connection:  # provided by Ledger
+        raise NotImplementedError("Subclass must provide implementation")
+
+    def _write(self) -> Any:  # provided by Ledger
+        raise NotImplementedError("Subclass must provide implementation")
+
+    def queue_add(self, entry: Mapping[str, Any]) -> None:
+        """Store a waiting server (keys as the ``gpupool_queue`` columns)."""
+        with self._write() as conn:
+            conn.execute(queue.insert().values(**{**entry, "since": _db_time(entry["since"])}))
+
+    def queue_remove(self, entry_id: str) -> None:
+        with self._write() as conn:
+            conn.execute(queue.delete().where(queue.c.id == entry_id))
+
+    def queue_entries(self) -> list[dict[str, Any]]:
+        """Every waiting server, oldest first."""
+        with self._read() as conn:
+            rows = conn.execute(sa.select(queue).order_by(queue.c.since, queue.c.id))
+            return [{**r._mapping, "since": _aware(r.since)} for r in rows]
+
+    def add_audit(self, event: AuditEvent) -> AuditEvent:
+        with self._write() as conn:
+            new_id = conn.execute(audit.insert().values(
+                at=_db_time(event.at), user=event.user, server=event.server, action=event.action,
+                reason=event.reason, dry_run=event.dry_run, detail=event.detail,
+            )).inserted_primary_key[0]
+        return AuditEvent(**{**event.__dict__, "id": new_id})
+
+    def _audit_query(self, q: sa.Select) -> list[AuditEvent]:  # type: ignore[type-arg]
+        with self._read() as conn:
+            return [AuditEvent(id=r.id, at=_aware(r.at), user=r.user, server=r.server, action=r.action,
+                               reason=r.reason, dry_run=bool(r.dry_run), detail=r.detail) for r in conn.execute(q)]
+
+    def audit_log(self, *, limit: int = 100, before: int | None = None, user: str | None = None) -> list[AuditEvent]:
+        """Audit events, newest first; ``before`` = the last id of the previous page."""
+        q = sa.select(audit).order_by(audit.c.id.desc()).limit(limit)
+        if before is not None:
+            q = q.where(audit.c.id < before)
+        if user is not None:
+            q = q.where(audit.c.user == user)
+        return self._audit_query(q)
+
+    def audit_latest(self, actions: Iterable[str], *, dry_run: bool = False) -> list[AuditEvent]:
+        """The newest event among ``actions`` per (user, server), oldest first: what the
+        service must remember of its own enforcement after a restart."""
+        newest = (
+            sa.select(sa.func.max(audit.c.id))
+            .where(audit.c.action.in_(list(actions)), audit.c.dry_run.is_(dry_run))
+            .group_by(audit.c.user, audit.c.server)
+        )
+        q = sa.select(audit).where(audit.c.id.in_(newest.scalar_subquery())).order_by(audit.c.id)
+        return self._audit_query(q)
+
+    def audit_events(self, actions: Iterable[str], *, since: datetime | None = None) -> list[AuditEvent]:
+        """Every non-dry-run event among ``actions`` (since ``since``), oldest first."""
+        q = sa.select(audit).where(audit.c.action.in_(list(actions)), audit.c.dry_run.is_(False)).order_by(audit.c.id)
+        if since is not None:
+            q = q.where(audit.c.at >= _db_time(since))
+        return self._audit_query(q)
+
+
 class LedgerError(RuntimeError):
     """The ledger cannot be used (schema too new, database unreachable)."""
 
@@ -527,7 +594,7 @@ def _same(entry: Entry, posting: Posting) -> bool:
     return (entry.account, entry.kind, entry.amount) == (posting.account, posting.kind, posting.amount)
 
 
-class Ledger:
+class Ledger(LedgerRecords):
     """Append-only token ledger over any SQLAlchemy URL (SQLite or PostgreSQL)."""
 
     def __init__(self, url: str = "sqlite:///gpupool.sqlite", *, engine: Engine | None = None,
@@ -862,64 +929,7 @@ class Ledger:
         with self._read() as conn:
             return [_allocation(r) for r in conn.execute(q)]
 
-    # ---- wait queue
-
-    def queue_add(self, entry: Mapping[str, Any]) -> None:
-        """Store a waiting server (keys as the ``gpupool_queue`` columns)."""
-        with self._write() as conn:
-            conn.execute(queue.insert().values(**{**entry, "since": _db_time(entry["since"])}))
-
-    def queue_remove(self, entry_id: str) -> None:
-        with self._write() as conn:
-            conn.execute(queue.delete().where(queue.c.id == entry_id))
-
-    def queue_entries(self) -> list[dict[str, Any]]:
-        """Every waiting server, oldest first."""
-        with self._read() as conn:
-            rows = conn.execute(sa.select(queue).order_by(queue.c.since, queue.c.id))
-            return [{**r._mapping, "since": _aware(r.since)} for r in rows]
-
-    # ---- audit
-
-    def add_audit(self, event: AuditEvent) -> AuditEvent:
-        with self._write() as conn:
-            new_id = conn.execute(audit.insert().values(
-                at=_db_time(event.at), user=event.user, server=event.server, action=event.action,
-                reason=event.reason, dry_run=event.dry_run, detail=event.detail,
-            )).inserted_primary_key[0]
-        return AuditEvent(**{**event.__dict__, "id": new_id})
-
-    def _audit_query(self, q: sa.Select) -> list[AuditEvent]:  # type: ignore[type-arg]
-        with self._read() as conn:
-            return [AuditEvent(id=r.id, at=_aware(r.at), user=r.user, server=r.server, action=r.action,
-                               reason=r.reason, dry_run=bool(r.dry_run), detail=r.detail) for r in conn.execute(q)]
-
-    def audit_log(self, *, limit: int = 100, before: int | None = None, user: str | None = None) -> list[AuditEvent]:
-        """Audit events, newest first; ``before`` = the last id of the previous page."""
-        q = sa.select(audit).order_by(audit.c.id.desc()).limit(limit)
-        if before is not None:
-            q = q.where(audit.c.id < before)
-        if user is not None:
-            q = q.where(audit.c.user == user)
-        return self._audit_query(q)
-
-    def audit_latest(self, actions: Iterable[str], *, dry_run: bool = False) -> list[AuditEvent]:
-        """The newest event among ``actions`` per (user, server), oldest first: what the
-        service must remember of its own enforcement after a restart."""
-        newest = (
-            sa.select(sa.func.max(audit.c.id))
-            .where(audit.c.action.in_(list(actions)), audit.c.dry_run.is_(dry_run))
-            .group_by(audit.c.user, audit.c.server)
-        )
-        q = sa.select(audit).where(audit.c.id.in_(newest.scalar_subquery())).order_by(audit.c.id)
-        return self._audit_query(q)
-
-    def audit_events(self, actions: Iterable[str], *, since: datetime | None = None) -> list[AuditEvent]:
-        """Every non-dry-run event among ``actions`` (since ``since``), oldest first."""
-        q = sa.select(audit).where(audit.c.action.in_(list(actions)), audit.c.dry_run.is_(False)).order_by(audit.c.id)
-        if since is not None:
-            q = q.where(audit.c.at >= _db_time(since))
-        return self._audit_query(q)
+    # ---- accounts in bulk
 
     def credits_through_of(self, names: Iterable[str]) -> dict[str, date | None]:
         """``credits_through`` of each existing account among ``names`` (one query per 500)."""

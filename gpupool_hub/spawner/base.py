@@ -26,7 +26,6 @@ from typing import Any
 from jupyterhub.spawner import Spawner
 from traitlets import Bool, Float, List, Unicode, default, observe, validate
 
-from ..config import GPUPool
 from ..profiles import InvalidOptions, Profile, choose_profile, default_profile, parse_profiles
 from ..reasons import RefusalReason
 from .client import (
@@ -34,7 +33,7 @@ from .client import (
     unreachable_refusal,
 )
 from .errors import GPUPoolRefused, SpawnFailure, invalid_options
-from .waiting import gave_up_waiting, queue_wait_limit, service_away
+from .waiting import gave_up_waiting, queue_wait_limit, service_away, start_timeout_for_reclaims
 from .form import gpupool_options_from_form, render_form
 from .logs import install_refusal_log_filter, is_normal_refusal, refusal_filter
 from .overrides import TraitOverrides
@@ -45,8 +44,6 @@ __all__ = ["STATE_KEY", "GPUPoolSpawner"]
 
 # a reclaim wait ends this long before the hub's start_timeout, so the spawn fails with a message
 START_MARGIN = 5.0
-# start_timeout covers c.GPUPool.preempt_grace plus this much for the server itself to start
-RECLAIM_START_ALLOWANCE = 60.0
 
 class GPUPoolSpawner(GPUPoolReleases):
     """Mixin: GPU profiles with prices, a balance check and packed GPUs from the gpupool service.
@@ -143,7 +140,7 @@ class GPUPoolSpawner(GPUPoolReleases):
         self.gpupool_profile_overrides = TraitOverrides(self)
         self.gpupool_allocation_overrides = TraitOverrides(self)
         self._gpupool_parsed = parse_profiles(self.profiles)
-        self._gpupool_cover_preempt_grace()
+        self.start_timeout = start_timeout_for_reclaims(self.config, self.start_timeout, self.log)
         install_refusal_log_filter(self.log)  # the pool saying no is INFO, not an ERROR with a traceback
 
     # -------------------------------------------------------------- traits
@@ -306,19 +303,6 @@ class GPUPoolSpawner(GPUPoolReleases):
             await self.gpupool_client.cancel_reclaim(self.user.name, self.name or "", "the spawn ended while waiting")
         except (ServiceError, ServiceUnavailable) as e:  # the service drops it once nobody asks
             self.log.warning("Could not cancel the reclaim %s waited for: %s", self._log_name, e)
-
-    def _gpupool_cover_preempt_grace(self) -> None:
-        """With team fair share on, a spawn may wait ``c.GPUPool.preempt_grace`` for a reclaim:
-        raise ``start_timeout`` so that the hub does not give up on it first."""
-        section = self.config.GPUPool if "GPUPool" in self.config else {}
-        if not section.get("teams"):
-            return
-        grace = float(section.get("preempt_grace", GPUPool.class_traits()["preempt_grace"].default_value))
-        needed = grace + RECLAIM_START_ALLOWANCE
-        if self.start_timeout < needed:
-            self.log.warning("Raising start_timeout from %g s to %g s to cover c.GPUPool.preempt_grace (%g s) "
-                             "of reclaims", self.start_timeout, needed, grace)
-            self.start_timeout = needed
 
     async def gpupool_check_reachable(self) -> bool:
         return await self.gpupool_client.ping()

@@ -17,6 +17,25 @@ from .errors import GPUPoolRefused
 
 #: seconds before the hub's start_timeout at which a queued spawn stops waiting
 TIMEOUT_MARGIN = 3.0
+#: start_timeout covers c.GPUPool.preempt_grace plus this much for the server itself to start
+RECLAIM_START_ALLOWANCE = 60.0
+
+
+def start_timeout_for_reclaims(config: Any, start_timeout: float, log: Any) -> float:
+    """With team fair share on, a spawn may wait ``c.GPUPool.preempt_grace`` for a reclaim:
+    the start timeout that lets it, so that the hub does not give up on it first."""
+    from ..config import GPUPool
+
+    section = config.GPUPool if "GPUPool" in config else {}
+    if not section.get("teams"):
+        return start_timeout
+    grace = float(section.get("preempt_grace", GPUPool.class_traits()["preempt_grace"].default_value))
+    needed = grace + RECLAIM_START_ALLOWANCE
+    if start_timeout >= needed:
+        return start_timeout
+    log.warning("Raising start_timeout from %g s to %g s to cover c.GPUPool.preempt_grace (%g s) of reclaims",
+                start_timeout, needed, grace)
+    return needed
 
 
 def queue_wait_limit(refusal: GPUPoolRefused, reclaim_wait: float, start_timeout: float) -> float:
