@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ..ledger import UnknownAccount
 from .hubapi import HubClient
 from .manager import PoolManager
 from .metrics import ServiceMetrics
@@ -48,3 +49,16 @@ class ServiceContext:
     utilization: Any = None
     # signs the pages' login and XSRF cookies; random per start (a restart only repeats the OAuth redirect)
     cookie_secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
+
+    async def known_user(self, name: str) -> bool:
+        """Whether ``name`` has an account, or is a hub user (who may never have logged in).
+
+        Raises :class:`~gpupool_hub.service.hubapi.HubError` when the hub cannot be asked."""
+        try:
+            await self.manager.threads.read(self.manager.ledger.account, name)
+            return True
+        except UnknownAccount:
+            pass
+        if self.hub is None:
+            return False
+        return await self.hub.user(name) is not None

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 from tornado import web
 
-from ..ledger import Entry, IdempotencyConflict, LedgerBusy, UnknownAccount, is_database_busy
+from ..ledger import Entry, IdempotencyConflict, LedgerBusy, is_database_busy
 from ..units import AmountError, format_tokens, parse_amount
 from ..timefmt import iso as _iso
 from .admission import parse_request
@@ -305,14 +305,7 @@ class APIHandler(web.RequestHandler):
 
     async def known_user(self, name: str) -> bool:
         try:
-            await self.read_db(self.manager.ledger.account, name)
-            return True
-        except UnknownAccount:
-            pass
-        if self.context.hub is None:
-            return False
-        try:
-            return await self.context.hub.user(name) is not None
+            return await self.context.known_user(name)
         except HubError as e:
             raise web.HTTPError(503, f"cannot reach JupyterHub to look up {name!r}: {e}") from None
 

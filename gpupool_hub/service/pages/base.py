@@ -30,7 +30,6 @@ from jupyterhub.services.auth import HubOAuthCallbackHandler, HubOAuthenticated,
 from markupsafe import Markup
 from tornado import web
 
-from ...ledger import UnknownAccount
 from ..context import ServiceContext
 from ..hubapi import HubError
 from ..manager import PoolManager
@@ -203,14 +202,7 @@ class PageHandler(HubOAuthenticated, web.RequestHandler):
     async def known_user(self, name: str) -> bool:
         """Whether ``name`` has an account, or is a hub user (who may never have logged in)."""
         try:
-            await self.manager.threads.read(self.manager.ledger.account, name)
-            return True
-        except UnknownAccount:
-            pass
-        if self.context.hub is None:
-            return False
-        try:
-            return await self.context.hub.user(name) is not None
+            return await self.context.known_user(name)
         except HubError as e:
             raise web.HTTPError(503, f"Cannot reach JupyterHub to look up {name!r}: {e}") from None
 
