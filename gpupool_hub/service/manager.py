@@ -13,6 +13,7 @@ idle       idle reclaim warnings (the idle job decides)
 debits     charging closed intervals; the accounting status
 views      the ``me`` view (cached) and allocation JSON
 enforcement cull warnings, revoked servers, the node agents' list
+memory     the node agents' memory warnings of GPU shares
 ========== ================================================================
 
 The units are plain synchronous code. The service runs them off its event
@@ -37,6 +38,7 @@ from .debits import Debits
 from .enforcement import CullWarning, Enforcement
 from .idle import IdleWarnings
 from .inventory import PoolInventory
+from .memory import MemoryWarnings
 from .queue import WaitQueue
 from .reclaims import Reclaims
 from .threads import CoreThreads
@@ -56,6 +58,7 @@ class PoolManager:
         self.cache = ViewCache()
         self.inventory = PoolInventory(pool, settings.price_table(), clock)
         self.enforcement = Enforcement()
+        self.memory = MemoryWarnings()
         self.accounts = Accounts(settings, ledger, self.cache, clock)
         self.reclaims = Reclaims(settings, ledger, self.inventory, self.cache, clock)
         self.queue = WaitQueue(settings, ledger, self.inventory, self.reclaims, clock)
@@ -67,7 +70,7 @@ class PoolManager:
                              delay_tolerance=debit_delay_tolerance, clock=clock,
                              on_charged=self.cache.forget, serialize=self.threads.run_write)
         self.views = Views(settings, ledger, self.inventory, self.debits, self.accounts, self.cache,
-                           self.warning_for, clock, self.threads)
+                           self.warning_for, clock, self.threads, memory_warnings=self.memory.for_user)
 
     @property
     def pool(self) -> Pool:
