@@ -12,6 +12,7 @@ from tornado import web
 from ..ledger import AuditEvent
 from ..reasons import AuditAction
 from .agents import AgentHandler
+from .handlers import INT64_MAX, text_problem
 from .memory import shares_on
 
 MAX_REPORT_BYTES = 256 * 1024
@@ -23,6 +24,7 @@ _ACTION_FIELDS = {"user": str, "server": str, "gpu_uuid": str, "pid": int, "memo
 
 
 def _checked(items: Any, fields: dict[str, type], what: str) -> list[dict[str, Any]]:
+    """Each item has every field, of its type; texts as any request text, counts not negative."""
     if not isinstance(items, list):
         raise web.HTTPError(400, f"'{what}' must be a list")
     for i, item in enumerate(items):
@@ -32,6 +34,12 @@ def _checked(items: Any, fields: dict[str, type], what: str) -> list[dict[str, A
             value = item.get(name)
             if not isinstance(value, kind) or isinstance(value, bool):
                 raise web.HTTPError(400, f"{what}[{i}].{name} must be a {kind.__name__}")
+            if kind is int and not 0 <= value <= INT64_MAX:
+                raise web.HTTPError(400, f"{what}[{i}].{name} must be between 0 and {INT64_MAX}")
+            problem = text_problem(value, max_length=255, allow_empty=name in ("server", "detail")) \
+                if kind is str else None
+            if problem:
+                raise web.HTTPError(400, f"{what}[{i}].{name} {problem}")
     return [{k: item[k] for k in fields} for item in items]
 
 
@@ -47,7 +55,17 @@ class MemoryHandler(AgentHandler):
         body = self.json_body()
         warnings = _checked(body.get("warnings"), _WARNING_FIELDS, "warnings")
         actions = _checked(body.get("actions", []), _ACTION_FIELDS, "actions")
-        dry = bool(body.get("dry_run", False)) or self.context.agent_dry_run
+        if not all(isinstance(w["pids"], list) and len(w["pids"]) <= 1024 and all(
+                isinstance(p, int) and not isinstance(p, bool) and 0 < p <= INT64_MAX for p in w["pids"])
+                for w in warnings):
+            raise web.HTTPError(400, "warnings[].pids must be a list of at most 1024 process ids")
+        if not isinstance(body.get("dry_run", False), bool):
+            raise web.HTTPError(400, "dry_run must be true or false")
+        dry = body.get("dry_run", False) or self.context.agent_dry_run
+        known = {g.uuid for ns in self.manager.pool.nodes if ns.name == self.node for g in ns.node.gpus}
+        unknown = sorted({x["gpu_uuid"] for x in warnings + actions} - known)
+        if unknown:
+            raise web.HTTPError(400, f"GPU(s) {unknown[:5]} are not in node {self.node!r} of the pool")
         self.touch()
         new = self.manager.memory.report(self.node, warnings, dry)
         now = datetime.now(timezone.utc)

@@ -90,10 +90,13 @@ class Views:
         self._clock_cache: tuple[int, int, int, dict[str, Any]] | None = None
 
     def allocation_json(self, record: AllocationRecord) -> dict[str, Any]:
+        node = self.inventory.pool.by_name.get(record.node)
+        memory = {g.uuid: g.memory_mib for g in node.node.gpus} if node is not None else {}
         return {
             "id": record.id, "user": record.user, "server": record.server, "node": record.node,
             "gpus": [{"index": g["index"], "uuid": g["uuid"], "model": g["model"],
-                      "fraction": format_tokens(Decimal(g["milli"]) / 1000)} for g in record.gpus],
+                      "fraction": format_tokens(Decimal(g["milli"]) / 1000),
+                      "memory_mib": memory.get(g["uuid"], 0)} for g in record.gpus],
             "price_per_hour": format_tokens(record.price_per_hour), "borrowed": record.borrowed,
             "started_at": iso(record.created_at), "released_at": iso(record.released_at),
             "description": self.inventory.describe(record),

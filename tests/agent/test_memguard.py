@@ -18,7 +18,8 @@ from gpupool_hub.agent.attribution import GpuProcess, GpuStatus, Snapshot
 from gpupool_hub.service.admission import parse_request
 from gpupool_hub.reasons import AuditAction
 from tests.agent.conftest import GIB, alive, gpu
-from tests.agent.test_service import TOKENS, Service, make_agent
+from tests.agent.test_service import Service, make_agent
+from tests.service.openapi import check
 
 ALICE, BOB = "gpupool-t1", "gpupool-t2"
 
@@ -80,6 +81,7 @@ async def test_a_share_over_its_memory_is_warned_then_its_biggest_process_stoppe
 
         code, me = await svc.call("GET", "me", "alice-token")
         assert code == 200, me
+        check("Me", me)
         (warning,) = me["memory_warnings"]
         assert warning["gpu_uuid"] == shared and warning["fraction_milli"] == 500
         assert warning["limit_bytes"] == 44 * GIB and warning["used_bytes"] == 50 * GIB and warning["deadline"]
@@ -163,3 +165,26 @@ def test_limit_and_victims(milli, tolerance, procs_gib, over, victims):
     assert [p.pid for p in pick_victims(usage)] == victims
     # a whole GPU is not guarded
     assert measure(snap, [Share("G", "u", "a", 500), Share("G", "u", "b", 500)], tolerance) == []
+
+
+def test_a_share_gets_memory_hints_in_its_environment_a_whole_gpu_none(tmp_path):
+    from types import SimpleNamespace
+
+    from traitlets.config import Config
+
+    from gpupool_hub.spawner import GPUPoolLocalProcessSpawner
+    from tests.fixtures.manager import make_manager
+
+    nodes = [{"name": "n1", "cpu_milli": 8000, "memory_mib": 32768,
+              "gpus": [{"index": i, "uuid": f"GPU-{i}", "model": "A100", "memory_mib": 81920} for i in range(2)]}]
+    m = make_manager(nodes, {"A100": 2}, f"sqlite:///{tmp_path / 'l.sqlite'}")
+    spawner = GPUPoolLocalProcessSpawner(config=Config(), user=SimpleNamespace(name=ALICE))
+    share = m.views.allocation_json(m.admission.admit(ALICE, [], "", parse_request({"gpu_fraction": 0.25})))
+    env = spawner.gpupool_env(share)
+    assert env["CUDA_VISIBLE_DEVICES"] == share["gpus"][0]["uuid"]
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=20480M" and env["GPUPOOL_GPU_MEMORY_LIMIT_MIB"] == "20480"
+    assert env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.25" and env["TF_FORCE_GPU_ALLOW_GROWTH"] == "true"
+    whole = m.views.allocation_json(m.admission.admit(BOB, [], "", parse_request({"gpus": 1})))
+    env = spawner.gpupool_env(whole)
+    assert not {"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "XLA_PYTHON_CLIENT_MEM_FRACTION", "GPUPOOL_GPU_FRACTION"} & set(env)
+    m.close()
