@@ -287,6 +287,7 @@ class GPUPoolAgent(Application):
         self.enforcer = Enforcer(min_uid=self.min_uid, grace=self.grace, dry_run=self.dry_run)
         self.memguard = MemoryGuard(self.enforcer, tolerance=self.memory_tolerance, grace=self.memory_grace)
         self._memory_reported = False  # the last accepted report had warnings: an empty one must follow
+        self._memory_unreported: list[dict[str, Any]] = []  # stops the service has not recorded yet
         self.client = (ServiceClient(self.service_url, self.node_name, self.token, self.request_timeout)
                        if self.service_url else None)
         if self.client is not None and not self.token:
@@ -385,18 +386,20 @@ class GPUPoolAgent(Application):
             done = await asyncio.get_running_loop().run_in_executor(
                 None, lambda: self.memguard.enforce(snapshot, now, dry_run=dry))
             result.memory_actions = [a for _w, a in done]
-            if result.memory_warnings or done or self._memory_reported:
+            self._memory_unreported += [
+                {"user": a.user, "server": ",".join(w.usage.servers), "gpu_uuid": w.usage.gpu_uuid, "pid": a.pid,
+                 "memory_bytes": next((p.memory_bytes for p in w.usage.processes if p.pid == a.pid), 0),
+                 "action": a.action, "detail": a.detail} for w, a in done]
+            if result.memory_warnings or self._memory_unreported or self._memory_reported:
                 grace = self.memguard.grace
                 await self.client.report_memory({
                     "dry_run": dry or self.dry_run,
                     "warnings": [w.as_dict() | ({} if w.deadline else {"deadline": iso_ts(now + grace)})
                                  for w in result.memory_warnings],
-                    "actions": [{"user": a.user, "server": ",".join(w.usage.servers), "gpu_uuid": w.usage.gpu_uuid,
-                                 "pid": a.pid, "memory_bytes": next((p.memory_bytes for p in w.usage.processes
-                                                                     if p.pid == a.pid), 0),
-                                 "action": a.action, "detail": a.detail} for w, a in done],
+                    "actions": self._memory_unreported[:1000],
                 })
                 self.memguard.accepted(now)
+                del self._memory_unreported[:1000]
                 self._memory_reported = bool(result.memory_warnings)
         except ServiceError as e:
             self.log.warning("Memory guard: service unavailable, stopping nothing this tick: %s", e)

@@ -33,7 +33,7 @@ from typing import Any
 
 from ..timefmt import iso
 from .attribution import GpuProcess, Snapshot
-from .enforce import Action, Enforcer
+from .enforce import FAILED, SKIPPED_CHANGED, Action, Enforcer
 
 log = logging.getLogger("gpupool.agent.memguard")
 
@@ -76,6 +76,8 @@ class MemoryWarning:
     since: float
     deadline: float | None = None
     dry_acted: bool = False  # a dry run logs its "would stop" once per warning
+    # pids the enforcer refused (root, system accounts, the agent) or failed to signal: tried once, not every tick
+    spared: set[int] = field(default_factory=set)
 
     def as_dict(self) -> dict[str, Any]:
         u = self.usage
@@ -114,12 +116,15 @@ def measure(snapshot: Snapshot, shares: Iterable[Share], tolerance: float) -> li
     return out
 
 
-def pick_victims(usage: Usage) -> list[GpuProcess]:
-    """The fewest processes to stop, biggest first, for what is left to fit the limit (pure)."""
-    left, out = usage.used_bytes, []
+def pick_victims(usage: Usage, spared: Iterable[int] = ()) -> list[GpuProcess]:
+    """The fewest processes to stop, biggest first, for what is left to fit the limit (pure);
+    ``spared`` pids are never picked (their memory stays counted)."""
+    left, out, spared = usage.used_bytes, [], set(spared)
     for p in sorted(usage.processes, key=lambda p: (-p.memory_bytes, p.pid)):
         if left <= usage.limit_bytes:
             break
+        if p.pid in spared:
+            continue
         out.append(p)
         left -= p.memory_bytes
     return out
@@ -169,7 +174,7 @@ class MemoryGuard:
             dry = dry_run or self.enforcer.dry_run
             if dry and w.dry_acted:
                 continue
-            victims = pick_victims(w.usage)
+            victims = pick_victims(w.usage, w.spared)
             if not victims:
                 continue
             u = w.usage
@@ -180,5 +185,7 @@ class MemoryGuard:
             actions = self.enforcer.enforce(Snapshot(snapshot.taken_at, snapshot.gpus, victims), {u.user}, {u.user},
                                             dry_run=dry)
             w.dry_acted = w.dry_acted or dry
+            w.spared.update(a.pid for a in actions
+                            if (a.action.startswith("skipped_") and a.action != SKIPPED_CHANGED) or a.action == FAILED)
             out.extend((w, a) for a in actions)
         return out

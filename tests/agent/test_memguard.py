@@ -73,7 +73,7 @@ async def test_a_share_over_its_memory_is_warned_then_its_biggest_process_stoppe
         # 80 GiB GPUs: a 0.5 share may hold 40 GiB x 1.1 = 44 GiB
         nv = make_nvml(table({shared: [(big.pid, 30), (small.pid, 20), (neighbour.pid, 30)],
                               other: [(root.pid, 60)]}))
-        agent = make_agent(nv, svc.url, memory_grace=1.0)
+        agent = make_agent(nv, svc.url, memory_grace=2.0)
 
         result = await agent.tick()
         assert {(w.usage.user, w.usage.gpu_uuid) for w in result.memory_warnings} == {(ALICE, shared), ("root", other)}
@@ -102,6 +102,7 @@ async def test_a_share_over_its_memory_is_warned_then_its_biggest_process_stoppe
         nv.table["gpus"] = table({shared: [(small.pid, 20), (neighbour.pid, 30)], other: [(root.pid, 60)]})
         result = await agent.tick()
         assert [w.usage.user for w in result.memory_warnings] == ["root"]
+        assert result.memory_actions == []  # root's refusal is not tried (and audited) again every tick
         assert (await svc.call("GET", "me", "alice-token"))[1]["memory_warnings"] == []
 
         events = svc.manager.ledger.audit_log(user=ALICE)
