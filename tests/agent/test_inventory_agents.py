@@ -165,3 +165,129 @@ async def test_two_agents_build_the_same_pool_as_the_config_list(tmp_path, make_
     finally:
         configured.server.stop()
         discovered.server.stop()
+
+
+async def test_bad_reports_change_nothing_and_a_restart_keeps_allocations_until_the_node_reports(tmp_path, make_nvml):
+    clock = Clock()
+    db = f"sqlite:///{tmp_path / 'agents.sqlite'}"
+    service = Service(agents_manager(db, clock))
+    nv = machines(make_nvml)
+    agents = {node: agent_for(nv[node], service.url, node) for node in nv}
+    try:
+        for agent in agents.values():
+            assert (await agent.tick()).inventory_reported
+        code, body = await service.allocate("ann", {"gpus": 2})
+        assert code == 201 and body["allocation"]["node"] == "n1", body
+        held = body["allocation"]
+        before = await service.pool()
+        n2_report = service.manager.inventory.reports["n2"].inventory
+
+        good = dict(n2_report)
+        clash = {**good, "gpus": [good["gpus"][0], {**good["gpus"][1], "uuid": "GPU-n1-0"}]}
+        unpriced = {**good, "gpus": [good["gpus"][0], {**good["gpus"][1], "model": "Tesla V100-PCIE-16GB"}]}
+        for token, body, status, message in [
+            (TOKENS["n2"], clash, 400, "device GPU-n1-0 of GPU 1 is already reported by node 'n1'"),
+            (TOKENS["n2"], unpriced, 400, "'Tesla V100-PCIE-16GB' in the pool have no price"),
+            (TOKENS["n2"], {**good, "gpus": [{"index": 0}], "links": []}, 400, "inventory.gpus[0].model is missing"),
+            (TOKENS["n2"], "{not json", 400, "not valid JSON"),
+            (TOKENS["n1"], good, 403, "belongs to node 'n1', not 'n2'"),
+            ("wrong", good, 401, "invalid or expired token"),
+        ]:
+            code, answer = await service.call("PUT", "nodes/n2/inventory", token, body)
+            assert code == status and message in answer["message"], answer
+        assert await service.pool() == before  # nothing lost, nothing half-applied
+        assert service.manager.inventory.reports["n2"].inventory == n2_report
+    finally:
+        service.server.stop()
+
+    # the service restarts: no node is known until its agent reports, the allocation stays held
+    restarted = Service(agents_manager(db, clock))
+    try:
+        assert restarted.manager.restore() == 0
+        assert await restarted.pool() == []
+        code, body = await restarted.call("GET", "allocations")
+        assert [a["id"] for a in body["allocations"]] == [held["id"]]
+        code, body = await restarted.call("GET", "nodes/n1/enforce", TOKENS["n1"])
+        assert code == 200 and body["report_inventory"] is True
+        for agent in agents.values():  # unchanged hardware, but the service asked for it
+            agent.client.api = agent.client.api.replace(service.url, restarted.url)
+            assert (await agent.tick()).inventory_reported
+            assert (await agent.tick()).inventory_reported is False  # asked once, sent once
+        n1 = next(n for n in await restarted.pool() if n["node"] == "n1")
+        holders = {g["uuid"]: [h["allocation"] for h in g["holders"]] for g in n1["gpus"]}
+        assert {u for u, h in holders.items() if h == [held["id"]]} == {g["uuid"] for g in held["gpus"]}
+        code, body = await restarted.allocate("bea", {"gpus": 2})  # the other NVLink pair of n1
+        assert code == 201 and body["allocation"]["node"] == "n1", body
+        assert not {g["uuid"] for g in body["allocation"]["gpus"]} & {g["uuid"] for g in held["gpus"]}
+    finally:
+        restarted.server.stop()
+
+
+A6000 = "NVIDIA RTX A6000"
+
+
+async def test_a_silent_node_takes_no_new_placements_keeps_its_servers_and_rejoins(hub_factory, make_nvml):
+    """Through a real hub and its managed service: n2's agent stops calling, so after
+    ``agent_timeout`` n2 takes no new server; ann's allocation there stays; n2 is back
+    once its agent calls again."""
+    import requests
+
+    from tests.fixtures.hub import wait_for
+
+    hub = hub_factory(f"""
+c.GPUPool.inventory = "agents"
+c.GPUPool.agent_timeout = 2
+c.GPUPool.prices = {{"A100": 2, "RTX A6000": 4}}
+c.GPUPoolService.agent_tokens = {TOKENS!r}
+""")
+    url = f"{hub.url}/services/gpupool/"
+    n2 = {"gpus": [gpu(i, model=A6000, uuid=f"GPU-n2-{i}", bus_id=bus(2, i)) for i in range(2)]}
+    agents = {"n1": agent_for(make_nvml(**n1_machine()), url, "n1"), "n2": agent_for(make_nvml(**n2), url, "n2")}
+    for agent in agents.values():
+        agent.interval = 0.3
+    runs = {node: asyncio.create_task(agent.run()) for node, agent in agents.items()}
+
+    def pool() -> dict[str, dict]:
+        r = hub.service("GET", "/pool", hub.tester_token)
+        assert r.status_code == 200, r.text
+        return {n["node"]: n for n in r.json()["nodes"]}
+
+    def allocate(user: str, request: dict) -> requests.Response:
+        return hub.service("POST", "/allocations", hub.spawner_token,
+                           json={"user": user, "server": "", "groups": [], "request": request})
+
+    async def until(check, what: str, timeout: float = 20):  # the agents tick on this loop meanwhile
+        return await asyncio.to_thread(wait_for, check, timeout, what)
+
+    a6000 = {"gpus": 1, "models": ["RTX A6000"]}
+    try:
+        await until(lambda: sorted(pool()) == ["n1", "n2"], "both nodes to join")
+        r = allocate("ann", a6000)
+        assert r.status_code == 201 and r.json()["allocation"]["node"] == "n2", r.text
+        ann = r.json()["allocation"]
+
+        agents["n2"].stop()  # n2's agent goes silent
+        await runs["n2"]
+        silent_at = time.monotonic()
+        why = await until(lambda: pool()["n2"].get("unavailable"), "n2 to be marked unavailable")
+        assert "its node agent has not reported for" in why
+        assert time.monotonic() - silent_at < 2 + 1 + 5  # agent_timeout + one refresh + slack
+
+        r = allocate("bob", a6000)  # only n2 has A6000s: refused, saying why
+        assert r.status_code == 409 and r.json()["reason"] == "no_capacity", r.text
+        assert "node n2 (its node agent has not reported for" in r.json()["message"]
+        r = allocate("cy", {"gpus": 1})  # any model: goes to the other node
+        assert r.status_code == 201 and r.json()["allocation"]["node"] == "n1", r.text
+        held = [h["allocation"] for g in pool()["n2"]["gpus"] for h in g["holders"] if not h.get("held_outside")]
+        assert held == [ann["id"]]
+        assert hub.service("GET", f"/allocations/{ann['id']}", hub.spawner_token).json()["allocation"][
+            "released_at"] is None
+
+        runs["n2"] = asyncio.create_task(agents["n2"].run())  # the agent calls again
+        await until(lambda: "unavailable" not in pool()["n2"], "n2 to rejoin")
+        r = allocate("bob", a6000)
+        assert r.status_code == 201 and r.json()["allocation"]["node"] == "n2", r.text
+    finally:
+        for agent in agents.values():
+            agent.stop()
+        await asyncio.gather(*runs.values())
