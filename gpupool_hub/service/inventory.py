@@ -48,11 +48,11 @@ class PoolInventory:
         self.pool = pool
         self.prices = prices
         self.clock = clock
-        # the pool follows the agents' reports (inventory "agents"): they share one store
+        # with inventory "agents" the pool follows the agents' reports; the source shares their store
         self.source = source
         self.follows_reports = source is not None and source.follows_reports
         self.reports: AgentReports = source.reports if isinstance(source, AgentInventory) else AgentReports()
-        # what the inventory source (Slurm) last said; see apply_node_status
+        # what the inventory source (Slurm, the agents' silence) last said; see apply_node_status
         self.node_status: dict[str, NodeStatus] = {}
         self.held_outside: dict[str, list[int]] = {}
         self.unavailable: dict[str, str] = {}
@@ -202,13 +202,15 @@ class PoolInventory:
         return report
 
     def _check_joinable(self, name: str, node: Node) -> None:
-        owner = {u: other for other in self.reports if other != name
-                 for r in [self.reports.get(other)] if r is not None and r.node is not None
-                 for g in r.node.gpus for u in (g.uuid, *(m.uuid for m in g.mig))}
-        for g in node.gpus:
-            for u in (g.uuid, *(m.uuid for m in g.mig)):
-                if u in owner:
-                    raise InventoryError(f"device {u} of GPU {g.index} is already reported by node {owner[u]!r}")
+        """A report may not claim another node's devices, nor bring a GPU model without a price."""
+        owner: dict[str, str] = {}
+        for other in self.reports:
+            report = self.reports.get(other)
+            if other != name and report is not None and report.node is not None:
+                owner.update((uuid, other) for _, uuid in _devices(report.node))
+        for index, uuid in _devices(node):
+            if uuid in owner:
+                raise InventoryError(f"device {uuid} of GPU {index} is already reported by node {owner[uuid]!r}")
         try:
             self.prices.check_models({g.model for g in node.gpus})
         except PricingError as e:
@@ -242,7 +244,7 @@ class PoolInventory:
 
     def _drop_placeholders(self, node: str | None = None) -> None:
         for alloc_id in [a for a in list(self.pool._allocs) if self.is_outside(a)]:
-            if node is None or alloc_id.split(":", 2)[1] == node:
+            if node is None or alloc_id.split(":", 1)[1] == node:
                 self.pool.release(alloc_id)
 
     def apply_node_status(self, status: dict[str, NodeStatus]) -> None:
@@ -358,6 +360,11 @@ class PoolInventory:
         log.info("Allocation %s rebound to GPUs %s of %s (as the scheduler bound them)", alloc_id,
                  sorted(indices), record.node)
         return ledger.allocation(alloc_id)  # type: ignore[return-value]
+
+
+def _devices(node: Node) -> list[tuple[int, str]]:
+    """(GPU index, UUID) of every GPU and MIG instance of a node."""
+    return [(g.index, uuid) for g in node.gpus for uuid in (g.uuid, *(m.uuid for m in g.mig))]
 
 
 #: placeholder allocations of the inventory source (GET pool marks their holders held_outside)
