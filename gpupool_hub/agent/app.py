@@ -8,7 +8,10 @@ Each tick (``interval`` seconds):
 3. report: the node's inventory goes to the service (``PUT nodes/{node}/inventory``)
    when it changed or every ``inventory_interval`` seconds;
 4. pull: ``GET nodes/{node}/enforce`` names the users whose GPU processes
-   must stop;
+   must stop, and says when the service has no inventory of this node (it
+   restarted): the agent then reports at once. Each call is also this node's
+   sign of life (with ``c.GPUPool.inventory = "agents"`` a silent node takes no
+   new placements);
 5. enforce: see :mod:`.enforce`;
 6. memory guard: ``GET nodes/{node}/memory`` names the shares of time-shared GPUs
    on this node; users over their share's memory are warned through
@@ -61,6 +64,8 @@ class EnforceList:
     dry_run: bool = False
     # per user whose GPU access was revoked: the GPU UUIDs they still hold
     allowed: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    # the service holds no inventory of this node (it restarted): report it now
+    report_inventory: bool = False
 
 
 @dataclass
@@ -144,7 +149,8 @@ class ServiceClient:
                 for u, g in allowed.items()):
             raise ServiceError(f"enforcement answer is malformed: {data!r:.200}")
         return EnforceList(frozenset(users), frozenset(kernels), bool(data.get("dry_run", False)),
-                           {u: frozenset(g) for u, g in allowed.items()})
+                           {u: frozenset(g) for u, g in allowed.items()},
+                           report_inventory=data.get("report_inventory") is True)
 
     async def memory_shares(self) -> tuple[list[Share], bool]:
         """The shares of time-shared GPUs on this node, and whether the service asks for a dry run."""
@@ -350,6 +356,9 @@ class GPUPoolAgent(Application):
             if result.inventory is not None:
                 result.inventory_reported = await self._maybe_report(result.inventory)
             result.enforce = await self.client.enforcement()
+            if result.enforce.report_inventory and result.inventory is not None and not result.inventory_reported:
+                self._reported = None  # the service lost it: whatever was sent before
+                result.inventory_reported = await self._maybe_report(result.inventory)
             result.service_ok = True
         except ServiceError as e:
             result.service_ok, result.service_error = False, str(e)

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from datetime import datetime
 
 from ..config import GPUPool
+from ..inventory.sources import InventorySource
 from ..ledger import Ledger, UnknownAccount, utcnow
 from ..placement.state import Pool
 from ..reasons import AuditAction
@@ -50,13 +51,14 @@ class PoolManager:
 
     def __init__(self, settings: GPUPool, ledger: Ledger, pool: Pool, usage_source: UsageSource, *,
                  debit_interval: int = 3600, debit_delay_tolerance: int = 900,
-                 clock: Callable[[], datetime] = utcnow, threads: CoreThreads | None = None) -> None:
+                 clock: Callable[[], datetime] = utcnow, threads: CoreThreads | None = None,
+                 source: InventorySource | None = None) -> None:
         self.settings = settings
         self.ledger = ledger
         self.clock = clock
         self.threads = threads or CoreThreads(ledger.busy_timeout, concurrent_reads=ledger.concurrent_reads)
         self.cache = ViewCache()
-        self.inventory = PoolInventory(pool, settings.price_table(), clock)
+        self.inventory = PoolInventory(pool, settings.price_table(), clock, source)
         self.enforcement = Enforcement()
         self.memory = MemoryWarnings()
         self.accounts = Accounts(settings, ledger, self.cache, clock)
