@@ -30,6 +30,7 @@ from batchspawner import SlurmSpawner
 from traitlets import Dict, Unicode, default
 
 from ..inventory.slurm import SlurmError, SlurmInventory
+from ..usage.slurm_hub import ALLOCATION_COMMENT
 from .base import GPUPoolSpawner
 from .errors import GPUPoolRefused, SpawnFailure
 
@@ -158,7 +159,7 @@ echo "jupyterhub-singleuser ended gracefully"
                 counts[t] = counts.get(t, 0) + 1
             values["req_gres"] = ",".join(f"gpu:{t}:{n}" for t, n in sorted(counts.items()))
             values["req_nodelist"] = allocation["node"]
-            values["req_comment"] = f"gpupool-allocation={allocation['id']}"
+            values["req_comment"] = f"{ALLOCATION_COMMENT}{allocation['id']}"  # whose bill (usage preset 'slurm')
         self.gpupool_allocation_overrides.set(values)
 
     # ----------------------------------------------------- batchspawner
