@@ -7,6 +7,7 @@ only fail later or silently charge something else than the admin asked for.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from typing import Any
@@ -16,11 +17,9 @@ from ..ledger import Ledger
 from ..usage import UsageSource
 from ..usage.records import AllocationRecordsSource
 
-__all__ = ["PROMETHEUS_PRESETS", "UsageConfigError", "make_usage_source"]
+__all__ = ["UsageConfigError", "make_usage_source"]
 
-#: presets that are PromQL over prometheus_url
-PROMETHEUS_PRESETS = ("gpupool", "agent", "dcgm", "custom")
-
+log = logging.getLogger("gpupool")
 
 class UsageConfigError(ValueError):
     """A usage setting that cannot work; the message names the settings to change."""
@@ -57,6 +56,7 @@ def make_usage_source(service: Any, settings: GPUPool, ledger: Ledger) -> UsageS
 
 
 def _slurm(service: Any, settings: GPUPool, ledger: Ledger) -> UsageSource:
+    from ..inventory.slurm import SlurmCommandError, SlurmError
     from ..usage.slurm import SlurmUsageSource
     from ..usage.slurm_hub import ALLOCATION_COMMENT, HubJobOwners
 
@@ -81,7 +81,7 @@ def _slurm(service: Any, settings: GPUPool, ledger: Ledger) -> UsageSource:
                 "(models from c.GPUPool.slurm_gpu_models, users from charge_batch_jobs)")
     owners = HubJobOwners(ledger, charge_batch_jobs=service.charge_batch_jobs)
     try:
-        return SlurmUsageSource(
+        source = SlurmUsageSource(
             settings.slurm_gpu_models, env=env, user_of=owners,
             # without batch jobs only the servers the hub started (their comment names the allocation)
             comment_prefix=None if service.charge_batch_jobs else ALLOCATION_COMMENT,
@@ -90,3 +90,10 @@ def _slurm(service: Any, settings: GPUPool, ledger: Ledger) -> UsageSource:
     except (TypeError, ValueError) as e:
         raise UsageConfigError(f"usage_preset = 'slurm': {e} (c.GPUPool.slurm_gpu_models, "
                                "c.GPUPoolService.slurm_usage_options)") from None
+    try:
+        source.check_accounting(need_comments=True)
+    except SlurmCommandError as e:  # slurmctld away: charging waits for it anyway
+        log.warning("usage_preset 'slurm': could not check slurm.conf's accounting settings: %s", e)
+    except SlurmError as e:
+        raise UsageConfigError(f"usage_preset = 'slurm': {e}") from None
+    return source

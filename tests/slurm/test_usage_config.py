@@ -9,7 +9,7 @@ import pytest
 
 from gpupool_hub.service.app import GPUPoolService
 from gpupool_hub.usage.records import AllocationRecordsSource
-from gpupool_hub.usage.slurm import SlurmUsageSource
+from gpupool_hub.usage.slurm import SlurmUsageSource, accounting_problems
 from gpupool_hub.usage.slurm_hub import ALLOCATION_COMMENT, HubJobOwners, allocation_of
 
 MODELS = {"a6000": "NVIDIA RTX A6000"}
@@ -82,3 +82,29 @@ def test_default_is_the_services_own_allocation_records(tmp_path):
 ])
 def test_allocation_of_reads_only_the_spawners_comment(comment, alloc):
     assert allocation_of(comment) == alloc
+
+
+# `scontrol show config` of the test cluster (tests/fixtures/slurm.py), the lines that matter
+SHOW_CONFIG = """Configuration data as of 2026-11-23T01:02:16
+AccountingStorageHost   = localhost
+AccountingStorageTRES   = cpu,mem,energy,node,billing,fs/disk,vmem,pages,gres/gpu,gres/gpu:a6000,gres/gpu:rtx3090
+AccountingStorageType   = accounting_storage/slurmdbd
+AccountingStoreFlags    = job_comment
+PrivateData             = none
+
+Slurmctld(primary) at vm is UP
+"""
+
+
+def test_slurm_conf_fit_for_charging():
+    models = {"a6000": "NVIDIA RTX A6000", "rtx3090": "NVIDIA GeForce RTX 3090"}
+    assert accounting_problems(SHOW_CONFIG, models, need_comments=True) == []
+    no_comment = SHOW_CONFIG.replace("job_comment", "(null)")
+    [problem] = accounting_problems(no_comment, models, need_comments=True)
+    assert "AccountingStoreFlags lacks job_comment" in problem
+    assert accounting_problems(no_comment, models, need_comments=False) == []
+    [problem] = accounting_problems(SHOW_CONFIG, {**models, "h100": "NVIDIA H100"}, need_comments=True)
+    assert "AccountingStorageTRES lacks gres/gpu:h100" in problem
+    none = SHOW_CONFIG.replace("accounting_storage/slurmdbd", "accounting_storage/none")
+    assert "AccountingStorageType is 'accounting_storage/none'" in accounting_problems(none, models,
+                                                                                       need_comments=True)[0]

@@ -246,3 +246,15 @@ def test_plain_sbatch_jobs_of_hub_users_are_charged_with_charge_batch_jobs(clust
     # alice's servers in the same two hours: still charged, once; no A6000 (hers ended before)
     assert alice == {R2080: 8 * 2 * H, R3090: 4 * 2 * H}
     assert ledger.verify().ok
+
+
+def test_slurm_conf_unfit_for_charging_stops_the_service_at_start_up(cluster, tmp_path):
+    from tests.slurm.test_usage_config import start
+
+    with pytest.raises(SystemExit) as e:  # the map names a type slurm.conf does not account for
+        start(tmp_path, f"""
+            c.GPUPoolService.usage_preset = "slurm"
+            c.GPUPool.slurm_conf = {str(cluster.conf)!r}
+            c.GPUPool.slurm_gpu_models = {{**{MODELS!r}, "h100": "NVIDIA H100"}}
+        """)
+    assert "AccountingStorageTRES lacks gres/gpu:h100" in str(e.value)
