@@ -91,7 +91,9 @@ class Views:
         return {
             "id": record.id, "user": record.user, "server": record.server, "node": record.node,
             "gpus": [{"index": g["index"], "uuid": g["uuid"], "model": g["model"],
-                      "fraction": format_tokens(Decimal(g["milli"]) / 1000)} for g in record.gpus],
+                      "fraction": format_tokens(Decimal(g["milli"]) / 1000),
+                      **({"mig_uuid": g["mig_uuid"]} if g.get("mig_uuid") else {}),
+                      **({"mig_profile": g["mig_profile"]} if g.get("mig_profile") else {})} for g in record.gpus],
             "price_per_hour": format_tokens(record.price_per_hour), "borrowed": record.borrowed,
             "started_at": iso(record.created_at), "released_at": iso(record.released_at),
             "description": self.inventory.describe(record),
