@@ -22,15 +22,19 @@ request, so their behaviour for every other request is unchanged.
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
 from ..mig import MigProfileError, parse_mig_profile, slices
+from .inventory import MigDevice
 from .request import Request, model_allowed
+
+if TYPE_CHECKING:  # state.py imports this module
+    from .state import NodeState
 
 __all__ = ["choose", "fits_node", "free_instances", "instance_profile"]
 
 
-def instance_profile(m) -> str:
+def instance_profile(m: MigDevice) -> str:
     """The canonical profile of an inventory MigDevice (as written if not a standard name)."""
     try:
         return parse_mig_profile(m.profile)
@@ -38,7 +42,7 @@ def instance_profile(m) -> str:
         return m.profile.strip().lower()
 
 
-def _slices_of(ns, s: int) -> int:
+def _slices_of(ns: NodeState, s: int) -> int:
     """Compute slices of slot ``s`` (from its profile; from its milli share where the name says none)."""
     m = ns.slot_mig[s]
     try:
@@ -47,11 +51,11 @@ def _slices_of(ns, s: int) -> int:
         return max(1, round(ns.cap[s] * 7 / 1000))
 
 
-def _free(ns, s: int) -> bool:
+def _free(ns: NodeState, s: int) -> bool:
     return ns.slot_mig[s] is not None and ns.free[s] == ns.cap[s]
 
 
-def free_instances(ns, req: Request) -> List[int]:
+def free_instances(ns: NodeState, req: Request) -> List[int]:
     """Slots of ``ns`` holding a free instance of ``req.mig`` on an allowed model (and required device)."""
     out = []
     for s, m in enumerate(ns.slot_mig):
@@ -65,7 +69,7 @@ def free_instances(ns, req: Request) -> List[int]:
     return out
 
 
-def fits_node(ns, req: Request) -> bool:
+def fits_node(ns: NodeState, req: Request) -> bool:
     """Whether ``ns`` could take ``req`` when empty (an instance of the profile, CPU and memory)."""
     node = ns.node
     if node.cpu_milli < req.cpu_milli or node.memory_mib < req.memory_mib:
@@ -74,7 +78,7 @@ def fits_node(ns, req: Request) -> bool:
                for s, m in enumerate(ns.slot_mig))
 
 
-def _key(ns, s: int, req: Request) -> Tuple[int, int, int, int, int, int]:
+def _key(ns: NodeState, s: int, req: Request) -> Tuple[int, int, int, int, int, int]:
     gpu = ns.slot_gpu[s]
     gpu_free = node_free = same = 0
     for t, m in enumerate(ns.slot_mig):
@@ -89,7 +93,7 @@ def _key(ns, s: int, req: Request) -> Tuple[int, int, int, int, int, int]:
     return (preferred, gpu_free, node_free, same, ns.rank, s)
 
 
-def choose(req: Request, candidates: Sequence) -> Optional[Tuple[object, Tuple[int, ...]]]:
+def choose(req: Request, candidates: Sequence[NodeState]) -> Optional[Tuple[NodeState, Tuple[int, ...]]]:
     """(node, (slot,)) for ``req`` among the candidate nodes (see the module doc), or None."""
     best = None
     best_key = None

@@ -128,3 +128,14 @@ def test_restore_after_restart_keeps_the_instance():
 def test_bad_mig_requests(bad, message):
     with pytest.raises(InvalidRequest, match=message):
         Request(**bad)
+
+
+def test_the_wait_queue_holds_back_a_node_with_the_profile():
+    from gpupool_hub.waitqueue import reserve_node
+
+    plain = {"name": "n0-plain", "cpu_milli": 32000, "memory_mib": 65536,
+             "gpus": [{"uuid": "GPU-p", "model": A100}]}
+    pool = Pool([plain, node("n1", seven("a")), node("n2", mixed("b"))])
+    assert reserve_node(pool, Request(mig="3g.40gb")) == "n2"  # the only node with 3g instances
+    assert reserve_node(pool, Request(mig="1g.10gb")) == "n1"  # the most free 1g's
+    assert reserve_node(pool, Request(mig="2g.20gb")) is None
