@@ -531,6 +531,8 @@ class Pool:
         ns = self.by_name.get(placement.node)
         if len(placement.gpus) == 1:
             g = placement.gpus[0]
+            if g.mig_profile:
+                return f"{placement.node}, MIG {g.mig_uuid} ({g.mig_profile}) of GPU {g.index} ({g.model})"
             if g.milli < MILLI:
                 where = f"MIG {g.mig_uuid} of GPU {g.index}" if g.mig_uuid else f"GPU {g.index}"
                 return f"{placement.node}, {g.milli / 10:g}% of {where} ({g.model})"

@@ -65,6 +65,7 @@ def test_mig_profile_table(what, build, before, profile, expected):
     assert share.mig_uuid == expected, what
     assert share.mig_profile == profile
     assert share.milli == {"1g.10gb": 142, "3g.40gb": 428}[profile]
+    assert pool.describe(placement) == f"n1, MIG {expected} ({profile}) of GPU {share.index} ({A100})"
 
 
 def test_packs_nodes_and_keeps_untouched_gpus():
