@@ -227,6 +227,11 @@ class Pool:
         of small requests. Replaces the previous declaration; an empty list
         clears it. Raises :class:`InvalidRequest` for a bad declaration.
         """
+        # MIG requests never reach the policy (placement/mig.py places them): not part of its mix
+        if isinstance(shapes, Mapping):
+            shapes = {r: w for r, w in shapes.items() if not (isinstance(r, Request) and r.mig)}
+        else:
+            shapes = [r for r in shapes if not (isinstance(r, Request) and r.mig)]
         self.policy.expect(shapes, floor_weight, reserve)
 
     def idle_nodes(self, model_key: str) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from gpupool_hub.placement import InvalidRequest, ModelUnavailable, NoCapacity, Pool, Request
+from gpupool_hub.placement.mix import type_key
 
 A100 = "NVIDIA A100-SXM4-80GB"
 
@@ -140,3 +141,11 @@ def test_the_wait_queue_holds_back_a_node_with_the_profile():
     assert reserve_node(pool, Request(mig="3g.40gb")) == "n2"  # the only node with 3g instances
     assert reserve_node(pool, Request(mig="1g.10gb")) == "n1"  # the most free 1g's
     assert reserve_node(pool, Request(mig="2g.20gb")) is None
+
+
+def test_mig_requests_stay_out_of_the_policys_request_mix():
+    pool = one_node_two_gpus()
+    pool.expect([Request(mig="3g.40gb"), Request(gpu_milli=500)])
+    assert list(pool.policy.mix.expected) == [type_key(Request(gpu_milli=500))]
+    pool.allocate("a", Request(mig="1g.10gb"))
+    assert not pool.policy.mix.counts  # not observed either
