@@ -121,6 +121,9 @@ class Admission:
         held_price = sum((r.price_per_hour for r in held), Decimal(0))
         allowed = (self.inventory.resolve_models(requested_models) if requested_models
                    else frozenset(self.inventory.models()))
+        if not allowed:  # inventory "agents" before any node's agent has reported
+            raise Refused(RefusalReason.MODEL_UNAVAILABLE, "This pool has no GPU node yet.",
+                          details={"requested": requested_models or [], "available": []})
         price = {m: self.inventory.request_price(m, request) for m in allowed}
         hours = self.settings.min_start_hours
         affordable = frozenset(m for m in price if can_start(balance, held_price + price[m], rules, hours))

@@ -75,7 +75,8 @@ class Views:
 
     def __init__(self, settings: GPUPool, ledger: Ledger, inventory: PoolInventory, debits: Debits,
                  accounts: Accounts, cache: ViewCache, warning_for: Callable[[str], CullWarning | None],
-                 clock: Callable[[], datetime], threads: CoreThreads) -> None:
+                 clock: Callable[[], datetime], threads: CoreThreads,
+                 memory_warnings: Callable[[str], list[dict[str, Any]]] = lambda _user: []) -> None:
         self.settings = settings
         self.ledger = ledger
         self.inventory = inventory
@@ -85,13 +86,17 @@ class Views:
         self.warning_for = warning_for
         self.clock = clock
         self.threads = threads
+        self.memory_warnings = memory_warnings
         self._clock_cache: tuple[int, int, int, dict[str, Any]] | None = None
 
     def allocation_json(self, record: AllocationRecord) -> dict[str, Any]:
+        node = self.inventory.pool.by_name.get(record.node)
+        memory = {g.uuid: g.memory_mib for g in node.node.gpus} if node is not None else {}
         return {
             "id": record.id, "user": record.user, "server": record.server, "node": record.node,
             "gpus": [{"index": g["index"], "uuid": g["uuid"], "model": g["model"],
                       "fraction": format_tokens(Decimal(g["milli"]) / 1000),
+                      "memory_mib": memory.get(g["uuid"], 0),
                       **({"mig_uuid": g["mig_uuid"]} if g.get("mig_uuid") else {}),
                       **({"mig_profile": g["mig_profile"]} if g.get("mig_profile") else {})} for g in record.gpus],
             "price_per_hour": format_tokens(record.price_per_hour), "borrowed": record.borrowed,
@@ -147,6 +152,7 @@ class Views:
             "last_debit_at": clock["last_debit_at"],
             "accounting": clock["accounting"],
             "cull_warning": warning.as_dict() if warning else None,
+            "memory_warnings": self.memory_warnings(user),
         }
 
     def _clock_view(self) -> dict[str, Any]:

@@ -5,6 +5,8 @@
  * Amounts are decimal strings ("46.000"), times ISO-8601 UTC strings.
  */
 
+import type { IMemoryWarning } from './memory';
+
 /** Server-computed balance state. */
 export type BalanceStatus = 'fine' | 'low' | 'negative' | 'floor';
 
@@ -61,6 +63,8 @@ export interface IMe {
   last_debit_at: string | null;
   accounting: IAccounting | null;
   cull_warning: ICullWarning | null;
+  /** A time-shared GPU share over its memory (absent from older services). */
+  memory_warnings?: IMemoryWarning[];
   /** The service's "My GPU usage" page, added by the server extension. */
   pages_url?: string;
 }

@@ -17,6 +17,7 @@ import {
   stateLabel,
   summarize
 } from './format';
+import { appendMemoryWarnings, memoryFlag } from './memory';
 import { BalanceModel } from './model';
 import type { IAllocation, IMe } from './types';
 
@@ -132,7 +133,7 @@ export class BalanceStatusItem extends Widget {
     this._balance.textContent = s.balance;
     this._burn.textContent = s.burn;
     this._left.textContent = s.timeLeft ? `${s.timeLeft} left` : '';
-    const flags = [s.borrowed ? 'borrowed' : '', s.delayed ? 'delayed' : ''].filter(Boolean);
+    const flags = [s.borrowed ? 'borrowed' : '', s.delayed ? 'delayed' : '', memoryFlag(me.memory_warnings)].filter(Boolean);
     this._flagsNode.textContent = flags.join(' · ');
     this._cull.textContent = s.cull ? `\u26a0 ${s.cull}` : '';
     node.title = s.title;
@@ -197,6 +198,7 @@ export class BalancePanel extends Widget {
       );
       node.append(box);
     }
+    appendMemoryWarnings(node, me.memory_warnings, now);
     if (me.accounting?.status === 'delayed') {
       const box = el('div', 'gp-BalancePanel-delayed');
       box.dataset.gpupool = 'delayed';

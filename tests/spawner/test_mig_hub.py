@@ -92,7 +92,7 @@ def test_mig_profiles_end_to_end(hub, monkeypatch, capsys):
     assert held["alice"]["price_per_hour"] == "0.400"
     assert held["bob"]["price_per_hour"] == "1.500"
     assert held["alice"]["gpus"] == [{"index": 1, "uuid": "GPU-a100-1", "model": A100, "fraction": "0.142",
-                                      "mig_uuid": "MIG-1-1g-0", "mig_profile": "1g.10gb"}]
+                                      "memory_mib": 81920, "mig_uuid": "MIG-1-1g-0", "mig_profile": "1g.10gb"}]
 
     # a debit of one hour of each allocation, from the service's own records: exact milli-tokens
     from gpupool_hub.ledger import Ledger
