@@ -1,7 +1,10 @@
 """MIG profiles end to end through a real hub (issue 16.1).
 
-A node with two MIG-mode A100s, declared in ``c.GPUPool.nodes``: GPU 0 split
-into 7 × 1g.10gb, GPU 1 into 2 × 3g.40gb + 1 × 1g.10gb. Profiles ask for one
+A node with two MIG-mode A100s: GPU 0 split into 7 × 1g.10gb, GPU 1 into
+2 × 3g.40gb + 1 × 1g.10gb. The scenario runs twice: with the node declared in
+``c.GPUPool.nodes``, and with ``c.GPUPool.inventory = "agents"``, where the
+node agent finds the same layout in a fake NVML (``tests/agent/fake_pynvml.py``)
+and reports it, so the instances come from discovery. Profiles ask for one
 1g or one 3g instance. A100s cost 2.8 tokens/h, so a 1g instance costs 2.8/7 =
 0.4 tokens/h by its slices; 3g.40gb has its own price (1.5) in
 ``c.GPUPool.mig_prices``. The test spawns both profiles and checks what a user
@@ -13,6 +16,7 @@ pool`` and the admin pool map.
 
 from __future__ import annotations
 
+import asyncio
 import html
 import json
 import re
@@ -39,12 +43,44 @@ MIG_PROFILES = [
     {"slug": "a100-1g", "display_name": "A100 1g.10gb", "mig": "1g.10gb", "models": ["A100"]},
     {"slug": "a100-3g", "display_name": "A100 3g.40gb", "mig": "3g.40gb", "models": ["A100"]},
 ]
+AGENT_TOKEN = "secret-node-mig"
 
 
-@pytest.fixture(scope="module")
-def hub(tmp_path_factory):
+def fake_nvml_machine():
+    """MIG_NODE as the fake NVML shows it to the node agent (profiles only in the MIG devices' names)."""
+    from tests.agent import fake_pynvml
+
+    def instance(m: dict, gi: int) -> dict:
+        profile = m["profile"]
+        return {"uuid": m["uuid"], "name": f"{A100} MIG {profile}", "gi_id": gi, "slices": int(profile[0]),
+                "memory_total": int(profile.split(".")[1][:-2]) << 30}
+
+    return fake_pynvml.load({"gpus": [
+        {"uuid": g["uuid"], "name": A100, "memory_total": 80 << 30, "memory_used": 0, "utilization": 0,
+         "bus_id": f"00000000:{0x10 + g['index']:02X}:00.0", "processes": [],
+         "mig": [instance(m, gi) for gi, m in enumerate(g["mig"], 1)]} for g in MIG_NODE["gpus"]]})
+
+
+def report_from_agent(hub) -> None:
+    """One tick of the node agent: it reports the node's inventory to the hub's service."""
+    from gpupool_hub.agent.app import GPUPoolAgent
+
+    agent = GPUPoolAgent(nvml=fake_nvml_machine(), service_url=f"{hub.url}/services/gpupool/",
+                         node_name="node-mig", token=AGENT_TOKEN, cpu_milli=MIG_NODE["cpu_milli"],
+                         memory_mib=MIG_NODE["memory_mib"], min_uid=100, metrics_min_uid=100)
+    agent.setup()
+    result = asyncio.run(agent.tick())
+    assert result.service_ok and result.inventory_reported, result.service_error
+
+
+@pytest.fixture(scope="module", params=["config", "agents"])
+def hub(request, tmp_path_factory):
+    if request.param == "config":
+        inventory = f"c.GPUPool.nodes = {json.dumps(POOL + [MIG_NODE])}"
+    else:
+        inventory = f'c.GPUPool.inventory = "agents"\nc.GPUPoolService.agent_tokens = {{"node-mig": {AGENT_TOKEN!r}}}'
     extra = f"""
-c.GPUPool.nodes = {json.dumps(POOL + [MIG_NODE])}
+{inventory}
 c.GPUPool.prices = {{"RTX 3090": 1, "RTX A6000": 4, "A100": "2.8"}}
 c.GPUPool.mig_prices = {{"3g.40gb": "1.5"}}
 c.GPUPoolSpawner.profiles = {PROFILES + MIG_PROFILES!r}
@@ -52,8 +88,16 @@ for _service in c.JupyterHub.services:  # the pages log admins in as the example
     if _service["name"] == "gpupool":
         _service.update(oauth_no_confirm=True, oauth_client_allowed_scopes=["custom:gpupool:admin"])
 """
-    yield from spawner_hub(tmp_path_factory, "mighub", extra)
-
+    hubs = spawner_hub(tmp_path_factory, f"mighub-{request.param}", extra)
+    hub = next(hubs)
+    try:
+        if request.param == "agents":
+            report_from_agent(hub)
+            wait_for(lambda: "node-mig" in {n["node"] for n in hub.service("GET", "/pool", hub.tester_token).json()[
+                "nodes"]}, 20, "the agent's node to join the pool")
+        yield hub
+    finally:
+        hubs.close()  # stops the servers and the hub
 
 def _form_block(hub, user: str, slug: str) -> str:
     page = hub.login(user).get(f"{hub.url}/hub/spawn", timeout=30)
