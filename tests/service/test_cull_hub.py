@@ -43,6 +43,8 @@ c.Culler.pressure_allocated_fraction = 0.3
 c.Culler.pressure_refusal_window = 0
 c.Culler.exempt_users = {{"vip"}}
 c.GPUPoolService.reconcile_interval = 3600
+# the hub stops its services before the servers at shutdown: do not wait long for releases then
+c.GPUPoolSpawner.release_wait = 1
 """
 
 NOTEBOOK = {
