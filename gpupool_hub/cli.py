@@ -136,7 +136,9 @@ def cmd_pool(client: Client, args: argparse.Namespace) -> int:
     rows = []
     for node in pool["nodes"]:
         for g in node["gpus"]:
-            holders = ", ".join(f"{h['user']}/{h['server'] or '-'} ({h['fraction']})" for h in g["holders"])
+            holders = ", ".join(f"{h['user']}/{h['server'] or '-'} ({h['fraction']})"
+                                + (f" idle since {h['idle_since']}" if h.get("idle_since") else "")
+                                for h in g["holders"])
             rows.append((node["node"], g["index"], g["model"], g["allocated_fraction"], holders or "free"))
     print(table(rows, ["node", "gpu", "model", "allocated", "holders"]))
     teams = pool.get("teams") or []

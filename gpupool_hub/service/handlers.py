@@ -473,6 +473,12 @@ class PoolHandler(APIHandler):
                      "server": active[a].server if a in active else None}
                     for a, m in gpu["holders"].items()
                 ]
+        idle = self.manager.idle.idle_since()  # as of the idle job's last run
+        for node in nodes:
+            for gpu in node["gpus"]:
+                for h in gpu["holders"]:
+                    if h["allocation"] in idle:
+                        h["idle_since"] = _iso(idle[h["allocation"]])
         inv = self.manager.inventory
         for node in nodes:  # placeholders of the inventory source (Slurm): not servers'
             node["held_outside"] = list(inv.held_outside.get(node["node"], []))

@@ -75,7 +75,8 @@ class Views:
 
     def __init__(self, settings: GPUPool, ledger: Ledger, inventory: PoolInventory, debits: Debits,
                  accounts: Accounts, cache: ViewCache, warning_for: Callable[[str], CullWarning | None],
-                 clock: Callable[[], datetime], threads: CoreThreads) -> None:
+                 clock: Callable[[], datetime], threads: CoreThreads,
+                 activity: Callable[[str, list[dict[str, Any]]], dict[str, Any]]) -> None:
         self.settings = settings
         self.ledger = ledger
         self.inventory = inventory
@@ -85,6 +86,7 @@ class Views:
         self.warning_for = warning_for
         self.clock = clock
         self.threads = threads
+        self.activity = activity  # GPUs as measured, idleness, queue places: never cached
         self._clock_cache: tuple[int, int, int, dict[str, Any]] | None = None
 
     def allocation_json(self, record: AllocationRecord) -> dict[str, Any]:
@@ -145,6 +147,7 @@ class Views:
             "last_debit_at": clock["last_debit_at"],
             "accounting": clock["accounting"],
             "cull_warning": warning.as_dict() if warning else None,
+            **self.activity(user, view["allocations"]),
         }
 
     def _clock_view(self) -> dict[str, Any]:
