@@ -369,7 +369,9 @@ class WaitQueue:
         order = [w.id for w in fair_order(e.waiter for e in entries if e.placement is None)]
         cached = self._estimates
         estimates = cached[1] if cached is not None else {}
-        return [{"server": e.waiter.server, "request": e.waiter.request.describe(), "since": iso(e.waiter.since),
+        # the GPU part of the description ("2 GPUs (rtx 3090)"): what the widget shows
+        return [{"server": e.waiter.server, "request": e.waiter.request.describe().partition(", ")[0],
+                 "since": iso(e.waiter.since),
                  "position": order.index(e.waiter.id) + 1 if e.waiter.id in order else 0,
                  "queue_length": len(order), "eta": iso(estimates.get(e.waiter.id))}
                 for e in sorted(mine, key=lambda e: e.waiter.since)]

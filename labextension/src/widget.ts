@@ -17,6 +17,7 @@ import {
   stateLabel,
   summarize
 } from './format';
+import { hasCountdown, renderActivity, statusNote } from './gpus';
 import { BalanceModel } from './model';
 import type { IAllocation, IMe } from './types';
 
@@ -68,7 +69,8 @@ export class BalanceStatusItem extends Widget {
     this._left = el('span', 'gp-Balance-left');
     this._flagsNode = el('span', 'gp-Balance-flags');
     this._cull = el('span', 'gp-Balance-cull');
-    this.node.append(this._balance, this._burn, this._left, this._flagsNode, this._cull);
+    this._gpus = el('span', 'gp-Balance-gpus');
+    this.node.append(this._balance, this._burn, this._left, this._flagsNode, this._cull, this._gpus);
     this.node.addEventListener('click', this);
     this.node.addEventListener('keydown', this);
     model.changed.connect(this._render, this);
@@ -122,6 +124,7 @@ export class BalanceStatusItem extends Widget {
       this._left.textContent = '';
       this._flagsNode.textContent = '';
       this._cull.textContent = '';
+      this._gpus.textContent = '';
       node.title = this._model.error ? `${UNAVAILABLE}: ${this._model.error}` : 'GPU pool balance';
       this._ticker.update(false);
       return;
@@ -135,8 +138,9 @@ export class BalanceStatusItem extends Widget {
     const flags = [s.borrowed ? 'borrowed' : '', s.delayed ? 'delayed' : ''].filter(Boolean);
     this._flagsNode.textContent = flags.join(' · ');
     this._cull.textContent = s.cull ? `\u26a0 ${s.cull}` : '';
+    this._gpus.textContent = s.cull ? '' : statusNote(me, Date.now()); // a cull warning says it already
     node.title = s.title;
-    this._ticker.update(!!me.cull_warning);
+    this._ticker.update(!!me.cull_warning || hasCountdown(me));
   }
 
   private _model: BalanceModel;
@@ -145,6 +149,7 @@ export class BalanceStatusItem extends Widget {
   private _left: HTMLSpanElement;
   private _flagsNode: HTMLSpanElement;
   private _cull: HTMLSpanElement;
+  private _gpus: HTMLSpanElement;
   private _popup: Popup | null = null;
   private _ticker = new Ticker(() => this._render());
 }
@@ -196,6 +201,10 @@ export class BalancePanel extends Widget {
         el('div', undefined, me.cull_warning.reason)
       );
       node.append(box);
+    }
+    const activity = renderActivity(me, now); // the GPUs at work, queue places (gpus.ts)
+    if (activity) {
+      node.append(activity);
     }
     if (me.accounting?.status === 'delayed') {
       const box = el('div', 'gp-BalancePanel-delayed');
@@ -266,7 +275,7 @@ export class BalancePanel extends Widget {
     node.append(
       el('p', 'gp-BalancePanel-muted gp-BalancePanel-updated', `Updated ${localTime(new Date(this._model.updatedAt).toISOString())}`)
     );
-    this._ticker.update(!!me.cull_warning);
+    this._ticker.update(!!me.cull_warning || hasCountdown(me));
   }
 
   private _model: BalanceModel;
