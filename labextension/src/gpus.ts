@@ -128,6 +128,10 @@ export function renderActivity(me: IMe, now: number): HTMLElement | null {
   const box = document.createElement('div');
   box.className = 'gp-Gpus';
   box.dataset.gpupool = 'activity';
+  const title = document.createElement('h4');
+  title.className = 'gp-BalancePanel-subtitle';
+  title.textContent = servers.length ? 'GPUs at work' : 'Waiting for GPUs';
+  box.append(title);
   for (const s of servers) {
     const div = document.createElement('div');
     div.className = 'gp-Gpus-server';
