@@ -14,6 +14,9 @@ and bob (position 1, an estimate)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from datetime import datetime, timedelta, timezone
@@ -124,6 +127,14 @@ def idle_scenario(hub, make_idle):
         (0.0, GIB, 24 * GIB)] * 2
     assert srv["idle_since"] and srv["reclaimable_at"] and srv["reclaim_deadline"] == warning["deadline"]
     assert running(hub, "alice")
+    # the admins' view marks her GPUs idle: GET pool and `gpupool pool`
+    holders = [h for n in hub.service("GET", "/pool", hub.tester_token).json()["nodes"]
+               for g in n["gpus"] for h in g["holders"]]
+    assert [(h["user"], bool(h.get("idle_since"))) for h in holders] == [("alice", True)] * 2
+    env = {**os.environ, "GPUPOOL_URL": hub.service_api, "GPUPOOL_TOKEN": hub.tester_token}
+    out = subprocess.run([sys.executable, "-m", "gpupool_hub.cli", "pool"], env=env, capture_output=True,
+                         text=True, timeout=60).stdout
+    assert sum(f"alice/- (1.000) idle since {srv['idle_since']}" in line for line in out.splitlines()) == 2, out
 
     bob.join(60)
     assert bob.events[-1].get("ready"), bob.events
