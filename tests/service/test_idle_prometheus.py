@@ -163,3 +163,26 @@ def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_server_idleness_follows_the_rule():
+    from gpupool_hub.service.idle import GpuReading, server_idleness
+
+    t = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
+    started = t - timedelta(hours=3)
+
+    def idle_since(minutes):
+        return GpuReading(0.0, None, None, t - timedelta(minutes=minutes))
+
+    def of(*readings, start=started, max_idle=0.0):
+        return server_idleness(start, readings, idle_after=3600, min_runtime=900, max_idle=max_idle)
+
+    s = of(idle_since(90), idle_since(45))  # the server is idle since its last GPU went idle
+    assert (s.idle_since, s.reclaimable_at, s.max_idle_at) == (
+        t - timedelta(minutes=45), t + timedelta(minutes=15), None)
+    assert of(idle_since(90), GpuReading(0.8, None, None, None)) is None  # one GPU busy: not idle
+    assert of(idle_since(90), None) is None                              # one GPU unknown: not idle
+    young = of(idle_since(120), start=t - timedelta(minutes=5))          # idle before it started
+    assert young.idle_since == t - timedelta(minutes=5)                  # shown from its start,
+    assert young.reclaimable_at == t + timedelta(minutes=10)             # protected for min_runtime
+    assert of(idle_since(45), max_idle=7200).max_idle_at == t + timedelta(minutes=75)
