@@ -112,10 +112,20 @@ class GPUPool(Configurable):
 
     inventory = Unicode(
         "config",
-        help="""Where the pool's nodes come from: 'config' (``c.GPUPool.nodes``) or 'slurm'
+        help="""Where the pool's nodes come from: 'config' (``c.GPUPool.nodes``), 'slurm'
         (``scontrol show node``, with ``slurm_gpu_models``; refreshed while the service runs: nodes
         Slurm will not schedule on take no placements, GPUs held by jobs the hub did not start are
-        held outside the hub). See docs/slurm.md.""",
+        held outside the hub; see docs/slurm.md) or 'agents' (what the node agents report: a node
+        joins when its agent reports and takes no new placements while its agent is silent for
+        ``agent_timeout``; needs ``c.GPUPoolService.agent_tokens``).""",
+    ).tag(config=True)
+
+    agent_timeout = Float(
+        90,
+        help="""Seconds without a call from a node's agent after which the node takes no new
+        placements (inventory 'agents'); its servers keep their GPUs, and it takes placements again
+        when its agent calls. Agents call every ``GPUPoolAgent.interval`` (15 s): keep this several
+        times that.""",
     ).tag(config=True)
 
     slurm_gpu_models = Dict(
@@ -294,6 +304,12 @@ class GPUPool(Configurable):
                              f"{sorted(SOURCES)}")
         return proposal["value"]
 
+    @validate("agent_timeout")
+    def _check_agent_timeout(self, proposal: Any) -> float:
+        if not proposal["value"] > 0:
+            raise TraitError(f"c.GPUPool.agent_timeout must be a positive number of seconds, got {proposal['value']!r}")
+        return proposal["value"]
+
     def slurm_env(self) -> dict[str, str] | None:
         """Extra environment for Slurm commands (SLURM_CONF), or None for this process's own."""
         return {"SLURM_CONF": self.slurm_conf} if self.slurm_conf else None
@@ -303,10 +319,11 @@ class GPUPool(Configurable):
 
         return make_source(self)
 
-    def make_pool(self):  # type: ignore[no-untyped-def]
+    def make_pool(self, source=None):  # type: ignore[no-untyped-def]
+        """The placement pool over ``source``'s nodes (default: the source ``inventory`` names)."""
         from .placement import Pool, get_policy, load_nodes
 
-        nodes = self.make_inventory_source().nodes()
+        nodes = (source or self.make_inventory_source()).nodes()
         return Pool(load_nodes(nodes), policy=get_policy(self.placement_policy))
 
     def team_table(self):  # type: ignore[no-untyped-def]

@@ -55,6 +55,8 @@ class AuditAction(str, Enum):
     PREEMPT = "preempt"
     IDLE_WARN = "idle_warn"
     IDLE_RECLAIM = "idle_reclaim"
+    MEMORY_WARN = "memory_warn"
+    MEMORY_STOP = "memory_stop"
 
     def __str__(self) -> str:
         return self.value

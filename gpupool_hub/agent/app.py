@@ -8,8 +8,15 @@ Each tick (``interval`` seconds):
 3. report: the node's inventory goes to the service (``PUT nodes/{node}/inventory``)
    when it changed or every ``inventory_interval`` seconds;
 4. pull: ``GET nodes/{node}/enforce`` names the users whose GPU processes
-   must stop;
-5. enforce: see :mod:`.enforce`.
+   must stop, and says when the service has no inventory of this node (it
+   restarted): the agent then reports at once. Each call is also this node's
+   sign of life (with ``c.GPUPool.inventory = "agents"`` a silent node takes no
+   new placements);
+5. enforce: see :mod:`.enforce`;
+6. memory guard: ``GET nodes/{node}/memory`` names the shares of time-shared GPUs
+   on this node; users over their share's memory are warned through
+   ``PUT nodes/{node}/memory`` and, after ``memory_grace``, their biggest
+   processes there are stopped (see :mod:`.memguard`).
 
 The service being down never stops 1-2: the node keeps exporting usage (which
 is what bills users), and while the service cannot be asked the agent enforces
@@ -39,6 +46,7 @@ from traitlets.config import Application, catch_config_error
 from .. import __version__
 from .attribution import Snapshot, take_snapshot
 from .enforce import Action, Enforcer
+from .memguard import MemoryGuard, MemoryWarning, Share, iso_ts
 from .metrics import AgentMetrics
 from .nvml import GpuInfo, build_inventory, default_nvml, discover_links, list_gpus
 
@@ -56,6 +64,8 @@ class EnforceList:
     dry_run: bool = False
     # per user whose GPU access was revoked: the GPU UUIDs they still hold
     allowed: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    # the service holds no inventory of this node (it restarted): report it now
+    report_inventory: bool = False
 
 
 @dataclass
@@ -71,6 +81,8 @@ class TickResult:
     service_error: str | None = None
     enforce: EnforceList | None = None
     actions: list[Action] = field(default_factory=list)
+    memory_warnings: list[MemoryWarning] = field(default_factory=list)
+    memory_actions: list[Action] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         snap = self.snapshot
@@ -84,6 +96,8 @@ class TickResult:
                 "users": sorted(self.enforce.users), "kernels": sorted(self.enforce.kernels),
                 "dry_run": self.enforce.dry_run},
             "actions": [vars(a) | {"gpu_uuids": list(a.gpu_uuids)} for a in self.actions],
+            "memory_warnings": [w.as_dict() for w in self.memory_warnings],
+            "memory_actions": [vars(a) | {"gpu_uuids": list(a.gpu_uuids)} for a in self.memory_actions],
         }
 
 
@@ -135,7 +149,21 @@ class ServiceClient:
                 for u, g in allowed.items()):
             raise ServiceError(f"enforcement answer is malformed: {data!r:.200}")
         return EnforceList(frozenset(users), frozenset(kernels), bool(data.get("dry_run", False)),
-                           {u: frozenset(g) for u, g in allowed.items()})
+                           {u: frozenset(g) for u, g in allowed.items()},
+                           report_inventory=data.get("report_inventory") is True)
+
+    async def memory_shares(self) -> tuple[list[Share], bool]:
+        """The shares of time-shared GPUs on this node, and whether the service asks for a dry run."""
+        data = await self._call("GET", "/memory")
+        try:
+            shares = [Share(str(s["gpu_uuid"]), str(s["user"]), str(s["server"]), int(s["milli"]))
+                      for s in data["shares"]]
+        except (KeyError, TypeError, ValueError) as e:
+            raise ServiceError(f"memory answer is malformed ({e}): {data!r:.200}") from None
+        return shares, bool(data.get("dry_run", False))
+
+    async def report_memory(self, report: dict[str, Any]) -> Any:
+        return await self._call("PUT", "/memory", report)
 
 
 class GPUPoolAgent(Application):
@@ -219,6 +247,25 @@ class GPUPoolAgent(Application):
             raise TraitError("min_uid must be at least 1: the agent never touches root")
         return proposal["value"]
 
+    memory_guard = Bool(
+        True, help="Keep time-shared GPU fractions to their memory: warn users over their share's limit, "
+                   "then stop their biggest processes on that GPU (needs a service).",
+    ).tag(config=True)
+    memory_tolerance = Float(
+        0.10, help="How far over its share a fraction may go: the limit is fraction x GPU memory x "
+                   "(1 + memory_tolerance); 0.10 lets a 0.5 share of an 80 GB GPU hold 44 GB.",
+    ).tag(config=True)
+    memory_grace = Float(
+        120.0, help="Seconds between the memory warning reaching the service (and the user's widget) and "
+                    "the first process being stopped.",
+    ).tag(config=True)
+
+    @validate("memory_tolerance", "memory_grace")
+    def _check_not_negative(self, proposal: Any) -> float:
+        if proposal["value"] < 0:
+            raise TraitError(f"{proposal['trait'].name} must not be negative")
+        return proposal["value"]
+
     once = Bool(False, help="Run one tick, print its report as JSON and exit.").tag(config=True)
 
     nvml = AnyTrait(None, help="The NVML module (pynvml); tests inject a fake. Not configurable.")
@@ -244,6 +291,9 @@ class GPUPoolAgent(Application):
                 raise SystemExit(f"gpupool-agent: pynvml is missing ({e}); install nvidia-ml-py") from None
         self.metrics = AgentMetrics(self.node_name, metrics_min_uid=self.metrics_min_uid)
         self.enforcer = Enforcer(min_uid=self.min_uid, grace=self.grace, dry_run=self.dry_run)
+        self.memguard = MemoryGuard(self.enforcer, tolerance=self.memory_tolerance, grace=self.memory_grace)
+        self._memory_reported = False  # the last accepted report had warnings: an empty one must follow
+        self._memory_unreported: list[dict[str, Any]] = []  # stops the service has not recorded yet
         self.client = (ServiceClient(self.service_url, self.node_name, self.token, self.request_timeout)
                        if self.service_url else None)
         if self.client is not None and not self.token:
@@ -306,6 +356,9 @@ class GPUPoolAgent(Application):
             if result.inventory is not None:
                 result.inventory_reported = await self._maybe_report(result.inventory)
             result.enforce = await self.client.enforcement()
+            if result.enforce.report_inventory and result.inventory is not None and not result.inventory_reported:
+                self._reported = None  # the service lost it: whatever was sent before
+                result.inventory_reported = await self._maybe_report(result.inventory)
             result.service_ok = True
         except ServiceError as e:
             result.service_ok, result.service_error = False, str(e)
@@ -327,7 +380,44 @@ class GPUPoolAgent(Application):
                 self.metrics.loop_errors.labels("enforce").inc()
             for a in result.actions:
                 self.metrics.enforcement_actions.labels(a.user, a.action).inc()
+        if self.memory_guard and result.service_ok and result.snapshot is not None:
+            await self._guard_memory(result)
         return result
+
+    async def _guard_memory(self, result: TickResult) -> None:
+        """Warn, report, and stop what is due; nothing is stopped unless the warning reached the service."""
+        snapshot = result.snapshot
+        assert snapshot is not None and self.client is not None
+        try:
+            shares, dry = await self.client.memory_shares()
+            now = time.time()
+            result.memory_warnings = self.memguard.observe(snapshot, shares, now)
+            done = await asyncio.get_running_loop().run_in_executor(
+                None, lambda: self.memguard.enforce(snapshot, now, dry_run=dry))
+            result.memory_actions = [a for _w, a in done]
+            self._memory_unreported += [
+                {"user": a.user, "server": ",".join(w.usage.servers), "gpu_uuid": w.usage.gpu_uuid, "pid": a.pid,
+                 "memory_bytes": next((p.memory_bytes for p in w.usage.processes if p.pid == a.pid), 0),
+                 "action": a.action, "detail": a.detail} for w, a in done]
+            if result.memory_warnings or self._memory_unreported or self._memory_reported:
+                grace = self.memguard.grace
+                await self.client.report_memory({
+                    "dry_run": dry or self.dry_run,
+                    "warnings": [w.as_dict() | ({} if w.deadline else {"deadline": iso_ts(now + grace)})
+                                 for w in result.memory_warnings],
+                    "actions": self._memory_unreported[:1000],
+                })
+                self.memguard.accepted(now)
+                del self._memory_unreported[:1000]
+                self._memory_reported = bool(result.memory_warnings)
+        except ServiceError as e:
+            self.log.warning("Memory guard: service unavailable, stopping nothing this tick: %s", e)
+            self.metrics.loop_errors.labels("memory").inc()
+        except Exception:
+            self.log.exception("Memory guard failed")
+            self.metrics.loop_errors.labels("memory").inc()
+        for a in result.memory_actions:
+            self.metrics.enforcement_actions.labels(a.user, a.action).inc()
 
     async def _maybe_report(self, inventory: dict[str, Any]) -> bool:
         text = json.dumps(inventory, sort_keys=True)

@@ -1,4 +1,4 @@
-"""Where the pool's nodes come from when they are not written by hand (Slurm)."""
+"""Where the pool's nodes come from when they are not written by hand (Slurm, node agents)."""
 
 from gpupool_hub.inventory.slurm import (
     QueueEntry,
@@ -12,6 +12,7 @@ from gpupool_hub.inventory.slurm import (
     UnmappedGresType,
     run_slurm,
 )
+from gpupool_hub.inventory.agents import DEFAULT_AGENT_TIMEOUT, AgentInventory, AgentReports, NodeReport
 from gpupool_hub.inventory.sources import (
     SOURCES,
     ConfigInventory,
@@ -22,6 +23,10 @@ from gpupool_hub.inventory.sources import (
 )
 
 __all__ = [
+    "DEFAULT_AGENT_TIMEOUT",
+    "AgentInventory",
+    "AgentReports",
+    "NodeReport",
     "SOURCES",
     "ConfigInventory",
     "InventorySource",

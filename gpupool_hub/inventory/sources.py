@@ -7,10 +7,14 @@ One small interface (:class:`InventorySource`), chosen by ``c.GPUPool.inventory`
 ``slurm``   ``scontrol show node`` through :class:`~.slurm.SlurmInventory`:
             nodes Slurm will not schedule on, and GPUs Slurm has given to any
             job, are reported by :meth:`InventorySource.node_status`
+``agents``  what the node agents report (:class:`~.agents.AgentInventory`):
+            a node joins when its agent reports, takes no placements while
+            its agent is silent
 =========== ==================================================================
 
 The service's inventory job (``service/jobs/inventory.py``) reads
-``node_status`` periodically and subtracts what jobs the hub did not start hold.
+``node_status`` every ``refresh_interval`` seconds and subtracts what jobs the
+hub did not start hold, and what nodes that take no placements have free.
 """
 
 from __future__ import annotations
@@ -40,6 +44,10 @@ class InventorySource:
 
     #: whether node_status() says anything (the service schedules a refresh job only then)
     dynamic = False
+    #: whether the nodes are what node agents report (the service rebuilds the pool on a report)
+    follows_reports = False
+    #: seconds between refreshes of node_status (dynamic sources)
+    refresh_interval = 30.0
 
     def nodes(self) -> list[dict[str, Any]]:
         raise NotImplementedError("Subclass must provide implementation")
@@ -61,11 +69,13 @@ class SlurmInventorySource(InventorySource):
     dynamic = True
 
     def __init__(self, models: Mapping[str, str], *, partitions: list[str] | None = None,
-                 env: Mapping[str, str] | None = None, inventory: SlurmInventory | None = None) -> None:
+                 env: Mapping[str, str] | None = None, inventory: SlurmInventory | None = None,
+                 refresh_interval: float = 30.0) -> None:
         if not models:
             raise ValueError("c.GPUPool.inventory = 'slurm' needs c.GPUPool.slurm_gpu_models, e.g. "
                              "{'a6000': 'NVIDIA RTX A6000'}")
         self.slurm = inventory or SlurmInventory(models, partitions=partitions, env=env)
+        self.refresh_interval = refresh_interval
 
     def nodes(self) -> list[dict[str, Any]]:
         return self.slurm.node_configs()
@@ -80,10 +90,16 @@ def _config(settings: Any) -> InventorySource:
 
 def _slurm(settings: Any) -> InventorySource:
     return SlurmInventorySource(settings.slurm_gpu_models, partitions=settings.slurm_partitions,
-                                env=settings.slurm_env())
+                                env=settings.slurm_env(), refresh_interval=settings.slurm_refresh_interval)
 
 
-SOURCES = {"config": _config, "slurm": _slurm}
+def _agents(settings: Any) -> InventorySource:
+    from .agents import AgentInventory  # imports this module
+
+    return AgentInventory(settings.agent_timeout)
+
+
+SOURCES = {"config": _config, "slurm": _slurm, "agents": _agents}
 
 
 def make_source(settings: Any) -> InventorySource:

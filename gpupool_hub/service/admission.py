@@ -117,6 +117,9 @@ class Admission:
         held_price = sum((r.price_per_hour for r in held), Decimal(0))
         allowed = (self.inventory.resolve_models(requested_models) if requested_models
                    else frozenset(self.inventory.models()))
+        if not allowed:  # inventory "agents" before any node's agent has reported
+            raise Refused(RefusalReason.MODEL_UNAVAILABLE, "This pool has no GPU node yet.",
+                          details={"requested": requested_models or [], "available": []})
         gpus = Decimal(request.total_gpu_milli) / 1000
         prices = self.inventory.prices
         price = {m: prices.price_per_hour(m, gpus) for m in allowed}  # type: ignore[union-attr]

@@ -6,8 +6,10 @@ Agents are not hub users: each node has its own shared secret
 so a compromised node cannot rewrite another node's inventory. Admins (hub
 token with the admin scope) may call them too, to inspect or test.
 
-Reports are kept by the inventory unit (``PoolInventory.reports``) and the
-enforcement list by the enforcement unit, which the cull job fills.
+Reports are kept by the inventory unit (``PoolInventory.reports``; with
+``c.GPUPool.inventory = "agents"`` they are the pool) and the enforcement list
+by the enforcement unit, which the cull job fills. Every call of a node's own
+agent counts as a sign of life of that node.
 """
 
 from __future__ import annotations
@@ -18,10 +20,10 @@ import logging
 from tornado import web
 
 from ..placement.errors import InventoryError
+from ..inventory.agents import NodeReport
 from ..placement.inventory import load_node
 from ..timefmt import iso as _iso
 from .handlers import APIHandler
-from .inventory import NodeReport
 
 log = logging.getLogger("gpupool.agents")
 
@@ -60,7 +62,7 @@ class AgentHandler(APIHandler):
 class InventoryHandler(AgentHandler):
     max_body_bytes = MAX_INVENTORY_BYTES
 
-    def put(self, _node: str) -> None:
+    async def put(self, _node: str) -> None:
         body = self.json_body()
         name = body.setdefault("name", self.node)
         if name != self.node:
@@ -70,7 +72,11 @@ class InventoryHandler(AgentHandler):
         except InventoryError as e:
             raise web.HTTPError(400, f"invalid inventory: {e}") from None
         self.touch()
-        report = self.manager.inventory.accept_report(self.node, body, node)
+        try:  # on the writer thread: with the agents inventory a report may rebuild the pool
+            report = await self.core(self.manager.inventory.accept_report, self.node, body, node,
+                                     self.manager.ledger)
+        except InventoryError as e:
+            raise web.HTTPError(400, f"invalid inventory: {e}") from None
         self.write_json({"node": self.node, "gpus": len(node.gpus), "accepted": True,
                          "differences": report.differences})
 
@@ -92,7 +98,9 @@ class EnforceHandler(AgentHandler):
         if self.manager.enforcement.stray_users():
             for r in await self.read_db(self.manager.ledger.active_allocations):
                 held.setdefault(r.user, []).extend(g["uuid"] for g in r.gpus)
-        self.write_json({**self.manager.enforcement.agent_list(held), "dry_run": self.context.agent_dry_run})
+        self.write_json({**self.manager.enforcement.agent_list(held), "dry_run": self.context.agent_dry_run,
+                         # e.g. after a restart of the service: the agent sends its inventory at once
+                         "report_inventory": self.manager.inventory.wants_report(self.node)})
 
 
 def agent_routes(prefix: str) -> list[tuple[str, type[web.RequestHandler]]]:

@@ -188,13 +188,14 @@ class GPUPoolService(Application):
         self._check_profiles()
         self.settings_ = GPUPool(parent=self)
         self.ledger = Ledger(self.settings_.db_url, busy_timeout=self.db_write_timeout)
+        self.inventory_source = self.settings_.make_inventory_source()
         self.manager = PoolManager(
-            settings=self.settings_, ledger=self.ledger, pool=self.settings_.make_pool(),
+            settings=self.settings_, ledger=self.ledger, pool=self.settings_.make_pool(self.inventory_source),
             usage_source=self.make_usage_source() or AllocationRecordsSource(self.ledger),
             debit_interval=self.debit_interval, debit_delay_tolerance=self.debit_delay_tolerance,
+            source=self.inventory_source,
         )
         restored = self.manager.restore()
-        self.inventory_source = self.settings_.make_inventory_source()
         if self.inventory_source.dynamic:  # before the first request: nodes down, GPUs held outside the hub
             self.manager.inventory.apply_node_status(self.inventory_source.node_status())
         self.log.info("gpupool %s: %d node(s), %d allocation(s) restored, ledger %s",
@@ -286,7 +287,7 @@ class GPUPoolService(Application):
         if m.settings.idle_reclaim:
             jobs.every(self.idle_interval, "idle", IdleJob(self.hub, m, self.utilization))
         if self.inventory_source.dynamic:
-            jobs.every(self.settings_.slurm_refresh_interval, "inventory",
+            jobs.every(self.inventory_source.refresh_interval, "inventory",
                        InventoryRefreshJob(self.inventory_source, m.inventory, m.threads, jobs.in_thread))
         if self.culler.enabled:
             probe = UtilizationProbe(self.culler, self.prometheus_url, self.prometheus_token)

@@ -3,24 +3,31 @@ each model in it, and what the node agents last reported.
 
 Admission, views and jobs ask this unit which models exist and how a held
 allocation maps onto the placement pool; nobody else touches ``pool`` to add
-or remove hardware. Agent reports live here (in memory: an agent re-reports
-within minutes after a restart, so persisting them would only add a way to
-serve stale hardware facts).
+or remove hardware. Agent reports live here (``reports``, in memory: the
+enforcement answer asks an agent to report again when the service has no
+report of its node, so after a restart every node is back within one agent
+tick, and persisting them would only add a way to serve stale hardware facts).
+
+With ``c.GPUPool.inventory = "agents"`` the reports *are* the pool: a report
+that adds a node or changes one rebuilds the placement pool (:meth:`accept_report`),
+and allocations on nodes not reported yet since a restart stay held in the
+ledger until their node is back (:meth:`restore`).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from ..inventory.sources import NodeStatus
+from ..inventory.agents import AgentInventory, AgentReports, NodeReport
+from ..inventory.sources import InventorySource, NodeStatus
 from ..ledger import AllocationRecord, Ledger
+from ..placement.errors import InventoryError, PlacementError
 from ..placement.request import MILLI
-from ..placement.inventory import Node
+from ..placement.inventory import Node, load_nodes
 from ..placement.request import normalize_model
 from ..placement.state import GPUShare, Placement, Pool
 from ..pricing import PriceTable, PricingError, model_matches
@@ -30,27 +37,22 @@ from .errors import Refused
 
 log = logging.getLogger("gpupool.inventory")
 
-
-@dataclass
-class NodeReport:
-    """The latest word of one node's agent."""
-
-    inventory: dict[str, Any] | None = None
-    node: Node | None = None
-    received_at: datetime | None = None
-    last_seen: datetime | None = None
-    differences: list[str] = field(default_factory=list)
+__all__ = ["NodeReport", "PoolInventory"]
 
 
 class PoolInventory:
     """The placement pool and its prices; the single owner of hardware facts."""
 
-    def __init__(self, pool: Pool, prices: PriceTable, clock: Callable[[], datetime]) -> None:
+    def __init__(self, pool: Pool, prices: PriceTable, clock: Callable[[], datetime],
+                 source: InventorySource | None = None) -> None:
         self.pool = pool
         self.prices = prices
         self.clock = clock
-        self.reports: dict[str, NodeReport] = {}
-        # what the inventory source (Slurm) last said; see apply_node_status
+        # with inventory "agents" the pool follows the agents' reports; the source shares their store
+        self.source = source
+        self.follows_reports = source is not None and source.follows_reports
+        self.reports: AgentReports = source.reports if isinstance(source, AgentInventory) else AgentReports()
+        # what the inventory source (Slurm, the agents' silence) last said; see apply_node_status
         self.node_status: dict[str, NodeStatus] = {}
         self.held_outside: dict[str, list[int]] = {}
         self.unavailable: dict[str, str] = {}
@@ -122,21 +124,34 @@ class PoolInventory:
         return f"{self.pool.describe(self.placement_of(record))}, {record.price_per_hour:g} tokens/h"
 
     def restore(self, ledger: Ledger) -> int:
-        """Rebuild the placement pool from the allocations the ledger says are held."""
+        """Rebuild the placement pool from the allocations the ledger says are held.
+
+        With the agents inventory, allocations on nodes no agent has reported
+        since the restart stay held: they go back into the pool when their
+        node reports (:meth:`accept_report`)."""
         restored = 0
+        waiting = 0
         for record in ledger.active_allocations():
+            if self.follows_reports and record.node not in self.pool.by_name:
+                waiting += 1
+                continue
             try:
                 self.pool.restore(record.id, self.placement_of(record))
                 restored += 1
             except Exception as e:  # the node left the inventory, or a conflict: release, loudly
                 log.error("Releasing allocation %s of %s: cannot restore it (%s)", record.id, record.user, e)
                 ledger.release_allocation(record.id, at=self.clock(), reason=f"not restorable: {e}")
+        if waiting:
+            log.info("%d allocation(s) on nodes not reported yet stay held until their agents report", waiting)
         return restored
 
     # ------------------------------------------------------ agent reports
 
     def differences(self, node: Node) -> list[str]:
-        """How a reported node differs from the configured pool (empty: it matches)."""
+        """How a reported node differs from the configured pool (empty: it matches, or the
+        pool is what the agents report)."""
+        if self.follows_reports:
+            return []
         configured = self.pool.by_name.get(node.name)
         if configured is None:
             return [f"node {node.name!r} is not in the configured pool (c.GPUPool.nodes)"]
@@ -154,21 +169,72 @@ class PoolInventory:
         return out
 
     def seen(self, name: str) -> NodeReport:
-        """An agent of node ``name`` called: note when."""
-        report = self.reports.setdefault(name, NodeReport())
-        report.last_seen = self.clock()
-        return report
+        """An agent of node ``name`` called: note when (with the agents inventory, that
+        keeps the node taking placements)."""
+        return self.reports.seen(name, self.clock())
 
-    def accept_report(self, name: str, inventory: dict[str, Any], node: Node) -> NodeReport:
-        report = self.reports.setdefault(name, NodeReport())
-        report.inventory = inventory
-        report.node = node
-        report.received_at = self.clock()
-        report.differences = self.differences(node)
+    def wants_report(self, name: str) -> bool:
+        """Whether the service holds no inventory of node ``name`` (the agent should send it)."""
+        report = self.reports.get(name)
+        return report is None or report.inventory is None
+
+    def accept_report(self, name: str, inventory: dict[str, Any], node: Node,
+                      ledger: Ledger | None = None) -> NodeReport:
+        """Store a node's validated inventory; with the agents inventory, a new or changed
+        node rebuilds the pool (``ledger``: where allocations on nodes the pool did not
+        have yet are read from). Raises :class:`InventoryError` for a report the pool
+        cannot take (a GPU UUID another node reported, a model without a price);
+        nothing is stored then. Runs on the writer thread."""
+        if self.follows_reports:
+            self._check_joinable(name, node)
+        report = self.reports.accept(name, inventory, node, self.clock(), self.differences(node))
         if report.differences:
             log.warning("Node %s reports hardware that differs from the pool: %s", name,
                         "; ".join(report.differences))
+        if self.source is not None and self.follows_reports:
+            current = self.pool.by_name.get(name)
+            if current is None or current.node != node:
+                self._rebuild(ledger)
+                log.info("Node %s %s the pool: %d GPU(s)", name, "joined" if current is None else "changed in",
+                         len(node.gpus))
+            if name in self.unavailable:  # back from silence: take placements now, not at the next refresh
+                self.apply_node_status(self.source.node_status())
         return report
+
+    def _check_joinable(self, name: str, node: Node) -> None:
+        """A report may not claim another node's devices, nor bring a GPU model without a price."""
+        owner: dict[str, str] = {}
+        for other in self.reports:
+            report = self.reports.get(other)
+            if other != name and report is not None and report.node is not None:
+                owner.update((uuid, other) for _, uuid in _devices(report.node))
+        for index, uuid in _devices(node):
+            if uuid in owner:
+                raise InventoryError(f"device {uuid} of GPU {index} is already reported by node {owner[uuid]!r}")
+        try:
+            self.prices.check_models({g.model for g in node.gpus})
+        except PricingError as e:
+            raise InventoryError(str(e)) from None
+
+    def _rebuild(self, ledger: Ledger | None) -> None:
+        """A new placement pool over the reported nodes, holding what the old one held
+        (allocations, reservations) and the ledger's allocations on nodes that just joined."""
+        old = self.pool
+        pool = Pool(load_nodes(self.reports.inventories()), policy=old.policy, seed=old.seed)
+        held = {a: entry[3] for a, entry in old._allocs.items() if not self.is_outside(a)}
+        if ledger is not None:
+            for record in ledger.active_allocations():
+                held.setdefault(record.id, self.placement_of(record))
+        for alloc_id, placement in held.items():
+            if placement.node not in pool.by_name:
+                continue  # its node has not reported yet
+            try:
+                pool.restore(alloc_id, placement)
+            except PlacementError as e:  # the node's hardware changed under it: the ledger keeps it
+                log.error("Allocation %s no longer fits its node's reported hardware (%s); it stays held "
+                          "until its server stops, outside the placement pool", alloc_id, e)
+        self.pool = pool
+        self.apply_node_status(self.node_status)  # the source's last word, until its next refresh
 
     # --------------------------------------- the inventory source's status
 
@@ -178,16 +244,17 @@ class PoolInventory:
 
     def _drop_placeholders(self, node: str | None = None) -> None:
         for alloc_id in [a for a in list(self.pool._allocs) if self.is_outside(a)]:
-            if node is None or alloc_id.split(":", 2)[1] == node:
+            if node is None or alloc_id.split(":", 1)[1] == node:
                 self.pool.release(alloc_id)
 
     def apply_node_status(self, status: dict[str, NodeStatus]) -> None:
         """Make the pool refuse what its source says the hub cannot have.
 
         GPUs some job holds beyond the hub's own allocations on a node are held
-        by a placeholder allocation ``slurm-outside:<node>`` (the indices Slurm
+        by a placeholder allocation ``outside:<node>`` (the indices Slurm
         says are in use and no server holds, else other free GPUs of the same
-        model); a node that takes no placements gets ``slurm-unavailable:<node>``
+        model); a node that takes no placements (down in Slurm, its agent silent)
+        gets ``unavailable:<node>``
         holding its free CPUs, memory and GPUs. Servers' allocations are never
         touched. Runs on the writer thread.
         """
@@ -295,5 +362,11 @@ class PoolInventory:
         return ledger.allocation(alloc_id)  # type: ignore[return-value]
 
 
-OUTSIDE = "slurm-outside:"
-UNAVAILABLE = "slurm-unavailable:"
+def _devices(node: Node) -> list[tuple[int, str]]:
+    """(GPU index, UUID) of every GPU and MIG instance of a node."""
+    return [(g.index, uuid) for g in node.gpus for uuid in (g.uuid, *(m.uuid for m in g.mig))]
+
+
+#: placeholder allocations of the inventory source (GET pool marks their holders held_outside)
+OUTSIDE = "outside:"
+UNAVAILABLE = "unavailable:"

@@ -13,6 +13,7 @@ idle       idle reclaim warnings (the idle job decides)
 debits     charging closed intervals; the accounting status
 views      the ``me`` view (cached) and allocation JSON
 enforcement cull warnings, revoked servers, the node agents' list
+memory     the node agents' memory warnings of GPU shares
 ========== ================================================================
 
 The units are plain synchronous code. The service runs them off its event
@@ -28,6 +29,7 @@ from datetime import datetime
 from typing import Any
 
 from ..config import GPUPool
+from ..inventory.sources import InventorySource
 from ..ledger import Ledger, UnknownAccount, utcnow
 from ..placement.state import Pool
 from ..reasons import AuditAction
@@ -38,6 +40,7 @@ from .debits import Debits
 from .enforcement import CullWarning, Enforcement
 from .idle import IdleWarnings
 from .inventory import PoolInventory
+from .memory import MemoryWarnings
 from .queue import WaitQueue
 from .reclaims import Reclaims
 from .threads import CoreThreads
@@ -49,14 +52,16 @@ class PoolManager:
 
     def __init__(self, settings: GPUPool, ledger: Ledger, pool: Pool, usage_source: UsageSource, *,
                  debit_interval: int = 3600, debit_delay_tolerance: int = 900,
-                 clock: Callable[[], datetime] = utcnow, threads: CoreThreads | None = None) -> None:
+                 clock: Callable[[], datetime] = utcnow, threads: CoreThreads | None = None,
+                 source: InventorySource | None = None) -> None:
         self.settings = settings
         self.ledger = ledger
         self.clock = clock
         self.threads = threads or CoreThreads(ledger.busy_timeout, concurrent_reads=ledger.concurrent_reads)
         self.cache = ViewCache()
-        self.inventory = PoolInventory(pool, settings.price_table(), clock)
+        self.inventory = PoolInventory(pool, settings.price_table(), clock, source)
         self.enforcement = Enforcement()
+        self.memory = MemoryWarnings()
         self.accounts = Accounts(settings, ledger, self.cache, clock)
         self.reclaims = Reclaims(settings, ledger, self.inventory, self.cache, clock)
         self.queue = WaitQueue(settings, ledger, self.inventory, self.reclaims, clock)
@@ -68,7 +73,8 @@ class PoolManager:
                              delay_tolerance=debit_delay_tolerance, clock=clock,
                              on_charged=self.cache.forget, serialize=self.threads.run_write)
         self.views = Views(settings, ledger, self.inventory, self.debits, self.accounts, self.cache,
-                           self.warning_for, clock, self.threads, self.activity)
+                           self.warning_for, clock, self.threads, self.activity,
+                           memory_warnings=self.memory.for_user)
 
     @property
     def pool(self) -> Pool:

@@ -76,7 +76,8 @@ class Views:
     def __init__(self, settings: GPUPool, ledger: Ledger, inventory: PoolInventory, debits: Debits,
                  accounts: Accounts, cache: ViewCache, warning_for: Callable[[str], CullWarning | None],
                  clock: Callable[[], datetime], threads: CoreThreads,
-                 activity: Callable[[str, list[dict[str, Any]]], dict[str, Any]]) -> None:
+                 activity: Callable[[str, list[dict[str, Any]]], dict[str, Any]],
+                 memory_warnings: Callable[[str], list[dict[str, Any]]] = lambda _user: []) -> None:
         self.settings = settings
         self.ledger = ledger
         self.inventory = inventory
@@ -87,13 +88,17 @@ class Views:
         self.clock = clock
         self.threads = threads
         self.activity = activity  # GPUs as measured, idleness, queue places: never cached
+        self.memory_warnings = memory_warnings
         self._clock_cache: tuple[int, int, int, dict[str, Any]] | None = None
 
     def allocation_json(self, record: AllocationRecord) -> dict[str, Any]:
+        node = self.inventory.pool.by_name.get(record.node)
+        memory = {g.uuid: g.memory_mib for g in node.node.gpus} if node is not None else {}
         return {
             "id": record.id, "user": record.user, "server": record.server, "node": record.node,
             "gpus": [{"index": g["index"], "uuid": g["uuid"], "model": g["model"],
-                      "fraction": format_tokens(Decimal(g["milli"]) / 1000)} for g in record.gpus],
+                      "fraction": format_tokens(Decimal(g["milli"]) / 1000),
+                      "memory_mib": memory.get(g["uuid"], 0)} for g in record.gpus],
             "price_per_hour": format_tokens(record.price_per_hour), "borrowed": record.borrowed,
             "started_at": iso(record.created_at), "released_at": iso(record.released_at),
             "description": self.inventory.describe(record),
@@ -148,6 +153,7 @@ class Views:
             "accounting": clock["accounting"],
             "cull_warning": warning.as_dict() if warning else None,
             **self.activity(user, view["allocations"]),
+            "memory_warnings": self.memory_warnings(user),
         }
 
     def _clock_view(self) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from .client import (
 from .errors import GPUPoolRefused, SpawnFailure, invalid_options
 from .waiting import gave_up_waiting, queue_wait_limit, service_away, start_timeout_for_reclaims
 from .form import gpupool_options_from_form, render_form
+from .memory_hints import share_memory_env
 from .logs import install_refusal_log_filter, is_normal_refusal, refusal_filter
 from .overrides import TraitOverrides
 from .progress import ProgressLog
@@ -320,6 +321,7 @@ class GPUPoolSpawner(GPUPoolReleases):
             env["NVIDIA_VISIBLE_DEVICES"] = uuids
             env["GPUPOOL_ALLOCATION"] = allocation["id"]
             env["GPUPOOL_NODE"] = allocation.get("node", "")
+            env.update(share_memory_env(allocation))  # a time-shared fraction: keep to its memory
         else:  # a CPU-only server must not use GPUs the pool may hand to someone else
             env["CUDA_VISIBLE_DEVICES"] = ""
             env["NVIDIA_VISIBLE_DEVICES"] = "none"

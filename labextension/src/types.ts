@@ -5,6 +5,8 @@
  * Amounts are decimal strings ("46.000"), times ISO-8601 UTC strings.
  */
 
+import type { IMemoryWarning } from './memory';
+
 /** Server-computed balance state. */
 export type BalanceStatus = 'fine' | 'low' | 'negative' | 'floor';
 
@@ -103,6 +105,8 @@ export interface IMe {
   /** Absent from services before issue 14. */
   gpu_servers?: IGpuServer[];
   waiting?: IWaiting[];
+  /** A time-shared GPU share over its memory (absent from older services). */
+  memory_warnings?: IMemoryWarning[];
   /** The service's "My GPU usage" page, added by the server extension. */
   pages_url?: string;
 }

@@ -18,6 +18,7 @@ import {
   summarize
 } from './format';
 import { hasCountdown, renderActivity, statusNote } from './gpus';
+import { appendMemoryWarnings, memoryFlag } from './memory';
 import { BalanceModel } from './model';
 import type { IAllocation, IMe } from './types';
 
@@ -135,7 +136,7 @@ export class BalanceStatusItem extends Widget {
     this._balance.textContent = s.balance;
     this._burn.textContent = s.burn;
     this._left.textContent = s.timeLeft ? `${s.timeLeft} left` : '';
-    const flags = [s.borrowed ? 'borrowed' : '', s.delayed ? 'delayed' : ''].filter(Boolean);
+    const flags = [s.borrowed ? 'borrowed' : '', s.delayed ? 'delayed' : '', memoryFlag(me.memory_warnings)].filter(Boolean);
     this._flagsNode.textContent = flags.join(' · ');
     this._cull.textContent = s.cull ? `\u26a0 ${s.cull}` : '';
     this._gpus.textContent = s.cull ? '' : statusNote(me, Date.now()); // a cull warning says it already
@@ -202,6 +203,7 @@ export class BalancePanel extends Widget {
       );
       node.append(box);
     }
+    appendMemoryWarnings(node, me.memory_warnings, now);
     const activity = renderActivity(me, now); // the GPUs at work, queue places (gpus.ts)
     if (activity) {
       node.append(activity);

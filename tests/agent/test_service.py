@@ -122,7 +122,7 @@ async def test_agent_endpoints_need_the_nodes_token_or_admin(service, token, sta
     code, body = await service.call("GET", "nodes/n1/enforce", token)
     assert code == status, body
     if status == 200:
-        assert body == {"users": [], "kernels": [], "allowed": {}, "dry_run": False}
+        assert body == {"users": [], "kernels": [], "allowed": {}, "dry_run": False, "report_inventory": True}
     else:
         assert body["status"] == status and body["message"]
     inv = {"cpu_milli": 1000, "memory_mib": 1024}

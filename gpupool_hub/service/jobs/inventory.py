@@ -1,4 +1,5 @@
-"""Refresh: what the inventory source (Slurm) says now, applied to the placement pool."""
+"""Refresh: what the inventory source says now (Slurm's node states and jobs, which
+node agents went silent), applied to the placement pool."""
 
 from __future__ import annotations
 

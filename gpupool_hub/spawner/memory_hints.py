@@ -1,0 +1,48 @@
+"""Environment hints that keep a time-shared GPU fraction to its memory.
+
+Time-slicing does not isolate memory, so the node agent's memory guard stops
+processes that hold more than their share (``agent/memguard.py``). These
+variables help the user's code stay inside the share in the first place; each
+is honoured only by what reads it (see docs/user-guide.md):
+
+* ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` (``0=<N>M``): a hard cap, enforced by the
+  CUDA driver for clients of an MPS control daemon; ignored without MPS. Set
+  only when the pool knows the GPU's memory. Device ``0`` is the first visible
+  device, which is the share's GPU (``CUDA_VISIBLE_DEVICES`` names only it).
+* ``XLA_PYTHON_CLIENT_MEM_FRACTION``: JAX preallocates this fraction of the GPU
+  (75 % by default, which would overrun any share below it).
+* ``TF_FORCE_GPU_ALLOW_GROWTH=true``: TensorFlow allocates as it needs instead
+  of grabbing nearly all the GPU's memory at start.
+* ``GPUPOOL_GPU_FRACTION``, ``GPUPOOL_GPU_MEMORY_LIMIT_MIB``: for code that caps
+  itself, e.g. PyTorch (``torch.cuda.set_per_process_memory_fraction``), which
+  no environment variable can cap (``PYTORCH_CUDA_ALLOC_CONF`` tunes the
+  caching allocator, it sets no limit).
+
+Whole GPUs and MIG instances get none of these: nothing shares their memory.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+
+def share_memory_env(allocation: dict[str, Any]) -> dict[str, str]:
+    """The hints for an allocation holding one time-shared fraction of a GPU; ``{}`` otherwise."""
+    gpus = allocation.get("gpus") or []
+    if len(gpus) != 1 or gpus[0].get("mig_uuid"):
+        return {}
+    try:
+        fraction = Decimal(str(gpus[0].get("fraction", "1")))
+    except InvalidOperation:
+        return {}
+    if not 0 < fraction < 1:
+        return {}
+    text = f"{fraction.normalize():f}"
+    env = {"GPUPOOL_GPU_FRACTION": text, "XLA_PYTHON_CLIENT_MEM_FRACTION": text, "TF_FORCE_GPU_ALLOW_GROWTH": "true"}
+    memory_mib = int(gpus[0].get("memory_mib") or 0)
+    if memory_mib > 0:
+        limit = int(memory_mib * fraction)
+        env["GPUPOOL_GPU_MEMORY_LIMIT_MIB"] = str(limit)
+        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={limit}M"
+    return env
