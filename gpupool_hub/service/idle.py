@@ -13,6 +13,12 @@ Utilization comes from Prometheus (the node agent's
 ``gpupool_agent_gpu_utilization_ratio`` by ``gpu_uuid``, or DCGM's
 ``DCGM_FI_DEV_GPU_UTIL`` with another query), else from the node agents'
 reports to ``PUT nodes/{node}/utilization`` (:class:`ReportedUtilization`).
+
+What users and admins see is measured by the same job, once per run, and never
+per request (every lab tab polls ``GET me``): each held GPU's latest
+utilization and memory and since when it has been idle (``readings``), each
+server's idleness (the pure ``server_idleness``: idle since, from when it may be
+reclaimed), published whole in :class:`IdleWarnings`.
 """
 
 from __future__ import annotations
