@@ -139,7 +139,14 @@ def cmd_pool(client: Client, args: argparse.Namespace) -> int:
             holders = ", ".join(f"{h['user']}/{h['server'] or '-'} ({h['fraction']})"
                                 + (f" idle since {h['idle_since']}" if h.get("idle_since") else "")
                                 for h in g["holders"])
-            rows.append((node["node"], g["index"], g["model"], g["allocated_fraction"], holders or "free"))
+            rows.append((node["node"], g["index"], g["model"], g["allocated_fraction"],
+                         "MIG" if g.get("mig") else (holders or "free")))
+            for m in g.get("mig", ()):  # each MIG instance on its own line, under its GPU
+                who = ", ".join(f"{h['user']}/{h['server'] or '-'}"
+                                + (f" idle since {h['idle_since']}" if h.get("idle_since") else "")
+                                for h in m["holders"])
+                rows.append(("", f"  {g['index']}/{m['profile']}", m["uuid"],
+                             m["fraction"] if m["holders"] else "0.000", who or "free"))
     print(table(rows, ["node", "gpu", "model", "allocated", "holders"]))
     teams = pool.get("teams") or []
     if teams:

@@ -15,7 +15,7 @@ from traitlets import Bool, Dict, Float, List, TraitError, TraitType, Unicode, d
 from traitlets.config import Configurable
 
 from .credits import CreditRules, rules_for_groups
-from .pricing import PriceTable, PricingError
+from .pricing import PriceTable, PricingError, parse_mig_prices
 from .units import AmountError, parse_amount
 
 
@@ -56,6 +56,18 @@ class GPUPool(Configurable):
         ("NVIDIA GeForce RTX 3090 Ti") by whole words, case-insensitively; the
         entry with the most matching words wins, so "RTX 3090 Ti" beats
         "RTX 3090". A fraction of a GPU costs its share of the price.
+        """,
+    ).tag(config=True)
+
+    mig_prices = Dict(
+        {},
+        help="""Tokens per hour of one MIG instance, per MIG profile, e.g.
+        ``{"1g.10gb": "0.6", "3g.40gb": "1.5"}``.
+
+        A profile missing here costs its share of its GPU's compute slices
+        times the GPU model's price from `prices`: a 1g instance is 1/7 of an
+        A100's price (1/4 of an A30's), a 3g is 3/7. Default: empty (every
+        instance priced by slices).
         """,
     ).tag(config=True)
 
@@ -250,6 +262,14 @@ class GPUPool(Configurable):
             raise TraitError(str(e)) from None
         return proposal["value"]
 
+    @validate("mig_prices")
+    def _check_mig_prices(self, proposal: Any) -> dict:  # type: ignore[type-arg]
+        try:
+            parse_mig_prices(proposal["value"])
+        except PricingError as e:
+            raise TraitError(str(e)) from None
+        return proposal["value"]
+
     @validate("group_credits")
     def _check_groups(self, proposal: Any) -> dict:  # type: ignore[type-arg]
         for group, values in proposal["value"].items():
@@ -332,7 +352,7 @@ class GPUPool(Configurable):
         return Teams.from_config(self.teams, self.default_team)
 
     def price_table(self) -> PriceTable:
-        return PriceTable.from_config(self.prices, self.default_price)
+        return PriceTable.from_config(self.prices, self.default_price, mig_prices=self.mig_prices)
 
     @property
     def tz(self) -> ZoneInfo:

@@ -74,7 +74,9 @@ class GPUPoolKubeSpawner(GPUPoolSpawner, KubeSpawner):
         Keys are the profile's gpu_fraction as a string; values map resource
         names to quantities. A MIG instance counts as its slices out of 7 (a
         3g.40gb is 3/7 ≈ 0.43 of the GPU), so the profile's fraction must not
-        exceed that.""",
+        exceed that. A profile with ``"mig": "1g.10gb"`` gets
+        ``nvidia.com/mig-1g.10gb: 1`` (the device plugin's mixed strategy)
+        unless a key here names that MIG profile.""",
     ).tag(config=True)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -99,6 +101,12 @@ class GPUPoolKubeSpawner(GPUPoolSpawner, KubeSpawner):
 
     def gpu_limits(self, allocation: dict[str, Any]) -> dict[str, str]:
         gpus = allocation.get("gpus", [])
+        profile = gpus[0].get("mig_profile") if len(gpus) == 1 else None
+        if profile:  # one MIG instance: the device plugin's resource for its profile (mixed strategy)
+            mapped = self.gpu_fraction_resources.get(profile)
+            if mapped:
+                return {str(k): str(v) for k, v in mapped.items()}
+            return {f"nvidia.com/mig-{profile}": "1"}
         fractions = [Decimal(str(g.get("fraction", "1"))) for g in gpus]
         if len(fractions) == 1 and fractions[0] < 1:
             key = format(fractions[0].normalize(), "f")

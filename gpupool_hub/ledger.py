@@ -111,7 +111,7 @@ allocations = sa.Table(
     sa.Column("user", sa.Unicode(255), nullable=False),
     sa.Column("server", sa.Unicode(255), nullable=False, default=""),
     sa.Column("node", sa.Unicode(255), nullable=False),
-    sa.Column("gpus", sa.JSON, nullable=False),  # [{"index", "uuid", "model", "milli", "mig_uuid"}]
+    sa.Column("gpus", sa.JSON, nullable=False),  # [{"index", "uuid", "model", "milli", "mig_uuid"[, "mig_profile"]}]
     sa.Column("request", sa.JSON, nullable=False),
     sa.Column("price_per_hour_milli", sa.BigInteger, nullable=False),
     sa.Column("borrowed", sa.Boolean, nullable=False, default=False),

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 
+from .mig import MigProfileError, compute_share, parse_mig_profile
 from .units import AmountError, parse_amount
 
 SECONDS_PER_HOUR = Decimal(3600)
@@ -40,16 +41,37 @@ def model_matches(name: str, model: str) -> bool:
     return _contains(_words(model), _words(name))
 
 
+def parse_mig_prices(value: object, trait: str = "GPUPool.mig_prices") -> dict[str, Decimal]:
+    """``{"1g.10gb": "0.6"}`` → canonical profile → Decimal tokens per instance-hour; errors name the key."""
+    if not isinstance(value, Mapping):
+        raise PricingError(f"c.{trait} must be a dict of MIG profile -> tokens per instance-hour, got {value!r}")
+    out: dict[str, Decimal] = {}
+    for name, price in value.items():
+        try:
+            profile = parse_mig_profile(name)
+        except MigProfileError as e:
+            raise PricingError(f"c.{trait}: {e}") from None
+        if profile in out:
+            raise PricingError(f"c.{trait}: {name!r} names profile {profile!r} a second time; keep one")
+        try:
+            out[profile] = parse_amount(price, what="price", allow_negative=False)
+        except AmountError as e:
+            raise PricingError(f"c.{trait}[{name!r}] = {price!r}: {e}") from None
+    return out
+
+
 @dataclass(frozen=True)
 class PriceTable:
-    """Tokens per GPU-hour for each configured model name."""
+    """Tokens per GPU-hour for each configured model name, and per MIG instance-hour for profiles."""
 
     prices: Mapping[str, Decimal]
     default_price: Decimal | None = None
+    mig_prices: Mapping[str, Decimal] = field(default_factory=dict)  # canonical profile -> per instance-hour
 
     @classmethod
     def from_config(
-        cls, prices: Mapping[str, object], default_price: object = None, *, trait: str = "GPUPool.prices"
+        cls, prices: Mapping[str, object], default_price: object = None, *, trait: str = "GPUPool.prices",
+        mig_prices: Mapping[str, object] | None = None,
     ) -> PriceTable:
         """Validate admin input; every error names the offending key."""
         if not isinstance(prices, Mapping):
@@ -75,7 +97,7 @@ class PriceTable:
                 default = parse_amount(default_price, what="default_price", allow_negative=False)
             except AmountError as e:
                 raise PricingError(f"c.GPUPool.default_price = {default_price!r}: {e}") from None
-        return cls(prices=parsed, default_price=default)
+        return cls(prices=parsed, default_price=default, mig_prices=parse_mig_prices(mig_prices or {}))
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_matches", {})  # model -> entry; a pool has few models, debits many rows
@@ -124,6 +146,21 @@ class PriceTable:
         """Hourly price of ``gpus`` GPUs of ``model``; fractions cost their share."""
         return self.price_per_gpu_hour(model) * Decimal(gpus)
 
-    def cost(self, model: str, gpu_seconds: Decimal) -> Decimal:
-        """Unrounded cost of GPU-seconds; the ledger rounds once per entry."""
+    def cost(self, model: str, gpu_seconds: Decimal, mig_profile: str | None = None) -> Decimal:
+        """Unrounded cost of GPU-seconds (of instance-seconds with ``mig_profile``); the ledger rounds once per entry."""
+        if mig_profile is not None:
+            return self.mig_price_per_hour(model, mig_profile) * gpu_seconds / SECONDS_PER_HOUR
         return self.price_per_gpu_hour(model) * gpu_seconds / SECONDS_PER_HOUR
+
+    def mig_price_per_hour(self, model: str, profile: str) -> Decimal:
+        """Tokens per hour of one MIG instance: ``mig_prices[profile]`` if set, else its
+        share of the GPU's compute slices times the GPU's price (1g of an A100 = 1/7).
+
+        Unrounded (1/7 does not end): the ledger rounds each debit to the
+        milli-token and carries the remainder, so hours of use add up exactly.
+        """
+        profile = parse_mig_profile(profile)
+        if profile in self.mig_prices:
+            return self.mig_prices[profile]
+        share = compute_share(profile, model)
+        return self.price_per_gpu_hour(model) * share.numerator / share.denominator

@@ -18,6 +18,8 @@ from typing import Any
 
 from traitlets import TraitError
 
+from .mig import MigProfileError, parse_mig_profile
+
 __all__ = [
     "MAX_GPUS", "PROFILE_KEYS", "InvalidOptions", "Profile", "choose_profile", "default_profile",
     "format_decimal", "parse_memory", "parse_profile", "parse_profiles",
@@ -35,6 +37,7 @@ PROFILE_KEYS = {
     "description": "optional longer text under the name",
     "gpus": "whole GPUs (0-16); 0 or absent with no gpu_fraction = a CPU-only profile",
     "gpu_fraction": "a share of one GPU (0 < f < 1, at most 3 decimals), instead of gpus",
+    "mig": "one MIG instance of this profile, e.g. '1g.10gb' or '3g.40gb', instead of gpus/gpu_fraction",
     "max_gpus": "let users pick 1..max_gpus whole GPUs (user option 'gpus'); default: exactly gpus",
     "models": "allowed GPU models, e.g. ['RTX 3090'] (matched like c.GPUPool.prices); default any",
     "cpu": "CPU cores (number); sets cpu_limit and the placement request",
@@ -58,6 +61,7 @@ class Profile:
     description: str = ""
     gpus: int = 0
     gpu_milli: int = 0
+    mig: str = ""  # canonical MIG profile ("1g.10gb"): exactly one instance of it
     max_gpus: int = 0
     models: tuple[str, ...] = ()
     cpu: float | None = None
@@ -67,7 +71,7 @@ class Profile:
 
     @property
     def needs_gpu(self) -> bool:
-        return self.gpus > 0 or self.gpu_milli > 0 or self.max_gpus > 0
+        return self.gpus > 0 or self.gpu_milli > 0 or self.max_gpus > 0 or bool(self.mig)
 
     @property
     def gpu_amount(self) -> Decimal:
@@ -82,20 +86,24 @@ class Profile:
     def describe(self, gpus: int | None = None) -> str:
         """What the request is, in words, for the form and the progress page."""
         n = self.gpus if gpus is None else gpus
-        if self.gpu_milli:
+        if self.mig:
+            what = f"a {self.mig} MIG instance"
+        elif self.gpu_milli:
             what = f"{format_decimal(Decimal(self.gpu_milli) / 1000)} of a GPU"
         elif n:
             what = f"{n} GPU{'s' if n != 1 else ''}"
         else:
             what = "no GPU"
-        if self.models and (self.gpu_milli or n):
+        if self.models and (self.mig or self.gpu_milli or n):
             what += f" ({' or '.join(self.models)})"
         return what
 
     def request(self, gpus: int | None = None) -> dict[str, Any]:
         """The body's ``request`` for ``POST /allocations``."""
         body: dict[str, Any] = {}
-        if self.gpu_milli:
+        if self.mig:
+            body["mig"] = self.mig
+        elif self.gpu_milli:
             body["gpu_fraction"] = format_decimal(Decimal(self.gpu_milli) / 1000)
         else:
             body["gpus"] = self.gpus if gpus is None else gpus
@@ -154,6 +162,19 @@ def _gpu_milli(raw: Mapping[str, Any], where: str, gpus: int) -> int:
     return int(value * 1000)
 
 
+def _mig(raw: Mapping[str, Any], where: str) -> str:
+    if "mig" not in raw:
+        return ""
+    try:
+        profile = parse_mig_profile(raw["mig"])
+    except MigProfileError as e:
+        raise TraitError(f"{where}: 'mig': {e}") from None
+    clash = sorted(k for k in ("gpus", "gpu_fraction", "max_gpus") if k in raw)
+    if clash:
+        raise TraitError(f"{where}: 'mig' asks for exactly one MIG instance; remove {clash}")
+    return profile
+
+
 def _models(raw: Mapping[str, Any], where: str, has_gpu: bool) -> tuple[str, ...]:
     models = raw.get("models", [])
     if isinstance(models, str):
@@ -161,7 +182,8 @@ def _models(raw: Mapping[str, Any], where: str, has_gpu: bool) -> tuple[str, ...
     if not isinstance(models, (list, tuple)) or not all(isinstance(m, str) and m.strip() for m in models):
         raise TraitError(f"{where}: 'models' must be a list of GPU model names such as ['RTX 3090'], got {models!r}")
     if models and not has_gpu:
-        raise TraitError(f"{where}: 'models' needs 'gpus' or 'gpu_fraction' (a CPU-only profile has no GPU model)")
+        raise TraitError(
+            f"{where}: 'models' needs 'gpus', 'gpu_fraction' or 'mig' (a CPU-only profile has no GPU model)")
     return tuple(m.strip() for m in models)
 
 
@@ -213,7 +235,8 @@ def parse_profile(raw: Any, index: int, trait: str = "GPUPoolSpawner.profiles") 
             gpus = 1
         if max_gpus < gpus:
             raise TraitError(f"{where}: 'max_gpus' ({max_gpus}) must be at least 'gpus' ({gpus})")
-    models = _models(raw, where, bool(gpus or gpu_milli))
+    mig = _mig(raw, where)
+    models = _models(raw, where, bool(gpus or gpu_milli or mig))
     cpu, memory = _resources(raw, where)
     is_default = raw.get("default", False)
     if not isinstance(is_default, bool):
@@ -223,7 +246,7 @@ def parse_profile(raw: Any, index: int, trait: str = "GPUPoolSpawner.profiles") 
         raise TraitError(f"{where}: 'spawner_override' must be a dict of spawner trait names to values")
     return Profile(
         slug=slug, display_name=display_name.strip(), description=description, gpus=gpus, gpu_milli=gpu_milli,
-        max_gpus=max_gpus, models=models, cpu=cpu, memory=memory, default=is_default,
+        mig=mig, max_gpus=max_gpus, models=models, cpu=cpu, memory=memory, default=is_default,
         spawner_override=dict(override),
     )
 
@@ -292,7 +315,7 @@ def _chosen_gpus(profile: Profile | None, value: Any) -> int:
         raise InvalidOptions("'gpus' needs a profile; this hub has no GPU profiles")
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidOptions(f"'gpus' must be a whole number, got {value!r}")
-    if not profile.needs_gpu or profile.gpu_milli:
+    if not profile.needs_gpu or profile.gpu_milli or profile.mig:
         if value != profile.gpus:
             raise InvalidOptions(f"profile {profile.slug!r} has a fixed GPU amount; leave out 'gpus'")
     else:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from .placement import mig as mig_placement
 from .placement.errors import ModelUnavailable, NoCapacity
 from .placement.request import MILLI, Request, model_allowed
 from .placement.state import Placement, Pool
@@ -49,7 +50,7 @@ class Waiter:
     @property
     def shape(self) -> tuple[Any, ...]:
         r = self.request
-        return (r.cpu_milli, r.memory_mib, r.gpus, r.gpu_milli, r.models)
+        return (r.cpu_milli, r.memory_mib, r.gpus, r.gpu_milli, r.models, r.mig)
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,11 @@ def reserve_node(pool: Pool, req: Request) -> str | None:
         if n.cpu_milli < req.cpu_milli or n.memory_mib < req.memory_mib:
             continue
         slots = [s for s, mk in enumerate(ns.slot_model) if model_allowed(mk, req.models)]
-        if req.gpus:
+        if req.mig:  # only nodes with an instance of its profile; the most of them free first
+            if not mig_placement.fits_node(ns, req):
+                continue
+            free = len(mig_placement.free_instances(ns, req))
+        elif req.gpus:
             if sum(1 for s in slots if ns.whole[s]) < req.gpus:
                 continue
             free = sum(1 for s in slots if ns.whole[s] and ns.free[s] == MILLI)

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from ..mig import total_slices
 from .errors import InventoryError
 from .request import MILLI, normalize_model
 from .topology import PcieLevel, Topology, build_topology, parse_pcie_level
@@ -112,7 +113,7 @@ def _check_keys(d: Mapping[str, Any], allowed: Iterable[str], where: str) -> Non
         raise InventoryError(f"{where} has unknown key(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(sorted(allowed))}")
 
 
-def _load_mig(items: Any, where: str, parent_uuid: str) -> Tuple[MigDevice, ...]:
+def _load_mig(items: Any, where: str, parent_uuid: str, model: str = "") -> Tuple[MigDevice, ...]:
     if not isinstance(items, (list, tuple)):
         raise InventoryError(f"{where} must be a list of MIG instances")
     out = []
@@ -129,7 +130,7 @@ def _load_mig(items: Any, where: str, parent_uuid: str) -> Tuple[MigDevice, ...]
             hit = _MIG_PROFILE.match(profile)
             if not hit:
                 raise InventoryError(f"{w}.milli is missing and profile {profile!r} does not start with '<N>g.'")
-            milli = int(hit.group(1)) * MILLI // 7
+            milli = int(hit.group(1)) * MILLI // total_slices(model)  # 4 on an A30, else 7
         if milli > MILLI:
             raise InventoryError(f"{w}.milli must be at most {MILLI}, got {milli}")
         out.append(MigDevice(uuid=uuid, profile=profile, milli=milli))
@@ -157,7 +158,7 @@ def _load_gpus(spec: Any, where: str, node_name: str) -> Tuple[GPU, ...]:
         uuid = _str(g.get("uuid", f"{node_name}/gpu{index}"), f"{w}.uuid")
         model = _str(_req(g, "model", w), f"{w}.model")
         mem = _int(g.get("memory_mib", 0), f"{w}.memory_mib")
-        mig = _load_mig(g.get("mig", ()), f"{w}.mig", uuid)
+        mig = _load_mig(g.get("mig", ()), f"{w}.mig", uuid, model)
         gpus.append(GPU(index=index, uuid=uuid, model=model, memory_mib=mem, mig=mig))
     seen = set()
     for i, g in enumerate(gpus):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import AbstractSet, Iterable, Optional
 
+from ..mig import MigProfileError, nominal_milli, parse_mig_profile
 from .errors import InvalidRequest
 
 MILLI = 1000  # one whole GPU, in milli-GPU
@@ -43,6 +44,10 @@ class Request:
     service uses them to put a server back on the GPUs it had, or to pin one.
     A fraction takes at most one required device; naming a GPU with MIG
     instances lets it take any of them.
+
+    ``mig`` (a profile such as ``"1g.10gb"``) asks for exactly one free MIG
+    instance of that profile, instead of ``gpus`` or ``gpu_milli``: MIG
+    instances are fixed partitions, so the profile, not a share, is what fits.
     """
 
     cpu_milli: int = 0
@@ -52,6 +57,7 @@ class Request:
     models: Optional[frozenset] = None
     required: frozenset = frozenset()
     preferred: frozenset = frozenset()
+    mig: Optional[str] = None
 
     def __post_init__(self) -> None:
         for name in ("cpu_milli", "memory_mib", "gpus", "gpu_milli"):
@@ -73,6 +79,13 @@ class Request:
                     f"gpu_milli is a fraction of one GPU (1-999 milli); for whole GPUs use gpus=N "
                     f"(got gpu_milli={self.gpu_milli})"
                 )
+        if self.mig is not None:
+            try:
+                object.__setattr__(self, "mig", parse_mig_profile(self.mig))
+            except MigProfileError as e:
+                raise InvalidRequest(str(e)) from None
+            if self.gpus or self.gpu_milli:
+                raise InvalidRequest(f"a MIG request ({self.mig}) takes one instance; leave out gpus and gpu_milli")
         if self.models is not None:
             models = self.models
             if isinstance(models, str):
@@ -95,7 +108,7 @@ class Request:
             if not all(isinstance(u, str) and u.strip() for u in uuids):
                 raise InvalidRequest(f"{name} must name devices by non-empty UUID strings, got {sorted(map(repr, uuids))}")
             object.__setattr__(self, name, frozenset(u.strip() for u in uuids))
-        if (self.required or self.preferred) and not (self.gpus or self.gpu_milli):
+        if (self.required or self.preferred) and not (self.gpus or self.gpu_milli or self.mig):
             raise InvalidRequest("a request without GPUs cannot require or prefer GPU devices")
         limit = self.gpus if self.gpus else 1
         if len(self.required) > limit:
@@ -122,13 +135,16 @@ class Request:
 
     @property
     def total_gpu_milli(self) -> int:
-        """GPU demand in milli-GPU, the unit every ratio in the engine is measured in."""
+        """GPU demand in milli-GPU, the unit every ratio in the engine is measured in
+        (a MIG request: its profile's slices out of 7, before the GPU is known)."""
+        if self.mig:
+            return nominal_milli(self.mig)
         return self.gpu_milli if self.gpu_milli else self.gpus * MILLI
 
     @property
     def shape(self) -> tuple:
         """Hashable key of what the policies care about (memory excluded on purpose)."""
-        return (self.cpu_milli, self.gpus, self.gpu_milli, self.models)
+        return (self.cpu_milli, self.gpus, self.gpu_milli, self.models) + ((self.mig,) if self.mig else ())
 
     @property
     def pinned(self) -> bool:
@@ -136,7 +152,8 @@ class Request:
         return bool(self.required or self.preferred)
 
     def describe(self) -> str:
-        gpu = (f"{self.gpu_milli / MILLI:g} of a GPU" if self.gpu_milli
+        gpu = (f"a {self.mig} MIG instance" if self.mig
+               else f"{self.gpu_milli / MILLI:g} of a GPU" if self.gpu_milli
                else f"{self.gpus} GPU{'s' if self.gpus != 1 else ''}")
         models = f" ({' or '.join(sorted(self.models))})" if self.models else ""
         pins = f", on {' and '.join(sorted(self.required))}" if self.required else ""

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Tuple
 
 from .errors import ModelUnavailable, NoCapacity, PlacementConflict, PlacementError
+from . import mig as mig_placement
 from . import pins
 from .inventory import MigDevice, Node, load_node
 from .mix import DEFAULT_FLOOR_WEIGHT, DEFAULT_RESERVE, Expected
@@ -24,13 +25,18 @@ from .request import MILLI, Request, model_allowed
 
 @dataclass(frozen=True, slots=True)
 class GPUShare:
-    """One device of a placement: ``milli`` is 1000 for a whole GPU."""
+    """One device of a placement: ``milli`` is 1000 for a whole GPU.
+
+    On a MIG instance, ``mig_uuid`` names it and ``mig_profile`` is its
+    profile: what the server's CUDA_VISIBLE_DEVICES and its price go by.
+    """
 
     index: int
     uuid: str
     model: str
     milli: int
     mig_uuid: Optional[str] = None
+    mig_profile: Optional[str] = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +227,11 @@ class Pool:
         of small requests. Replaces the previous declaration; an empty list
         clears it. Raises :class:`InvalidRequest` for a bad declaration.
         """
+        # MIG requests never reach the policy (placement/mig.py places them): not part of its mix
+        if isinstance(shapes, Mapping):
+            shapes = {r: w for r, w in shapes.items() if not (isinstance(r, Request) and r.mig)}
+        else:
+            shapes = [r for r in shapes if not (isinstance(r, Request) and r.mig)]
         self.policy.expect(shapes, floor_weight, reserve)
 
     def idle_nodes(self, model_key: str) -> int:
@@ -242,6 +253,9 @@ class Pool:
         they are free; with ``preferred`` ones, the nodes holding the most of
         them (usable now) are the only candidates if any holds one.
         """
+        if req.mig:
+            return [ns for ns in self.nodes if ns.cpu_free >= req.cpu_milli and ns.mem_free >= req.memory_mib
+                    and mig_placement.free_instances(ns, req)]
         out = self._candidates(req)
         if req.required:
             node = pins.pin_node(self.by_device, req)
@@ -274,6 +288,8 @@ class Pool:
 
     def could_ever_fit(self, req: Request) -> bool:
         """Whether the request fits some node of this pool when that node is empty."""
+        if req.mig:
+            return any(mig_placement.fits_node(ns, req) for ns in self.nodes)
         if req.required:
             return pins.why_never(self.by_device, req) is None
         for ns in self.nodes:
@@ -300,25 +316,26 @@ class Pool:
         if alloc_id in self._allocs:
             raise PlacementConflict(f"allocation id {alloc_id!r} is already in use")
         policy = self.policy
-        policy.observe(req)
+        if not req.mig:  # the policies never see MIG requests (placement/mig.py chooses)
+            policy.observe(req)
         cands = self.candidates(req)
         if avoid:
             cands = [c for c in cands if c.name not in avoid]
         if not cands:
             self._refuse(req)
-        ns, slots = policy.select(req, cands)
+        ns, slots = mig_placement.choose(req, cands) if req.mig else policy.select(req, cands)
         return self._apply(alloc_id, req, ns.real, tuple(slots))
 
     def _refuse(self, req: Request) -> None:
-        if req.models is not None and (req.gpus or req.gpu_milli) and not (req.models & self.all_model_keys):
+        if req.models is not None and (req.gpus or req.gpu_milli or req.mig) and not (req.models & self.all_model_keys):
             have = ", ".join(sorted({g.model for ns in self.nodes for g in ns.node.gpus})) or "none"
             raise ModelUnavailable(
                 f"no node in this pool has GPU model {' or '.join(sorted(req.models))} (available: {have})")
-        if req.required:
+        if req.required and not req.mig:
             never = pins.why_never(self.by_device, req)
             if never:
                 raise ModelUnavailable(never)
-        key = (req.cpu_milli, req.memory_mib, req.gpus, req.gpu_milli, req.models, req.required)
+        key = (req.cpu_milli, req.memory_mib, req.gpus, req.gpu_milli, req.models, req.required, req.mig)
         ever = self._ever_fits.get(key)
         if ever is None:
             ever = self._ever_fits[key] = self.could_ever_fit(req)
@@ -331,7 +348,11 @@ class Pool:
         if ns.cpu_free < req.cpu_milli or ns.mem_free < req.memory_mib:
             raise PlacementError(f"policy chose {ns.name}, which lacks CPU or memory")  # policy bug
         charges: List[int] = []
-        if req.gpu_milli:
+        if req.mig:
+            if len(slots) != 1 or slots[0] not in mig_placement.free_instances(ns, req):
+                raise PlacementError(f"policy chose devices {slots} of {ns.name}, not one free {req.mig} instance")
+            charges.append(ns.cap[slots[0]])
+        elif req.gpu_milli:
             if len(slots) != 1:
                 raise PlacementError("a fractional request takes exactly one device")
             s = slots[0]
@@ -352,7 +373,9 @@ class Pool:
         for s, ch in zip(slots, charges):
             g = node.gpus[ns.slot_gpu[s]]
             mig = ns.slot_mig[s]
-            shares.append(GPUShare(g.index, g.uuid, g.model, req.gpu_milli or MILLI, mig.uuid if mig else None))
+            milli = ch if req.mig else (req.gpu_milli or MILLI)
+            shares.append(GPUShare(g.index, g.uuid, g.model, milli, mig.uuid if mig else None,
+                                   mig_placement.instance_profile(mig) if mig else None))
         placement = Placement(node=ns.name, gpus=tuple(shares), cpu_milli=req.cpu_milli, memory_mib=req.memory_mib)
         self._commit(alloc_id, ns, slots, tuple(charges), placement)
         return placement
@@ -513,6 +536,8 @@ class Pool:
         ns = self.by_name.get(placement.node)
         if len(placement.gpus) == 1:
             g = placement.gpus[0]
+            if g.mig_profile:
+                return f"{placement.node}, MIG {g.mig_uuid} ({g.mig_profile}) of GPU {g.index} ({g.model})"
             if g.milli < MILLI:
                 where = f"MIG {g.mig_uuid} of GPU {g.index}" if g.mig_uuid else f"GPU {g.index}"
                 return f"{placement.node}, {g.milli / 10:g}% of {where} ({g.model})"

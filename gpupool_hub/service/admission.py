@@ -10,6 +10,7 @@ never race.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -42,7 +43,7 @@ def _num(value: Decimal) -> str:
     return f"{value.normalize():f}"
 
 
-REQUEST_FIELDS = frozenset({"gpus", "gpu_milli", "gpu_fraction", "models", "cpu_milli", "memory_mib"})
+REQUEST_FIELDS = frozenset({"gpus", "gpu_milli", "gpu_fraction", "mig", "models", "cpu_milli", "memory_mib"})
 
 
 def parse_request(body: Any) -> Request:
@@ -69,11 +70,14 @@ def parse_request(body: Any) -> Request:
         not isinstance(models, list) or not models or not all(isinstance(m, str) and m.strip() for m in models)
     ):
         raise BadRequest(f"models must be a non-empty list of GPU model names, got {models!r}")
+    mig = body.get("mig")
+    if mig is not None and not isinstance(mig, str):
+        raise BadRequest(f"mig must be a MIG profile name such as '1g.10gb', got {mig!r}")
     try:
         return Request(
             cpu_milli=body.get("cpu_milli", 0), memory_mib=body.get("memory_mib", 0),
             gpus=body.get("gpus", 0), gpu_milli=gpu_milli,
-            models=frozenset(models) if models else None,
+            models=frozenset(models) if models else None, mig=mig,
         )
     except InvalidRequest as e:
         raise BadRequest(str(e)) from None
@@ -120,9 +124,7 @@ class Admission:
         if not allowed:  # inventory "agents" before any node's agent has reported
             raise Refused(RefusalReason.MODEL_UNAVAILABLE, "This pool has no GPU node yet.",
                           details={"requested": requested_models or [], "available": []})
-        gpus = Decimal(request.total_gpu_milli) / 1000
-        prices = self.inventory.prices
-        price = {m: prices.price_per_hour(m, gpus) for m in allowed}  # type: ignore[union-attr]
+        price = {m: self.inventory.request_price(m, request) for m in allowed}
         hours = self.settings.min_start_hours
         affordable = frozenset(m for m in price if can_start(balance, held_price + price[m], rules, hours))
         if affordable:
@@ -178,8 +180,7 @@ class Admission:
             raise BadRequest("a request without GPUs needs no allocation")
         groups = set(groups)
         affordable = self.affordable_models(user, groups, request, requested_models)
-        req = Request(cpu_milli=request.cpu_milli, memory_mib=request.memory_mib, gpus=request.gpus,
-                      gpu_milli=request.gpu_milli, models=affordable)
+        req = dataclasses.replace(request, models=affordable)
         return self.place(user, groups, server, request, req, requested_models, key)
 
     def place(self, user: str, groups: set[str], server: str, request: Request, req: Request,
@@ -262,6 +263,8 @@ class Admission:
         stored: dict[str, Any] = {"cpu_milli": request.cpu_milli, "memory_mib": request.memory_mib,
                                   "gpus": request.gpus, "gpu_milli": request.gpu_milli,
                                   "models": sorted(requested_models or [])}
+        if request.mig:
+            stored["mig"] = request.mig
         if key is not None:
             stored["key"] = key  # the spawn attempt's idempotency key
         if team is not None and usage is not None:
@@ -270,7 +273,8 @@ class Admission:
             stored["team"] = team
         record = AllocationRecord(
             id=alloc_id, user=user, server=server, node=placement.node,
-            gpus=tuple({"index": g.index, "uuid": g.uuid, "model": g.model, "milli": g.milli, "mig_uuid": g.mig_uuid}
+            gpus=tuple({"index": g.index, "uuid": g.uuid, "model": g.model, "milli": g.milli, "mig_uuid": g.mig_uuid,
+                        **({"mig_profile": g.mig_profile} if g.mig_profile else {})}
                        for g in placement.gpus),
             request=stored,
             price_per_hour=round_milli(self.inventory.price_of(placement)), borrowed=borrowed,

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
 from urllib.parse import urlparse
 
 from jupyterhub.services.auth import HubAuth, HubOAuth
@@ -25,7 +24,7 @@ from .. import __version__
 from ..config import GPUPool
 from ..ledger import Ledger
 from ..profiles import parse_profiles
-from ..usage.records import AllocationRecordsSource
+from ..usage import UsageSource
 from .configfile import CONFIG_FILE_ENV
 from .context import ServiceContext
 from .cull import Culler
@@ -42,6 +41,7 @@ from .jobs.reclaim import ReclaimExecutor
 from .jobs.reconcile import DebitAfterReconcile, ReconcileJob
 from .manager import PoolManager
 from .metrics import ServiceMetrics
+from .usage import UsageConfigError, make_usage_source
 from .webapp import MAX_BODY_SIZE, make_app
 
 log = logging.getLogger("gpupool")
@@ -123,8 +123,20 @@ class GPUPoolService(Application):
         "", help="Prometheus base URL for usage. Empty: charge from the service's own allocation records.",
     ).tag(config=True)
     usage_preset = Enum(
-        ["gpupool", "agent", "dcgm", "custom"], "gpupool",
-        help="Which metrics describe usage: this service's allocation gauge, the node agent, the DCGM exporter, or usage_query.",
+        ["gpupool", "agent", "dcgm", "custom", "slurm"], "gpupool",
+        help="""Where usage comes from: with prometheus_url, this service's allocation gauge ('gpupool'), the
+        node agent, the DCGM exporter or usage_query; 'slurm': Slurm accounting (``sacct``, with
+        c.GPUPool.slurm_gpu_models and c.GPUPool.slurm_conf), Prometheus or not. See docs/usage-sources.md.""",
+    ).tag(config=True)
+    charge_batch_jobs = Bool(
+        False,
+        help="""usage_preset 'slurm' only: also charge every GPU job of a hub user that the hub did not
+        start (plain ``sbatch``/``srun``), to the job's Slurm user when that name is a hub user with an
+        account. Off: only the servers the hub started are charged.""",
+    ).tag(config=True)
+    slurm_usage_options = Dict(
+        help="""More keyword arguments for SlurmUsageSource (usage_preset 'slurm'), e.g.
+        ``{"settle_seconds": 60, "check_dbd_queue": True, "timeout": 60}``.""",
     ).tag(config=True)
     usage_query = Unicode("", help="PromQL template for usage_preset='custom'; see docs/usage-sources.md.").tag(config=True)
     prometheus_step = Integer(60, help="Resolution of usage range queries, in seconds.").tag(config=True)
@@ -191,7 +203,7 @@ class GPUPoolService(Application):
         self.inventory_source = self.settings_.make_inventory_source()
         self.manager = PoolManager(
             settings=self.settings_, ledger=self.ledger, pool=self.settings_.make_pool(self.inventory_source),
-            usage_source=self.make_usage_source() or AllocationRecordsSource(self.ledger),
+            usage_source=self.make_usage_source(),
             debit_interval=self.debit_interval, debit_delay_tolerance=self.debit_delay_tolerance,
             source=self.inventory_source,
         )
@@ -234,16 +246,13 @@ class GPUPoolService(Application):
             self.log.critical("Invalid spawner profiles in %s: %s", self.config_file, e)
             raise SystemExit(f"gpupool: invalid c.GPUPoolSpawner.profiles: {e}") from None
 
-    def make_usage_source(self) -> Any:
-        if not self.prometheus_url:
-            return None  # the embedded default: the service's own allocation records
-        from ..usage.prometheus import PrometheusUsageSource
-
-        return PrometheusUsageSource(
-            self.prometheus_url, self.usage_preset, self.usage_query or None, step_seconds=self.prometheus_step,
-            settle_seconds=self.prometheus_settle, bearer_token=self.prometheus_token or None,
-            **self.prometheus_options,
-        )
+    def make_usage_source(self) -> UsageSource:
+        """The debit job's usage source; a setting that cannot work stops the service here."""
+        try:
+            return make_usage_source(self, self.settings_, self.ledger)
+        except UsageConfigError as e:
+            self.log.critical("%s", e)
+            raise SystemExit(f"gpupool: {e}") from None
 
     def make_context(self) -> ServiceContext:
         access = {f"access:services!service={os.environ.get('JUPYTERHUB_SERVICE_NAME', 'gpupool')}", "access:services"}

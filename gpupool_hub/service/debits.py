@@ -24,7 +24,7 @@ from ..ledger import Ledger, Posting
 from ..pricing import PriceTable, PricingError
 from ..timefmt import align_down, iso
 from ..units import round_milli
-from ..usage import UsageNotSettled, UsageSource, UsageUnavailable
+from ..usage import Usage, UsageNotSettled, UsageSource, UsageUnavailable
 
 log = logging.getLogger("gpupool.debits")
 
@@ -136,23 +136,25 @@ class Debits:
             return charged
 
     def postings(
-        self, usage: Iterable[Any], start: datetime, end: datetime
+        self, usage: Iterable[Usage], start: datetime, end: datetime
     ) -> tuple[list[Posting], dict[tuple[str, str], Decimal]]:
         """Debits for one interval: each rounded to the milli-token with the remainder
-        carried to the same user's next debit on that model, so totals stay exact."""
+        carried to the same user's next debit on that model (MIG profile), so totals stay exact."""
         carried = self.ledger.carries()
         postings, carry = [], {}
         for u in usage:
-            exact = self.prices.cost(u.model, u.gpu_seconds) + carried.get((u.user, u.model), Decimal(0))
+            profile = u.mig_profile
+            key = u.charge_key
+            exact = self.prices.cost(u.model, u.gpu_seconds, profile) + carried.get((u.user, key), Decimal(0))
             cost = round_milli(exact)
-            carry[(u.user, u.model)] = exact - cost
+            carry[(u.user, key)] = exact - cost
             if cost <= 0:
                 continue
-            hours = u.gpu_seconds / 3600
+            hours = (u.gpu_seconds / 3600).quantize(Decimal("0.001"))
             postings.append(Posting(
-                u.user, "debit", -cost, entry_key(DEBIT_JOB, u.user, u.model, start),
-                reason=f"{hours.quantize(Decimal('0.001'))} GPU-h of {u.model}",
-                interval_start=start, interval_end=end, model=u.model,
+                u.user, "debit", -cost, entry_key(DEBIT_JOB, u.user, key, start),
+                reason=f"{hours} h of a {profile} MIG instance of {u.model}" if profile else f"{hours} GPU-h of {u.model}",
+                interval_start=start, interval_end=end, model=key,
                 gpu_seconds=u.gpu_seconds.quantize(Decimal("0.001")),
             ))
         return postings, carry

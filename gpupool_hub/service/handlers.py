@@ -464,21 +464,23 @@ class PoolHandler(APIHandler):
         self.require_admin()
         active = {r.id: r for r in await self.read_db(self.manager.ledger.active_allocations)}
         nodes = await self.core(self.manager.pool.snapshot)
+
+        idle = self.manager.idle.idle_since()  # as of the idle job's last run
+
+        def holders(held: dict[str, int]) -> list[dict[str, Any]]:
+            return [{"allocation": a, "fraction": format_tokens(Decimal(m) / 1000),
+                     "user": active[a].user if a in active else None,
+                     "server": active[a].server if a in active else None,
+                     **({"idle_since": _iso(idle[a])} if a in idle else {})}
+                    for a, m in held.items()]
+
         for node in nodes:
             for gpu in node["gpus"]:
                 gpu["allocated_fraction"] = format_tokens(Decimal(gpu.pop("allocated_milli")) / 1000)
-                gpu["holders"] = [
-                    {"allocation": a, "fraction": format_tokens(Decimal(m) / 1000),
-                     "user": active[a].user if a in active else None,
-                     "server": active[a].server if a in active else None}
-                    for a, m in gpu["holders"].items()
-                ]
-        idle = self.manager.idle.idle_since()  # as of the idle job's last run
-        for node in nodes:
-            for gpu in node["gpus"]:
-                for h in gpu["holders"]:
-                    if h["allocation"] in idle:
-                        h["idle_since"] = _iso(idle[h["allocation"]])
+                gpu["holders"] = holders(gpu["holders"])
+                for instance in gpu.get("mig", ()):  # MIG instances inside their GPU, each with its holder
+                    instance["fraction"] = format_tokens(Decimal(instance.pop("milli")) / 1000)
+                    instance["holders"] = holders(instance["holders"])
         inv = self.manager.inventory
         for node in nodes:  # placeholders of the inventory source (Slurm): not servers'
             node["held_outside"] = list(inv.held_outside.get(node["node"], []))

@@ -26,8 +26,9 @@ from ..inventory.agents import AgentInventory, AgentReports, NodeReport
 from ..inventory.sources import InventorySource, NodeStatus
 from ..ledger import AllocationRecord, Ledger
 from ..placement.errors import InventoryError, PlacementError
-from ..placement.request import MILLI
+from ..placement.request import MILLI, Request
 from ..placement.inventory import Node, load_nodes
+from ..placement.mig import instance_profile
 from ..placement.request import normalize_model
 from ..placement.state import GPUShare, Placement, Pool
 from ..pricing import PriceTable, PricingError, model_matches
@@ -94,6 +95,7 @@ class PoolInventory:
         for ns in self.pool.nodes:
             for g in ns.node.gpus:
                 counts[g.model] = counts.get(g.model, 0) + 1
+        instances = self._mig_instances()
         models = []
         for model in sorted(counts):
             try:
@@ -101,23 +103,60 @@ class PoolInventory:
             except PricingError:
                 price = None
             e = free.get(model, {})
-            models.append({"model": model, "price_per_gpu_hour": price, "gpus": counts[model],
-                           "whole_free": e.get("whole_free", 0),
-                           "largest_whole_block": e.get("largest_whole_block", 0)})
+            entry: dict[str, Any] = {"model": model, "price_per_gpu_hour": price, "gpus": counts[model],
+                                     "whole_free": e.get("whole_free", 0),
+                                     "largest_whole_block": e.get("largest_whole_block", 0)}
+            if model in instances:
+                entry["mig"] = self._mig_catalog(model, instances[model])
+            models.append(entry)
         return {"models": models, "min_start_hours": format_tokens(min_start_hours)}
+
+    def _mig_instances(self) -> dict[str, dict[str, list[int]]]:
+        """model → MIG profile → [instances, free ones] over the pool."""
+        out: dict[str, dict[str, list[int]]] = {}
+        for ns in self.pool.nodes:
+            for s, m in enumerate(ns.slot_mig):
+                if m is None:
+                    continue
+                model = ns.node.gpus[ns.slot_gpu[s]].model
+                counts = out.setdefault(model, {}).setdefault(instance_profile(m), [0, 0])
+                counts[0] += 1
+                counts[1] += ns.free[s] == ns.cap[s]
+        return out
+
+    def _mig_catalog(self, model: str, profiles: dict[str, list[int]]) -> dict[str, Any]:
+        """Per MIG profile of ``model``: the price of one instance-hour, instances, free ones."""
+        out = {}
+        for profile, (total, free) in sorted(profiles.items()):
+            try:
+                price: str | None = format_tokens(self.prices.mig_price_per_hour(model, profile))
+            except (PricingError, ValueError):  # unpriced model, or a non-standard profile name
+                price = None
+            out[profile] = {"price_per_hour": price, "instances": total, "free": free}
+        return out
 
     # -------------------------------------------------------- allocations
 
     def price_of(self, placement: Placement) -> Decimal:
-        return sum((self.prices.price_per_gpu_hour(g.model) * Decimal(g.milli) / 1000 for g in placement.gpus),
-                   Decimal(0))
+        """Tokens per hour of a placement: GPUs by their share, a MIG instance by its profile
+        (``c.GPUPool.mig_prices``, else its compute slices), whatever share was asked of it."""
+        return sum((self.prices.mig_price_per_hour(g.model, g.mig_profile) if g.mig_profile
+                    else self.prices.price_per_gpu_hour(g.model) * Decimal(g.milli) / 1000
+                    for g in placement.gpus), Decimal(0))
+
+    def request_price(self, model: str, request: Request) -> Decimal:
+        """What ``request`` would cost per hour on ``model`` (the affordability check)."""
+        if request.mig:
+            return self.prices.mig_price_per_hour(model, request.mig)
+        return self.prices.price_per_hour(model, Decimal(request.total_gpu_milli) / 1000)
 
     @staticmethod
     def placement_of(record: AllocationRecord) -> Placement:
         """A held allocation as the placement pool records it."""
         return Placement(
             node=record.node,
-            gpus=tuple(GPUShare(g["index"], g["uuid"], g["model"], g["milli"], g.get("mig_uuid")) for g in record.gpus),
+            gpus=tuple(GPUShare(g["index"], g["uuid"], g["model"], g["milli"], g.get("mig_uuid"), g.get("mig_profile"))
+                       for g in record.gpus),
             cpu_milli=record.request.get("cpu_milli", 0), memory_mib=record.request.get("memory_mib", 0))
 
     def describe(self, record: AllocationRecord) -> str:

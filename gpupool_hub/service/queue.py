@@ -69,17 +69,20 @@ class Entry:
 
 def _request_json(req: Request) -> dict[str, Any]:
     return {"cpu_milli": req.cpu_milli, "memory_mib": req.memory_mib, "gpus": req.gpus,
-            "gpu_milli": req.gpu_milli, "models": sorted(req.models) if req.models is not None else None}
+            "gpu_milli": req.gpu_milli, "models": sorted(req.models) if req.models is not None else None,
+            **({"mig": req.mig} if req.mig else {})}
 
 
 def _request(data: dict[str, Any]) -> Request:
     models = data.get("models")
     return Request(cpu_milli=data["cpu_milli"], memory_mib=data["memory_mib"], gpus=data["gpus"],
-                   gpu_milli=data["gpu_milli"], models=frozenset(models) if models is not None else None)
+                   gpu_milli=data["gpu_milli"], models=frozenset(models) if models is not None else None,
+                   mig=data.get("mig"))
 
 
 def _same_shape(a: Request, b: Request) -> bool:
-    return (a.cpu_milli, a.memory_mib, a.gpus, a.gpu_milli) == (b.cpu_milli, b.memory_mib, b.gpus, b.gpu_milli)
+    return (a.cpu_milli, a.memory_mib, a.gpus, a.gpu_milli, a.mig) == (b.cpu_milli, b.memory_mib, b.gpus,
+                                                                       b.gpu_milli, b.mig)
 
 
 class WaitQueue:

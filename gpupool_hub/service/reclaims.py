@@ -16,6 +16,8 @@ dropped before its victims are stopped.
 
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 import uuid
 from collections.abc import Callable
@@ -71,8 +73,8 @@ class Reclaim:
 
     def same_shape(self, other: Request) -> bool:
         a = self.request
-        return (a.cpu_milli, a.memory_mib, a.gpus, a.gpu_milli) == (
-            other.cpu_milli, other.memory_mib, other.gpus, other.gpu_milli)
+        return (a.cpu_milli, a.memory_mib, a.gpus, a.gpu_milli, a.mig) == (
+            other.cpu_milli, other.memory_mib, other.gpus, other.gpu_milli, other.mig)
 
     def as_dict(self) -> dict[str, Any]:
         return {"user": self.user, "server": self.server, "team": self.team, "node": self.placement.node,
@@ -154,8 +156,7 @@ class Reclaims:
             return
         if self.teams.quota(team).models:  # place only on models still within the team's quota
             ok = [m for m in models if self.teams.within_quota(team, req.total_gpu_milli, usage, m)]
-            req = Request(cpu_milli=req.cpu_milli, memory_mib=req.memory_mib, gpus=req.gpus,
-                          gpu_milli=req.gpu_milli, models=frozenset(ok))
+            req = dataclasses.replace(req, models=frozenset(ok))
         candidates = fairshare.preemptible(
             holdings, now, timedelta(seconds=self.settings.preempt_min_runtime), self.victim_cooldown_until)
         victims = fairshare.choose_victims(self.pool, req, self.teams, team, candidates, usage)

@@ -311,12 +311,13 @@ class GPUPoolSpawner(GPUPoolReleases):
     # --------------------------------------------------------- environment
 
     def gpupool_env(self, allocation: dict[str, Any] | None) -> dict[str, str]:
-        """Variables for the single-user server; local spawners pin the GPUs by UUID."""
+        """Variables for the single-user server; local spawners pin the GPUs by UUID
+        (a MIG instance by its own ``MIG-…`` UUID: CUDA then sees only that instance)."""
         env = {"GPUPOOL_API_URL": self.gpupool_server_api_url}
         if self.gpupool_profile is not None:
             env["GPUPOOL_PROFILE"] = self.gpupool_profile.slug
         if allocation:
-            uuids = ",".join(g["uuid"] for g in allocation.get("gpus", []))
+            uuids = ",".join(g.get("mig_uuid") or g["uuid"] for g in allocation.get("gpus", []))
             env["CUDA_VISIBLE_DEVICES"] = uuids
             env["NVIDIA_VISIBLE_DEVICES"] = uuids
             env["GPUPOOL_ALLOCATION"] = allocation["id"]

@@ -79,6 +79,8 @@ def profile_prices(profile: Profile, catalog: Mapping[str, Any]) -> list[tuple[s
     """
     if not profile.needs_gpu:
         return None
+    if profile.mig:
+        return _mig_prices(profile, catalog)
     out = []
     for entry in _catalog_models(profile, catalog):
         try:
@@ -90,13 +92,42 @@ def profile_prices(profile: Profile, catalog: Mapping[str, Any]) -> list[tuple[s
     return sorted(out, key=lambda mp: (mp[1], mp[0]))
 
 
+def _mig_entries(profile: Profile, catalog: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    """(pool model, its catalog entry for the profile's MIG instances) where the pool has such instances."""
+    out = []
+    for entry in _catalog_models(profile, catalog):
+        mig = entry.get("mig")
+        hit = mig.get(profile.mig) if isinstance(mig, Mapping) else None
+        if isinstance(hit, Mapping):
+            out.append((entry["model"], hit))
+    return out
+
+
+def _mig_prices(profile: Profile, catalog: Mapping[str, Any]) -> list[tuple[str, Decimal]]:
+    """A MIG profile's price per instance-hour on each pool model that has such instances."""
+    out = []
+    for model, hit in _mig_entries(profile, catalog):
+        price = _decimal(hit.get("price_per_hour")) if hit.get("price_per_hour") is not None else None
+        if price is not None:
+            out.append((model, price))
+    return sorted(out, key=lambda mp: (mp[1], mp[0]))
+
+
+def free_mig(profile: Profile, catalog: Mapping[str, Any]) -> tuple[int, int] | None:
+    """(free instances, instances in the pool) of a MIG profile; None for other profiles."""
+    if not profile.mig:
+        return None
+    entries = [hit for _, hit in _mig_entries(profile, catalog)]
+    return sum(int(h.get("free") or 0) for h in entries), sum(int(h.get("instances") or 0) for h in entries)
+
+
 def free_gpus(profile: Profile, catalog: Mapping[str, Any]) -> tuple[int, int] | None:
     """(whole GPUs free, GPUs in the pool) over the models a whole-GPU profile may use.
 
     None for CPU-only and fraction profiles (a fraction may fit on a GPU that is
     not wholly free, so the count would mislead).
     """
-    if not profile.needs_gpu or profile.gpu_milli:
+    if not profile.needs_gpu or profile.gpu_milli or profile.mig:
         return None
     free = total = 0
     for entry in _catalog_models(profile, catalog):
@@ -149,7 +180,7 @@ def _choice(p: Profile, chosen: Profile | None, catalog: Mapping[str, Any] | Non
     elif catalog is None:
         price_text = "price unavailable right now"
     elif not prices:
-        price_text = "no such GPU in this pool"
+        price_text = f"no {p.mig} MIG instance in this pool" if p.mig else "no such GPU in this pool"
         affordable = False
     else:
         lo, hi = prices[0][1], prices[-1][1]
@@ -165,6 +196,9 @@ def _choice(p: Profile, chosen: Profile | None, catalog: Mapping[str, Any] | Non
             if not affordable:
                 needs = _fmt(lo * min_hours)
         counts = free_gpus(p, catalog)
+        instances = free_mig(p, catalog)
+        if instances is not None and instances[1]:
+            free_text = f"{instances[0]} of {instances[1]} {p.mig} instances free"
         if counts is not None and counts[1]:
             free_text = f"{counts[0]} of {counts[1]} GPUs free"
             if counts[0] < p.gpus:  # no room for this profile: how many wait, and for how long

@@ -30,12 +30,13 @@ from batchspawner import SlurmSpawner
 from traitlets import Dict, Unicode, default
 
 from ..inventory.slurm import SlurmError, SlurmInventory
+from ..usage.slurm_hub import ALLOCATION_COMMENT
 from .base import GPUPoolSpawner
 from .errors import GPUPoolRefused, SpawnFailure
 
 __all__ = ["GPUPoolSlurmSpawner", "JOB_NAME", "mem_for_slurm"]
 
-#: every server job's name; the 'slurm' usage preset recognises the hub's servers by it
+#: every server job's name (what squeue shows; the 'slurm' usage preset knows servers by their comment)
 JOB_NAME = "gpupool-server"
 
 
@@ -89,7 +90,7 @@ echo "jupyterhub-singleuser ended gracefully"
                 f"User {self.user.name!r} has no Unix account on the hub's machine; set "
                 "c.GPUPoolSlurmSpawner.req_homedir.", reason=SpawnFailure.CONFIG, status_code=500) from None
 
-    req_job_name = Unicode(JOB_NAME, help="Slurm job name of every server (the usage preset 'slurm' selects by it).")
+    req_job_name = Unicode(JOB_NAME, help="Slurm job name of every server.")
     req_nodelist = Unicode("", help="Set per spawn: the node the pool chose (--nodelist).")
     req_comment = Unicode("", help="Set per spawn: gpupool-allocation=<id> (--comment).")
 
@@ -158,7 +159,7 @@ echo "jupyterhub-singleuser ended gracefully"
                 counts[t] = counts.get(t, 0) + 1
             values["req_gres"] = ",".join(f"gpu:{t}:{n}" for t, n in sorted(counts.items()))
             values["req_nodelist"] = allocation["node"]
-            values["req_comment"] = f"gpupool-allocation={allocation['id']}"
+            values["req_comment"] = f"{ALLOCATION_COMMENT}{allocation['id']}"  # whose bill (usage preset 'slurm')
         self.gpupool_allocation_overrides.set(values)
 
     # ----------------------------------------------------- batchspawner

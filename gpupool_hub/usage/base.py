@@ -23,11 +23,22 @@ class Usage:
     ``gpu_seconds`` is a :class:`~decimal.Decimal` so that fractional GPUs
     (0.25 GPU for an hour is 900) and long sums never pick up float rounding
     that would make two debit runs of the same interval disagree.
+
+    With ``mig_profile`` the time is of MIG instances of that profile on GPUs
+    of ``model`` (instance-seconds, priced per instance-hour): an instance's
+    share of its GPU (1/7) is not a finite decimal, so it is not folded into
+    ``gpu_seconds``.
     """
 
     user: str
     model: str
     gpu_seconds: Decimal
+    mig_profile: str | None = None
+
+    @property
+    def charge_key(self) -> str:
+        """What the ledger charges and carries rounding remainders by: the model, or model + MIG profile."""
+        return f"{self.model} MIG {self.mig_profile}" if self.mig_profile else self.model
 
 
 class UsageUnavailable(Exception):

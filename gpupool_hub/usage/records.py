@@ -2,7 +2,8 @@
 
 Needs no Prometheus, so a small install works out of the box. What it charges
 is what was *allocated* (a server holding two GPUs pays for two, busy or not),
-exactly to the microsecond of the allocation's start and release.
+exactly to the microsecond of the allocation's start and release. A MIG
+instance is charged as an instance of its profile (see ``Usage.mig_profile``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ class AllocationRecordsSource:
         self.ledger = ledger
 
     def usage(self, start: datetime, end: datetime) -> list[Usage]:
-        totals: dict[tuple[str, str], Decimal] = defaultdict(Decimal)
+        totals: dict[tuple[str, str, str], Decimal] = defaultdict(Decimal)
         for record in self.ledger.allocations_overlapping(start, end):
             held_from = max(start, record.created_at)
             held_to = min(end, record.released_at or end)
@@ -31,5 +32,9 @@ class AllocationRecordsSource:
             delta = held_to - held_from
             seconds = Decimal(delta.days * 86400 + delta.seconds) + Decimal(delta.microseconds) / 1_000_000
             for gpu in record.gpus:
-                totals[(record.user, gpu["model"])] += seconds * Decimal(gpu["milli"]) / 1000
-        return [Usage(user, model, secs) for (user, model), secs in sorted(totals.items())]
+                profile = gpu.get("mig_profile")
+                if profile:
+                    totals[(record.user, gpu["model"], profile)] += seconds
+                else:
+                    totals[(record.user, gpu["model"], "")] += seconds * Decimal(gpu["milli"]) / 1000
+        return [Usage(user, model, secs, profile or None) for (user, model, profile), secs in sorted(totals.items())]

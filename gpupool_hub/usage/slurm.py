@@ -51,7 +51,8 @@ from gpupool_hub.inventory.slurm import (
 )
 from gpupool_hub.usage.base import Usage, UsageNotSettled, UsageUnavailable
 
-__all__ = ["SACCT_FIELDS", "SacctJob", "JobCharge", "SlurmUsageSource", "parse_sacct", "sacct_argv"]
+__all__ = ["SACCT_FIELDS", "SacctJob", "JobCharge", "SlurmUsageSource", "accounting_problems", "parse_sacct",
+           "sacct_argv"]
 
 log = logging.getLogger(__name__)
 
@@ -221,6 +222,37 @@ def parse_sacct(text: str) -> list[SacctJob]:
     return jobs
 
 
+def accounting_problems(show_config: str, models: Mapping[str, str], *, need_comments: bool) -> list[str]:
+    """What in ``scontrol show config`` keeps sacct from answering for the given GRES types.
+
+    Checked once at start-up, because each of these would otherwise show up
+    only as jobs nobody is charged for (comments) or as an interval that never
+    settles (types): slurmdbd accounting at all, the comment of finished jobs
+    (``need_comments``: how the hub's servers are recognised), and a typed
+    ``gres/gpu:<type>`` TRES per mapped type, without which sacct cannot say
+    which model a job used.
+    """
+    conf: dict[str, str] = {}
+    for line in show_config.splitlines():
+        key, eq, value = line.partition("=")
+        if eq:
+            conf[key.strip()] = value.strip()
+    problems = []
+    if conf.get("AccountingStorageType") != "accounting_storage/slurmdbd":
+        problems.append(f"AccountingStorageType is {conf.get('AccountingStorageType', 'not set')!r}; "
+                        "GPU time is read from slurmdbd: set accounting_storage/slurmdbd")
+    flags = {f.strip() for f in conf.get("AccountingStoreFlags", "").split(",")}
+    if need_comments and "job_comment" not in flags:
+        problems.append("AccountingStoreFlags lacks job_comment: slurmdbd would forget the comment that names a "
+                        "hub server's allocation, and no finished server would be charged")
+    tres = {t.strip() for t in conf.get("AccountingStorageTRES", "").split(",")}
+    missing = sorted(f"gres/gpu:{t}" for t in models if f"gres/gpu:{t}" not in tres)
+    if missing:
+        problems.append(f"AccountingStorageTRES lacks {', '.join(missing)}: sacct could not say which GPU model "
+                        "a job used; add gres/gpu and one gres/gpu:<type> per GPU type")
+    return problems
+
+
 _SQUEUE_LINE = re.compile(r"^(\d+)\|([A-Z_]+)\|(.*)$")
 _SDIAG_QUEUE = re.compile(r"^DBD Agent queue size:\s*(\d+)\s*$", re.MULTILINE)
 
@@ -350,6 +382,16 @@ class SlurmUsageSource:
             return parse_sacct(self._run(sacct_argv(start, end)))
         except SlurmError as e:
             raise UsageUnavailable(f"{self.name}: {e}") from None
+
+    def check_accounting(self, *, need_comments: bool) -> None:
+        """Start-up check of slurm.conf (:func:`accounting_problems`); SlurmError naming every problem.
+
+        A SlurmCommandError (slurmctld not answering) is left to the caller: charging
+        waits for Slurm anyway, so it need not stop a service."""
+        problems = accounting_problems(self._run(["scontrol", "show", "config"]), self.models,
+                                       need_comments=need_comments)
+        if problems:
+            raise SlurmError("slurm.conf: " + "; ".join(problems))
 
     # -- internals -------------------------------------------------------------
 

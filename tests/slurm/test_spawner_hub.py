@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import requests
 
 from gpupool_hub.inventory.slurm import SlurmInventory
 from tests.fixtures.hub import wait_for
 from tests.fixtures.slurm import MODELS, SlurmCluster
 from tests.spawner.conftest import (
-    TINY, allocations, server_info, set_balance, spawn, spawner_hub, stop_server, wait_spawned,
+    TINY, allocations, server_info, service_pid, set_balance, spawn, spawner_hub, stop_server, user_model,
+    wait_spawned,
 )
 
 pytestmark = pytest.mark.integration
@@ -146,3 +150,50 @@ def test_scancel_from_outside_releases_the_allocation(hub, slurm):
     assert len(allocations(hub)) == 1
     slurm.cancel(job_id)
     wait_for(lambda: not allocations(hub), 30, "the allocation of the cancelled job to be released")
+
+
+def inventory_refreshes(hub) -> int:
+    """How many inventory refreshes the (current) service has finished, from its /metrics."""
+    r = requests.get(f"{hub.url}/services/gpupool/metrics", headers={"Authorization": f"token {hub.tester_token}"},
+                     timeout=30)
+    r.raise_for_status()
+    m = re.search(r'^gpupool_job_duration_seconds_count\{job="inventory"\} (\S+)$', r.text, re.MULTILINE)
+    return int(float(m.group(1))) if m else 0
+
+
+def test_hub_restart_keeps_the_server_its_job_and_its_gpus(hub, slurm):
+    """Issue 13.4. Last in this module: it restarts the module's hub."""
+    set_balance(hub, "rita", "100")
+    ok, message = wait_spawned(hub, "rita", "", spawn(hub, "rita", {"profile": "a6000", "gpus": 2}))
+    assert ok, message
+    [alloc] = allocations(hub)
+    [job_id] = slurm.job_ids()
+    bound = {alloc["node"]: list(inventory(slurm).job(job_id).gpu_indices(alloc["node"]))}
+    wait_for(lambda: held_by(hub, alloc["id"]) == bound, 30, "the pool to show the GPUs Slurm bound")
+    server_pid = server_info(hub, "rita")["pid"]
+    old_service = service_pid(hub)
+
+    hub.stop()  # the hub and the service it manages (one process group); the Slurm job is Slurm's
+    assert slurm.job_state(job_id) == "RUNNING"
+    hub.start()
+    assert service_pid(hub) != old_service
+
+    server = user_model(hub, "rita")["servers"][""]
+    assert server["ready"] and not server["pending"], server
+    assert server_info(hub, "rita")["pid"] == server_pid  # the same process, reached through the new proxy
+    assert slurm.job_ids() == [job_id] and slurm.job_state(job_id) == "RUNNING"
+    assert [a["id"] for a in allocations(hub)] == [alloc["id"]]
+    # after a refresh from Slurm the job's GPUs are still the server's, not "held outside the hub"
+    wait_for(lambda: inventory_refreshes(hub) >= 2, 30, "the restarted service to re-read Slurm")
+    assert held_by(hub, alloc["id"]) == bound
+    assert outside(hub) == {}
+    out = subprocess.run([sys.executable, "-m", "gpupool_hub.cli", "pool"], capture_output=True, text=True,
+                         env={**os.environ, "GPUPOOL_URL": hub.service_api, "GPUPOOL_TOKEN": hub.tester_token},
+                         timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = [line.split() for line in out.stdout.splitlines() if "rita/" in line]  # node, gpu, model, ...
+    assert {(r[0], int(r[1])) for r in rows} == {(alloc["node"], i) for i in bound[alloc["node"]]}, out.stdout
+
+    stop_server(hub, "rita")
+    wait_for(lambda: not slurm.job_ids(), 30, "stopping the server to scancel its job")
+    wait_for(lambda: not allocations(hub), 30, "the allocation to be released")

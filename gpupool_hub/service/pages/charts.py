@@ -217,6 +217,17 @@ class CellPart:
     reserved: bool = False  # held for a reclaim in progress, not by an allocation yet
 
 
+@dataclass(frozen=True)
+class MigCell:
+    """One MIG instance drawn inside its GPU's cell, as wide as its compute share."""
+
+    uuid: str
+    profile: str
+    x: float
+    width: float
+    part: CellPart | None  # its holder; None while free
+
+
 @dataclass
 class GpuCell:
     index: int
@@ -225,6 +236,7 @@ class GpuCell:
     state: str  # "free" | "held" | "shared"
     parts: list[CellPart] = field(default_factory=list)
     free_fraction: str = "1.000"
+    instances: list[MigCell] = field(default_factory=list)  # a MIG-mode GPU's instances, in order
 
 
 #: The holder shown for GPUs reserved by a reclaim in progress (not yet an allocation).
@@ -258,6 +270,8 @@ def gpu_cell(gpu: Mapping[str, object], who: Mapping[str, tuple[str, str, bool]]
              colours: Mapping[str, str]) -> GpuCell:
     """A snapshot GPU (``Pool.snapshot()``) as a cell; ``who`` maps allocation id →
     (user, server, borrowed). Unknown ids are reservations (a reclaim in progress)."""
+    if gpu.get("mig"):
+        return _mig_gpu_cell(gpu, who, colours)
     holders: Mapping[str, int] = gpu["holders"]  # type: ignore[assignment]
     parts = []
     x = 0.0
@@ -271,3 +285,31 @@ def gpu_cell(gpu: Mapping[str, object], who: Mapping[str, tuple[str, str, bool]]
     state = "free" if used == 0 else ("held" if used >= 1000 and len(holders) == 1 else "shared")
     return GpuCell(int(gpu["index"]), str(gpu["uuid"]), str(gpu["model"]), state, parts,  # type: ignore[call-overload]
                    format_tokens(Decimal(1000 - used) / 1000))
+
+
+def _mig_gpu_cell(gpu: Mapping[str, object], who: Mapping[str, tuple[str, str, bool]],
+                  colours: Mapping[str, str]) -> GpuCell:
+    """A MIG-mode GPU: each instance a box as wide as its share, filled with its holder's colour.
+
+    Instances are handed out whole, one holder each, so a box is either one
+    holder's or free; the GPU is "held" when every instance is taken.
+    """
+    instances, parts = [], []
+    x = 0.0
+    free_milli = 0
+    for m in gpu["mig"]:  # type: ignore[attr-defined]
+        width = int(m["milli"]) / 10
+        part = None
+        for alloc in sorted(m["holders"]):
+            user, server, borrowed = who.get(alloc, (RESERVED, "", False))
+            part = CellPart(round(x, 2), round(width, 2), user, format_tokens(Decimal(int(m["milli"])) / 1000),
+                            alloc, server, borrowed, colours.get(user, "gray"), alloc not in who)
+            parts.append(part)
+        if not m["holders"]:
+            free_milli += int(m["milli"])
+        instances.append(MigCell(str(m["uuid"]), str(m["profile"]), round(x, 2), round(width, 2), part))
+        x += width
+    held = sum(1 for i in instances if i.part is not None)
+    state = "free" if held == 0 else ("held" if held == len(instances) else "shared")
+    return GpuCell(int(gpu["index"]), str(gpu["uuid"]), str(gpu["model"]), state, parts,  # type: ignore[call-overload]
+                   format_tokens(Decimal(free_milli) / 1000), instances)

@@ -1,0 +1,95 @@
+"""Which Slurm jobs the ``slurm`` usage preset charges, and to which hub user.
+
+:class:`~gpupool_hub.usage.slurm.SlurmUsageSource` reads GPU-seconds per job
+from ``sacct``; this module decides whose tokens pay for each job:
+
+* **A server the hub started** carries ``--comment=gpupool-allocation=<id>``
+  (the ``gpupool-slurm`` spawner sets it). It is charged to the user who owns
+  that allocation in the ledger, whatever Unix user the job ran as (with
+  ``exec_prefix = ""`` every server runs as the hub's own user). The comment
+  is accepted only from a job that ran as that hub user or as the service's
+  own Unix user, so nobody can put a job on someone else's bill by copying
+  an allocation id into their own ``--comment``.
+* **Any other GPU job** (plain ``sbatch``/``srun``) is charged only with
+  ``charge_batch_jobs``, to its Slurm user, and only when that name has an
+  account in the ledger (a hub user): jobs of people who are not hub users
+  are nobody's to pay.
+
+Everything is looked up in the ledger at charge time, so a restart (or a
+re-run of an interval) gives the same answer.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pwd
+import re
+
+from ..ledger import Ledger, UnknownAccount
+from .slurm import SacctJob
+
+__all__ = ["ALLOCATION_COMMENT", "HubJobOwners", "allocation_of"]
+
+log = logging.getLogger(__name__)
+
+#: the comment the gpupool-slurm spawner gives every server's job, before the allocation id
+ALLOCATION_COMMENT = "gpupool-allocation="
+
+_ALLOCATION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+def allocation_of(comment: str) -> str | None:
+    """The allocation id in a job comment written by the spawner, or None."""
+    if not comment.startswith(ALLOCATION_COMMENT):
+        return None
+    alloc_id = comment[len(ALLOCATION_COMMENT):].strip()
+    return alloc_id if _ALLOCATION_ID.fullmatch(alloc_id) else None
+
+
+def _own_unix_user() -> str | None:
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return None
+
+
+class HubJobOwners:
+    """``user_of`` for :class:`~gpupool_hub.usage.slurm.SlurmUsageSource`: job -> hub user, or None.
+
+    ``server_users`` are the Unix users the hub's servers may run as besides
+    their hub user (default: the service's own, which is the hub's).
+    """
+
+    def __init__(self, ledger: Ledger, *, charge_batch_jobs: bool = False,
+                 server_users: frozenset[str] | None = None) -> None:
+        self.ledger = ledger
+        self.charge_batch_jobs = charge_batch_jobs
+        own = _own_unix_user()
+        self.server_users = server_users if server_users is not None else frozenset({own} if own else ())
+        self._warned: set[str] = set()
+
+    def __call__(self, job: SacctJob) -> str | None:
+        alloc_id = allocation_of(job.comment)
+        if alloc_id is not None:
+            record = self.ledger.allocation(alloc_id)
+            if record is not None and (job.user == record.user or job.user in self.server_users):
+                return record.user
+            self._warn(job, "no allocation of that id" if record is None else
+                       f"it ran as {job.user!r}, not as {record.user!r} or the hub's Unix user")
+        if self.charge_batch_jobs and self._is_hub_user(job.user):
+            return job.user
+        return None
+
+    def _is_hub_user(self, name: str) -> bool:
+        try:
+            self.ledger.account(name)
+        except UnknownAccount:
+            return False
+        return True
+
+    def _warn(self, job: SacctJob, why: str) -> None:
+        if job.job_id not in self._warned:  # once per job, not once per interval it spans
+            self._warned.add(job.job_id)
+            log.warning("Slurm job %s has comment %r but is not charged as a hub server: %s",
+                        job.display_id, job.comment[:200], why)
