@@ -136,11 +136,15 @@ def cmd_pool(client: Client, args: argparse.Namespace) -> int:
     rows = []
     for node in pool["nodes"]:
         for g in node["gpus"]:
-            holders = ", ".join(f"{h['user']}/{h['server'] or '-'} ({h['fraction']})" for h in g["holders"])
+            holders = ", ".join(f"{h['user']}/{h['server'] or '-'} ({h['fraction']})"
+                                + (f" idle since {h['idle_since']}" if h.get("idle_since") else "")
+                                for h in g["holders"])
             rows.append((node["node"], g["index"], g["model"], g["allocated_fraction"],
                          "MIG" if g.get("mig") else (holders or "free")))
             for m in g.get("mig", ()):  # each MIG instance on its own line, under its GPU
-                who = ", ".join(f"{h['user']}/{h['server'] or '-'}" for h in m["holders"])
+                who = ", ".join(f"{h['user']}/{h['server'] or '-'}"
+                                + (f" idle since {h['idle_since']}" if h.get("idle_since") else "")
+                                for h in m["holders"])
                 rows.append(("", f"  {g['index']}/{m['profile']}", m["uuid"],
                              m["fraction"] if m["holders"] else "0.000", who or "free"))
     print(table(rows, ["node", "gpu", "model", "allocated", "holders"]))

@@ -16,7 +16,11 @@ Each tick (``interval`` seconds):
 6. memory guard: ``GET nodes/{node}/memory`` names the shares of time-shared GPUs
    on this node; users over their share's memory are warned through
    ``PUT nodes/{node}/memory`` and, after ``memory_grace``, their biggest
-   processes there are stopped (see :mod:`.memguard`).
+   processes there are stopped (see :mod:`.memguard`);
+7. utilization: each GPU's utilization and memory go to
+   ``PUT nodes/{node}/utilization`` (idle reclaim and the lab widget when the
+   service has no Prometheus; a service that reads Prometheus answers 409 and
+   is not asked again until the agent restarts).
 
 The service being down never stops 1-2: the node keeps exporting usage (which
 is what bills users), and while the service cannot be asked the agent enforces
@@ -55,6 +59,10 @@ log = logging.getLogger("gpupool.agent")
 
 class ServiceError(Exception):
     """The service could not be asked (down, timed out, refused the token, answered nonsense)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status  # the HTTP status when the service answered one
 
 
 @dataclass
@@ -128,7 +136,8 @@ class ServiceClient:
                 message = json.loads(resp.body or b"{}").get("message", "")
             except (ValueError, AttributeError):
                 pass
-            raise ServiceError(f"{method} {req.url}: HTTP {resp.code} {message or resp.error or ''}".strip())
+            raise ServiceError(f"{method} {req.url}: HTTP {resp.code} {message or resp.error or ''}".strip(),
+                               resp.code)
         try:
             return json.loads(resp.body or b"{}")
         except ValueError as e:
@@ -164,6 +173,13 @@ class ServiceClient:
 
     async def report_memory(self, report: dict[str, Any]) -> Any:
         return await self._call("PUT", "/memory", report)
+
+    async def report_utilization(self, snapshot: Snapshot) -> Any:
+        """The GPUs' utilization (0-1) and memory ([used, total] bytes) where NVML knows them."""
+        return await self._call("PUT", "/utilization", {
+            "gpus": {g.uuid: g.utilization for g in snapshot.gpus if g.utilization is not None},
+            "memory": {g.uuid: [g.memory_used_bytes, g.memory_total_bytes] for g in snapshot.gpus
+                       if g.memory_used_bytes is not None and g.memory_used_bytes <= g.memory_total_bytes}})
 
 
 class GPUPoolAgent(Application):
@@ -302,6 +318,7 @@ class GPUPoolAgent(Application):
         self._inventory: dict[str, Any] | None = None
         self._gpu_key: Any = None
         self._reported: tuple[float, str] | None = None  # (when, json) of the last accepted report
+        self._report_utilization = True  # until the service says it reads Prometheus (409)
         self._stopping: asyncio.Event | None = None
 
     # ------------------------------------------------------------------ steps
@@ -382,7 +399,20 @@ class GPUPoolAgent(Application):
                 self.metrics.enforcement_actions.labels(a.user, a.action).inc()
         if self.memory_guard and result.service_ok and result.snapshot is not None:
             await self._guard_memory(result)
+        if self._report_utilization and result.service_ok and result.snapshot is not None:
+            await self._send_utilization(result.snapshot)
         return result
+
+    async def _send_utilization(self, snapshot: Snapshot) -> None:
+        try:
+            await self.client.report_utilization(snapshot)  # type: ignore[union-attr]
+        except ServiceError as e:
+            if e.status == 409:
+                self._report_utilization = False
+                self.log.info("The service reads GPU utilization from Prometheus: not reporting it")
+            else:
+                self.log.warning("Could not report GPU utilization: %s", e)
+                self.metrics.loop_errors.labels("utilization").inc()
 
     async def _guard_memory(self, result: TickResult) -> None:
         """Warn, report, and stop what is due; nothing is stopped unless the warning reached the service."""

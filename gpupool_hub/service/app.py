@@ -170,6 +170,16 @@ class GPUPoolService(Application):
         config=True)
     utilization_scale = Float(1, help="What utilization_metric reads for a fully busy GPU (1, or 100 for DCGM).").tag(
         config=True)
+    memory_used_query = Unicode(
+        "gpupool_agent_gpu_memory_used_bytes",
+        help="""PromQL giving GPU memory in use, in bytes, by utilization_uuid_label (shown in the lab widget);
+        for DCGM: 'DCGM_FI_DEV_FB_USED * 1048576'. Empty: not shown.""",
+    ).tag(config=True)
+    memory_total_query = Unicode(
+        "gpupool_agent_gpu_memory_total_bytes",
+        help="""PromQL giving each GPU's total memory in bytes, by utilization_uuid_label; for DCGM:
+        '(DCGM_FI_DEV_FB_USED + DCGM_FI_DEV_FB_FREE) * 1048576'. Empty: not shown.""",
+    ).tag(config=True)
 
     run_jobs = Bool(True, help="Run the scheduled jobs (turn off for a read-only replica or some tests).").tag(config=True)
 
@@ -217,7 +227,10 @@ class GPUPoolService(Application):
         m.reclaims.on_reclaim = self.reclaimer.schedule
         self.utilization = (PrometheusUtilization(self.prometheus_url, self.utilization_metric,
                                                   self.utilization_uuid_label, self.utilization_scale,
-                                                  self.prometheus_token)
+                                                  self.prometheus_token,
+                                                  threshold=self.settings_.idle_threshold,
+                                                  memory_used_query=self.memory_used_query,
+                                                  memory_total_query=self.memory_total_query)
                             if self.prometheus_url else ReportedUtilization(self.settings_.idle_threshold))
         self.context = self.make_context()
 

@@ -465,10 +465,13 @@ class PoolHandler(APIHandler):
         active = {r.id: r for r in await self.read_db(self.manager.ledger.active_allocations)}
         nodes = await self.core(self.manager.pool.snapshot)
 
+        idle = self.manager.idle.idle_since()  # as of the idle job's last run
+
         def holders(held: dict[str, int]) -> list[dict[str, Any]]:
             return [{"allocation": a, "fraction": format_tokens(Decimal(m) / 1000),
                      "user": active[a].user if a in active else None,
-                     "server": active[a].server if a in active else None}
+                     "server": active[a].server if a in active else None,
+                     **({"idle_since": _iso(idle[a])} if a in idle else {})}
                     for a, m in held.items()]
 
         for node in nodes:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
+from typing import Any
 
 from ..config import GPUPool
 from ..inventory.sources import InventorySource
@@ -72,7 +73,8 @@ class PoolManager:
                              delay_tolerance=debit_delay_tolerance, clock=clock,
                              on_charged=self.cache.forget, serialize=self.threads.run_write)
         self.views = Views(settings, ledger, self.inventory, self.debits, self.accounts, self.cache,
-                           self.warning_for, clock, self.threads, memory_warnings=self.memory.for_user)
+                           self.warning_for, clock, self.threads, self.activity,
+                           memory_warnings=self.memory.for_user)
 
     @property
     def pool(self) -> Pool:
@@ -81,6 +83,11 @@ class PoolManager:
     def warning_for(self, user: str) -> CullWarning | None:
         """What the user is warned of: a cull of their kernels, or a preemption of a server."""
         return self.enforcement.warnings.get(user) or self.reclaims.warnings.get(user) or self.idle.for_user(user)
+
+    def activity(self, user: str, allocations: list[dict[str, Any]]) -> dict[str, Any]:
+        """The parts of ``GET me`` that change without the account changing: the user's
+        GPUs as measured with their idleness, and the servers waiting for GPUs."""
+        return {"gpu_servers": self.idle.activity(user, allocations), "waiting": self.queue.waiting_of(user)}
 
     def restore(self) -> int:
         """At start-up: rebuild the placement pool from the allocations the ledger says are

@@ -361,6 +361,24 @@ class WaitQueue:
         return {"waiting": rows, "length": len(self.ordered()),
                 "reserved_node": self.reservation[1] if self.reservation else None}
 
+    def waiting_of(self, user: str) -> list[dict[str, Any]]:
+        """``GET me``'s ``waiting``: the user's waiting servers with position and the last
+        computed estimate. Called off the writer thread, so it reads a snapshot of the
+        entries and never recomputes estimates (the spawner's retries keep them fresh)."""
+        entries = list(self.entries.values())  # one atomic copy: the writer may change the dict
+        mine = [e for e in entries if e.waiter.user == user]
+        if not mine:
+            return []
+        order = [w.id for w in fair_order(e.waiter for e in entries if e.placement is None)]
+        cached = self._estimates
+        estimates = cached[1] if cached is not None else {}
+        # the GPU part of the description ("2 GPUs (rtx 3090)"): what the widget shows
+        return [{"server": e.waiter.server, "request": e.waiter.request.describe().partition(", ")[0],
+                 "since": iso(e.waiter.since),
+                 "position": order.index(e.waiter.id) + 1 if e.waiter.id in order else 0,
+                 "queue_length": len(order), "eta": iso(estimates.get(e.waiter.id))}
+                for e in sorted(mine, key=lambda e: e.waiter.since)]
+
     # ---------------------------------------------------------------- demand
 
     def demand_for(self, user: str, models: set[str]) -> datetime | None:

@@ -76,6 +76,7 @@ class Views:
     def __init__(self, settings: GPUPool, ledger: Ledger, inventory: PoolInventory, debits: Debits,
                  accounts: Accounts, cache: ViewCache, warning_for: Callable[[str], CullWarning | None],
                  clock: Callable[[], datetime], threads: CoreThreads,
+                 activity: Callable[[str, list[dict[str, Any]]], dict[str, Any]],
                  memory_warnings: Callable[[str], list[dict[str, Any]]] = lambda _user: []) -> None:
         self.settings = settings
         self.ledger = ledger
@@ -86,6 +87,7 @@ class Views:
         self.warning_for = warning_for
         self.clock = clock
         self.threads = threads
+        self.activity = activity  # GPUs as measured, idleness, queue places: never cached
         self.memory_warnings = memory_warnings
         self._clock_cache: tuple[int, int, int, dict[str, Any]] | None = None
 
@@ -152,6 +154,7 @@ class Views:
             "last_debit_at": clock["last_debit_at"],
             "accounting": clock["accounting"],
             "cull_warning": warning.as_dict() if warning else None,
+            **self.activity(user, view["allocations"]),
             "memory_warnings": self.memory_warnings(user),
         }
 

@@ -50,6 +50,45 @@ export interface ICullWarning {
   deadline: string;
 }
 
+/** One held GPU as last measured by the service's idle job (null: unknown). */
+export interface IGpuActivity {
+  uuid: string;
+  index: number;
+  model: string;
+  /** 0-1. */
+  utilization: number | null;
+  memory_used_bytes: number | null;
+  memory_total_bytes: number | null;
+}
+
+/** One of the user's GPU servers: its GPUs as measured and how idle it is. */
+export interface IGpuServer {
+  allocation: string;
+  server: string;
+  node: string;
+  gpus: IGpuActivity[];
+  measured_at: string | null;
+  /** Every GPU under the idle threshold since (null: busy or unknown). */
+  idle_since: string | null;
+  /** From then on it may be stopped if someone waits for its GPUs. */
+  reclaimable_at: string | null;
+  /** Stopped then even if nobody waits (max_idle), when set. */
+  max_idle_at: string | null;
+  /** Someone waits: the server stops then unless its GPUs get busy. */
+  reclaim_deadline: string | null;
+}
+
+/** One of the user's servers waiting for GPUs. */
+export interface IWaiting {
+  server: string;
+  request: string;
+  since: string;
+  /** 1 = next; 0 = GPUs reserved, starting. */
+  position: number;
+  queue_length: number;
+  eta: string | null;
+}
+
 export interface IMe {
   user: string;
   balance: string;
@@ -63,6 +102,9 @@ export interface IMe {
   last_debit_at: string | null;
   accounting: IAccounting | null;
   cull_warning: ICullWarning | null;
+  /** Absent from services before issue 14. */
+  gpu_servers?: IGpuServer[];
+  waiting?: IWaiting[];
   /** A time-shared GPU share over its memory (absent from older services). */
   memory_warnings?: IMemoryWarning[];
   /** The service's "My GPU usage" page, added by the server extension. */

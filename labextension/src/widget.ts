@@ -17,6 +17,7 @@ import {
   stateLabel,
   summarize
 } from './format';
+import { hasCountdown, renderActivity, statusNote } from './gpus';
 import { appendMemoryWarnings, memoryFlag } from './memory';
 import { BalanceModel } from './model';
 import type { IAllocation, IMe } from './types';
@@ -69,7 +70,8 @@ export class BalanceStatusItem extends Widget {
     this._left = el('span', 'gp-Balance-left');
     this._flagsNode = el('span', 'gp-Balance-flags');
     this._cull = el('span', 'gp-Balance-cull');
-    this.node.append(this._balance, this._burn, this._left, this._flagsNode, this._cull);
+    this._gpus = el('span', 'gp-Balance-gpus');
+    this.node.append(this._balance, this._burn, this._left, this._flagsNode, this._cull, this._gpus);
     this.node.addEventListener('click', this);
     this.node.addEventListener('keydown', this);
     model.changed.connect(this._render, this);
@@ -123,6 +125,7 @@ export class BalanceStatusItem extends Widget {
       this._left.textContent = '';
       this._flagsNode.textContent = '';
       this._cull.textContent = '';
+      this._gpus.textContent = '';
       node.title = this._model.error ? `${UNAVAILABLE}: ${this._model.error}` : 'GPU pool balance';
       this._ticker.update(false);
       return;
@@ -136,8 +139,9 @@ export class BalanceStatusItem extends Widget {
     const flags = [s.borrowed ? 'borrowed' : '', s.delayed ? 'delayed' : '', memoryFlag(me.memory_warnings)].filter(Boolean);
     this._flagsNode.textContent = flags.join(' · ');
     this._cull.textContent = s.cull ? `\u26a0 ${s.cull}` : '';
+    this._gpus.textContent = s.cull ? '' : statusNote(me, Date.now()); // a cull warning says it already
     node.title = s.title;
-    this._ticker.update(!!me.cull_warning);
+    this._ticker.update(!!me.cull_warning || hasCountdown(me));
   }
 
   private _model: BalanceModel;
@@ -146,6 +150,7 @@ export class BalanceStatusItem extends Widget {
   private _left: HTMLSpanElement;
   private _flagsNode: HTMLSpanElement;
   private _cull: HTMLSpanElement;
+  private _gpus: HTMLSpanElement;
   private _popup: Popup | null = null;
   private _ticker = new Ticker(() => this._render());
 }
@@ -199,6 +204,10 @@ export class BalancePanel extends Widget {
       node.append(box);
     }
     appendMemoryWarnings(node, me.memory_warnings, now);
+    const activity = renderActivity(me, now); // the GPUs at work, queue places (gpus.ts)
+    if (activity) {
+      node.append(activity);
+    }
     if (me.accounting?.status === 'delayed') {
       const box = el('div', 'gp-BalancePanel-delayed');
       box.dataset.gpupool = 'delayed';
@@ -268,7 +277,7 @@ export class BalancePanel extends Widget {
     node.append(
       el('p', 'gp-BalancePanel-muted gp-BalancePanel-updated', `Updated ${localTime(new Date(this._model.updatedAt).toISOString())}`)
     );
-    this._ticker.update(!!me.cull_warning);
+    this._ticker.update(!!me.cull_warning || hasCountdown(me));
   }
 
   private _model: BalanceModel;

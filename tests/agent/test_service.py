@@ -17,7 +17,7 @@ from gpupool_hub.agent.app import GPUPoolAgent
 from gpupool_hub.agent.enforce import SKIPPED_KERNEL, TERMINATED, WOULD_TERMINATE
 from gpupool_hub.service.context import ServiceContext
 from gpupool_hub.service.webapp import make_app
-from tests.agent.conftest import A100, alive, gpu
+from tests.agent.conftest import A100, GIB, alive, gpu
 from tests.fixtures.manager import make_manager
 
 PREFIX = "/services/gpupool/"
@@ -228,3 +228,32 @@ async def test_18_7_stray_kernel_on_a_gpu_the_user_no_longer_holds_is_stopped(se
     result = await agent.tick()
     assert {a.pid: a.action for a in result.actions} == {kernel: TERMINATED}
     assert alive(kept.pid) and alive(server.pid)
+
+
+async def test_agent_reports_utilization_and_memory_for_idle_reclaim(tmp_path, make_nvml):
+    """Without Prometheus the service learns utilization from the agents: what the idle
+    rule and the lab widget read. A service that reads Prometheus answers 409 once."""
+    from gpupool_hub.service.idle import ReportedUtilization
+
+    source = ReportedUtilization(0.05)
+    service = Service(tmp_path, utilization=source)
+    try:
+        nv = make_nvml([gpu(0, utilization=0), gpu(1, utilization=73)])
+        agent = make_agent(nv, service.url)
+        result = await agent.tick()
+        assert result.service_ok, result.service_error
+        got = await source.readings(["GPU-0000-fake", "GPU-0001-fake"], 3600)
+        assert {u: (r.utilization, r.memory_used_bytes, r.memory_total_bytes) for u, r in got.items()} == {
+            "GPU-0000-fake": (0.0, 2 * GIB, 80 * GIB), "GPU-0001-fake": (0.73, 2 * GIB, 80 * GIB)}
+        assert got["GPU-0000-fake"].idle_since is not None and got["GPU-0001-fake"].idle_since is None
+    finally:
+        service.stop()
+
+    (tmp_path / "prom").mkdir()
+    prom = Service(tmp_path / "prom")  # utilization=None: the service reads Prometheus
+    try:
+        agent = make_agent(make_nvml([gpu(0)]), prom.url)
+        assert (await agent.tick()).service_ok
+        assert agent.metrics.loop_errors.labels("utilization")._value.get() == 0  # a 409 is no error
+    finally:
+        prom.stop()

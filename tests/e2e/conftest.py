@@ -171,13 +171,20 @@ def lab_environment(workdir: Path, poll_seconds: int) -> dict[str, str]:
     (dirs["config"] / "jupyter_server_config.json").write_text(json.dumps({
         "LabApp": {"news_url": None, "check_for_updates_class": "jupyterlab.NeverCheckForUpdate"},
     }))
-    return {
+    env = {
         "JUPYTER_CONFIG_DIR": str(dirs["config"]),
         "JUPYTERLAB_SETTINGS_DIR": str(dirs["settings"]),
         "JUPYTERLAB_WORKSPACES_DIR": str(dirs["workspaces"]),
         "JUPYTER_RUNTIME_DIR": str(dirs["runtime"]),
         "JUPYTER_PLATFORM_DIRS": "1",
     }
+    build = os.environ.get("GPUPOOL_LABEXTENSION_DIR")
+    if build:  # a build of the widget to test instead of the installed one (JUPYTER_PATH comes first)
+        link = workdir / "lab" / "jupyter-path" / "labextensions" / "@gpupool" / "hub-balance"
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(Path(build).resolve(), target_is_directory=True)
+        env["JUPYTER_PATH"] = str(workdir / "lab" / "jupyter-path")
+    return env
 
 
 # ------------------------------------------------- hub from the example config

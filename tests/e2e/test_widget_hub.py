@@ -7,14 +7,18 @@ gpupool service and the ``gpupool-simple`` spawner; the user logs in through
 widget's polls (every second here) to the service with the server's own token
 (the ``server`` role grants ``access:services!service=gpupool``, as in the
 example config). An admin's grants move the balance; the widget follows
-within one poll, and a negative balance turns it to the negative state. The
-test saves ``build/screenshots/widget-hub.png`` (``scripts/update-screenshots.sh``
+within one poll, and a negative balance turns it to the negative state. Then
+alice's GPU idles (its node agent reports 0 %) while bob waits for it: her
+panel shows the GPU's utilization and memory and the idle countdown, her status
+item the stop countdown (issue 14). The pool has one RTX 3090, so bob must wait.
+The test saves ``build/screenshots/widget-hub.png`` (``scripts/update-screenshots.sh``
 copies it to ``docs/images/``).
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
@@ -41,9 +45,23 @@ PROFILES = [
 ]
 
 
+#: one RTX 3090, so that a second user waits for alice's (idle reclaim, issue 14)
+NODES = [{"name": "node-a", "cpu_milli": 64000, "memory_mib": 262144,
+          "gpus": [{"index": 0, "uuid": "GPU-widget-0", "model": "NVIDIA GeForce RTX 3090"}]}]
+AGENT_TOKEN = "agent-secret-widget"
+GIB = 1 << 30
+
+
 def widget_config(workdir: Path) -> str:
     singleuser = Path(sys.executable).with_name("jupyterhub-singleuser")
     return f"""
+c.GPUPool.nodes = {NODES!r}
+c.GPUPool.queue_enabled = True
+c.GPUPool.idle_after = 2
+c.GPUPool.idle_grace = 600
+c.GPUPool.min_runtime = 1
+c.GPUPoolService.idle_interval = 0.5
+c.GPUPoolService.agent_tokens = {{"node-a": {AGENT_TOKEN!r}}}
 c.JupyterHub.spawner_class = "gpupool-simple"
 c.GPUPoolSpawner.profiles = {PROFILES!r}
 c.Spawner.default_url = "/lab"
@@ -151,6 +169,26 @@ def test_widget_follows_the_real_service(widget_hub, browser_page):
         page.wait_for_timeout(300)  # let the popup settle before the picture
         screenshot_widget(page, SCREENSHOT)
         page.screenshot(path=str(hub.workdir / "lab.png"))
+
+        # Issue 14: alice's GPU idles while bob waits for it; her widget counts down.
+        r = hub.service("PUT", "/nodes/node-a/utilization", AGENT_TOKEN,
+                        json={"gpus": {"GPU-widget-0": 0.0}, "memory": {"GPU-widget-0": [GIB, 24 * GIB]}})
+        assert r.status_code == 200, r.text
+        activity = panel.locator("[data-gpupool='activity']")
+        expect(activity).to_contain_text("RTX 3090 #0: 0 %, 1.0 / 24.0 GiB", timeout=ONE_POLL_MS)
+        expect(activity.locator("[data-gpupool='idle']")).to_contain_text("may be reclaimed", timeout=ONE_POLL_MS)
+        hub.create_user("bob")
+        t0 = time.monotonic()
+        threading.Thread(target=hub.hub_request, args=("POST", "/users/bob/server"),
+                         kwargs={"json": {"user_options": {"profile": "1x3090"}}}, daemon=True).start()
+        idle = activity.locator("[data-gpupool='idle']")
+        expect(idle).to_contain_text("someone is waiting: stops in 9:", timeout=30_000)
+        timings["idle_warning"] = time.monotonic() - t0
+        expect(item).to_contain_text("server stops in 9:")
+        first = idle.text_content()
+        expect(idle).not_to_have_text(first or "", timeout=3_000)  # the countdown ticks every second
+        screenshot_widget(page, SCREENSHOT.with_name("widget-idle.png"))
+        hub.hub_request("DELETE", "/users/bob/server")  # bob gives up: alice keeps her GPU
         print(f"timings (s): {timings}")
     except Exception:
         console = "\n".join(getattr(page, "gpupool_console", []))

@@ -84,6 +84,13 @@ class JupyterProcess:
             path.mkdir(parents=True, exist_ok=True)
             env[var] = str(path)
         env["JUPYTER_PLATFORM_DIRS"] = "1"
+        build = os.environ.get("GPUPOOL_LABEXTENSION_DIR")
+        if build:  # a build of the widget to test instead of the installed one (JUPYTER_PATH comes first)
+            link = self.tmp_path / "jupyter-path" / "labextensions" / "@gpupool" / "hub-balance"
+            if not link.exists():
+                link.parent.mkdir(parents=True, exist_ok=True)
+                link.symlink_to(Path(build).resolve(), target_is_directory=True)
+            env["JUPYTER_PATH"] = str(self.tmp_path / "jupyter-path")
         env.update(self._env)
         return env
 

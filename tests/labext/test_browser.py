@@ -84,6 +84,16 @@ def test_status_bar_widget(lab, standin, browser_page):
             accounting={"status": "delayed",
                         "message": "Prometheus unreachable since 10:00; usage will be charged when it answers"},
             cull_warning=cull_in(10),
+            # issue 14: the GPUs at work, idleness, a place in the queue
+            gpu_servers=[{"allocation": base["id"], "server": "", "node": "node-a",
+                          "gpus": [{"uuid": "GPU-2", "index": 2, "model": "NVIDIA GeForce RTX 3090",
+                                    "utilization": 0.02, "memory_used_bytes": 1 << 30,
+                                    "memory_total_bytes": 24 << 30}],
+                          "measured_at": iso(now), "idle_since": iso(now - timedelta(minutes=45, seconds=5)),
+                          "reclaimable_at": iso(now + timedelta(minutes=15)), "max_idle_at": None,
+                          "reclaim_deadline": None}],
+            waiting=[{"server": "big2", "request": "4 GPUs (a100)", "since": iso(now), "position": 2,
+                      "queue_length": 3, "eta": None}],
         )
         wait_for_status_item(page, f"{MINUS}3.3 tokens", state="negative", timeout_ms=ONE_POLL_MS)
         expect(item).to_contain_text(f"{MINUS}3.5/h")
@@ -107,6 +117,12 @@ def test_status_bar_widget(lab, standin, browser_page):
         expect(panel).to_contain_text("Last debit")
         expect(panel).to_contain_text("Next daily credit")
         expect(panel).to_contain_text("+30.0 tokens")
+        activity = panel.locator("[data-gpupool='activity']")
+        expect(activity).to_contain_text("RTX 3090 #2: 2 %, 1.0 / 24.0 GiB")
+        expect(activity.locator("[data-gpupool='idle']")).to_contain_text(
+            "idle 45 min — may be reclaimed in 1")  # 15 min, or 14 on a slow machine
+        expect(activity.locator("[data-gpupool='waiting']")).to_have_text(
+            "Server big2: waiting for 4 GPUs (a100): 2nd of 3 in the queue, no estimate yet")
         page.wait_for_timeout(300)  # let the popup settle before the picture
         screenshot_widget(page, SCREENSHOT)
 

@@ -3,19 +3,29 @@ asks for 2 x RTX 3090 while alice holds both at 0 % utilization: bob is shown
 position 1 with an estimate; alice is warned (``GET me``), her server stops
 after the grace, bob's spawn completes by itself, and both events are audited.
 
-Utilization comes from the node agents' reports (``PUT nodes/{node}/utilization``,
-the path without Prometheus), with idle_after and the grace shortened to seconds."""
+The scenario runs twice, once per utilization source: the node agents' reports
+(``PUT nodes/{node}/utilization``, the path without Prometheus, idle_after shortened
+to seconds) and a real Prometheus whose backfilled history has alice's two GPUs at
+0 % for two hours (the agent's ``gpupool_agent_gpu_utilization_ratio`` and memory
+gauges, labelled as agent/metrics.py exports them). Both check what ``GET me``
+shows alice (her GPUs' utilization and memory, idle since, the reclaim deadline)
+and bob (position 1, an estimate)."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
+from datetime import datetime, timedelta, timezone
 from urllib.parse import quote
 
 import pytest
 
 from tests.fixtures.hub import wait_for
+from tests.fixtures.prometheus import OpenMetricsHistory
 
 from .conftest import spawn, spawner_hub, user_model
 from .test_queue_hub import Progress, queue
@@ -25,11 +35,11 @@ pytestmark = pytest.mark.integration
 NODE = [{"name": "node-a", "cpu_milli": 64000, "memory_mib": 262144,
          "gpus": [{"index": i, "uuid": f"GPU-idle-{i}", "model": "NVIDIA GeForce RTX 3090"} for i in range(2)]}]
 AGENT_TOKEN = "agent-secret-node-a"
+GIB = 1 << 30
 
-EXTRA = f"""
+COMMON = f"""
 c.GPUPool.queue_enabled = True
 c.GPUPool.nodes = {json.dumps(NODE)}
-c.GPUPool.idle_after = 2
 c.GPUPool.idle_grace = 4
 c.GPUPool.min_runtime = 1
 c.GPUPoolService.idle_interval = 0.5
@@ -42,7 +52,24 @@ c.JupyterHub.slow_spawn_timeout = 0.5
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
-    yield from spawner_hub(tmp_path_factory, "idlehub", EXTRA)
+    yield from spawner_hub(tmp_path_factory, "idlehub", COMMON + "c.GPUPool.idle_after = 2\n")
+
+
+@pytest.fixture(scope="module")
+def prom_hub(tmp_path_factory, prometheus_factory):
+    """Alice's GPUs at 0 % (1 of 24 GiB used) from two hours ago until after the test."""
+    now = datetime.now(timezone.utc).replace(second=0, microsecond=0)
+    span = [(now - timedelta(hours=2), now + timedelta(minutes=30), 0)]
+    h = OpenMetricsHistory()
+    for g in NODE[0]["gpus"]:
+        labels = {"gpu_uuid": g["uuid"], "model": g["model"], "node": "node-a", "index": str(g["index"])}
+        h.gauge("gpupool_agent_gpu_utilization_ratio", labels, span, step=15)
+        h.gauge("gpupool_agent_gpu_memory_used_bytes", labels, [(a, b, GIB) for a, b, _ in span], step=15)
+        h.gauge("gpupool_agent_gpu_memory_total_bytes", labels, [(a, b, 24 * GIB) for a, b, _ in span], step=15)
+    prom = prometheus_factory(h)
+    # an hour of idleness counts: the history has two
+    extra = f"c.GPUPool.idle_after = 3600\nc.GPUPoolService.prometheus_url = {prom.url!r}\n"
+    yield from spawner_hub(tmp_path_factory, "idleprom", COMMON + extra)
 
 
 def running(hub, user):
@@ -50,8 +77,9 @@ def running(hub, user):
     return bool(srv and srv.get("ready"))
 
 
-def report(hub, values):
-    r = hub.service("PUT", "/nodes/node-a/utilization", AGENT_TOKEN, json={"gpus": values})
+def report(hub, values, memory=None):
+    body = {"gpus": values, "memory": memory} if memory else {"gpus": values}
+    r = hub.service("PUT", "/nodes/node-a/utilization", AGENT_TOKEN, json=body)
     assert r.status_code == 200, r.text
 
 
@@ -61,11 +89,22 @@ def audit(hub, user):
 
 
 def test_an_idle_server_is_stopped_for_a_waiting_user(hub):
+    """Utilization from the agents' reports."""
+    idle_scenario(hub, lambda: report(hub, {"GPU-idle-0": 0.0, "GPU-idle-1": 0.0},
+                                      {"GPU-idle-0": [GIB, 24 * GIB], "GPU-idle-1": [GIB, 24 * GIB]}))
+
+
+def test_an_idle_server_is_stopped_for_a_waiting_user_prometheus(prom_hub):
+    """Utilization from Prometheus: nothing to report, the history says it."""
+    idle_scenario(prom_hub, lambda: None)
+
+
+def idle_scenario(hub, make_idle):
     r = spawn(hub, "alice", {"profile": "2x3090"})
     assert r.status_code in (201, 202), r.text
     wait_for(lambda: running(hub, "alice"), 60, "alice's server")
     alice = hub.token_for("alice")
-    report(hub, {"GPU-idle-0": 0.0, "GPU-idle-1": 0.0})
+    make_idle()
 
     # nobody waits: idle, but not warned
     hub.create_user("bob")
@@ -77,16 +116,32 @@ def test_an_idle_server_is_stopped_for_a_waiting_user(hub):
     wait_for(lambda: any(m.startswith("Waiting for a GPU: You are 1st in the queue") for m in bob.messages()), 30,
              "bob's position on his progress page")
     assert queue(hub)["waiting"][0]["eta"]
+    waiting = wait_for(lambda: hub.service("GET", "/me", hub.token_for("bob")).json()["waiting"], 10, "bob's me")
+    assert [(w["position"], w["queue_length"], w["server"]) for w in waiting] == [(1, 1, "")]
+    assert waiting[0]["eta"]  # the estimate: alice's reclaim deadline once she is warned
 
     warning = wait_for(lambda: hub.service("GET", "/me", alice).json()["cull_warning"], 30, "alice's idle warning")
     assert warning["action"] == "server" and "idle" in warning["reason"] and warning["deadline"]
+    [srv] = hub.service("GET", "/me", alice).json()["gpu_servers"]  # what her widget shows
+    assert [(g["utilization"], g["memory_used_bytes"], g["memory_total_bytes"]) for g in srv["gpus"]] == [
+        (0.0, GIB, 24 * GIB)] * 2
+    assert srv["idle_since"] and srv["reclaimable_at"] and srv["reclaim_deadline"] == warning["deadline"]
     assert running(hub, "alice")
+    # the admins' view marks her GPUs idle: GET pool and `gpupool pool`
+    holders = [h for n in hub.service("GET", "/pool", hub.tester_token).json()["nodes"]
+               for g in n["gpus"] for h in g["holders"]]
+    assert [(h["user"], bool(h.get("idle_since"))) for h in holders] == [("alice", True)] * 2
+    env = {**os.environ, "GPUPOOL_URL": hub.service_api, "GPUPOOL_TOKEN": hub.tester_token}
+    out = subprocess.run([sys.executable, "-m", "gpupool_hub.cli", "pool"], env=env, capture_output=True,
+                         text=True, timeout=60).stdout
+    assert sum(f"alice/- (1.000) idle since {srv['idle_since']}" in line for line in out.splitlines()) == 2, out
 
     bob.join(60)
     assert bob.events[-1].get("ready"), bob.events
     assert not running(hub, "alice")
     assert hub.service("GET", "/me", alice).json()["cull_warning"] is None
     assert [a for a in audit(hub, "alice") if a.startswith("idle")] == ["idle_warn", "idle_reclaim"]
+    assert hub.service("GET", "/me", hub.token_for("bob")).json()["waiting"] == []
 
 
 def test_a_busy_server_is_not_taken_back(hub):

@@ -11,7 +11,7 @@ from ...ledger import AuditEvent
 from ...reasons import AuditAction
 from ..enforcement import CullWarning
 from ..hubapi import HubClient, HubError
-from ..idle import IdleDecision, IdleServer, UtilizationSource, decide_idle
+from ..idle import IdleDecision, IdleServer, UtilizationSource, decide_idle, server_idleness
 from ..manager import PoolManager
 
 log = logging.getLogger("gpupool.idle")
@@ -30,11 +30,17 @@ class IdleJob:
         records = await m.threads.read(m.ledger.active_allocations)
         uuids = [g["uuid"] for r in records for g in r.gpus]
         try:
+            readings = await self.source.readings(uuids, max(s.idle_after, s.max_idle))
             peak = await self.source.peak(uuids, s.idle_after)
             peak_long = await self.source.peak(uuids, s.max_idle) if s.max_idle else {}
         except Exception as e:  # no data, no idleness: never stop a server on a guess
-            log.warning("GPU utilization unavailable for idle reclaim: %s", e)
+            log.warning("GPU utilization unavailable for idle reclaim (nothing is reclaimed): %s", e)
+            m.idle.publish(None, {}, {})
             return
+        m.idle.publish(now, readings, {
+            r.id: idle for r in records if r.gpus and (idle := server_idleness(
+                r.created_at, [readings.get(g["uuid"]) for g in r.gpus], idle_after=s.idle_after,
+                min_runtime=s.min_runtime, max_idle=s.max_idle)) is not None})
         servers = []
         for r in records:
             ids = [g["uuid"] for g in r.gpus]
