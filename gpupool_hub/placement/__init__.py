@@ -15,7 +15,8 @@ from .inventory import GPU, Link, MigDevice, Node, load_node, load_nodes
 from .mix import DEFAULT_FLOOR_WEIGHT, DEFAULT_RESERVE, RequestMix
 from .policies import FGD, BestFit, FirstFit, Policy, RandomFit, get_policy, policy_names, register_policy
 from .request import MILLI, Request, model_allowed, normalize_model
-from .state import FreeSummary, GPUShare, NodeState, Placement, Pool
+from .report import FreeSummary
+from .state import GPUShare, NodeState, Placement, Pool
 from .topology import PcieLevel, Topology
 
 __all__ = [

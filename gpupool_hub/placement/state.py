@@ -17,7 +17,7 @@ from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Tupl
 
 from .errors import ModelUnavailable, NoCapacity, PlacementConflict, PlacementError
 from . import mig as mig_placement
-from . import pins
+from . import pins, report
 from .inventory import MigDevice, Node, load_node
 from .mix import DEFAULT_FLOOR_WEIGHT, DEFAULT_RESERVE, Expected
 from .request import MILLI, Request, model_allowed
@@ -470,107 +470,15 @@ class Pool:
     def __len__(self) -> int:
         return len(self._allocs)
 
-    # -- reporting --------------------------------------------------------
+    # -- reporting (placement/report.py) -------------------------------------
     def snapshot(self) -> List[Dict[str, Any]]:
         """Per node and per GPU: model, allocated milli and holders, for the allocation map API."""
-        out = []
-        for ns in self.nodes:
-            n = ns.node
-            gpus = []
-            for pos, g in enumerate(n.gpus):
-                slots = [s for s, p in enumerate(ns.slot_gpu) if p == pos]
-                holders: Dict[str, int] = {}
-                for s in slots:
-                    holders.update(ns.holders[s])
-                entry: Dict[str, Any] = {
-                    "index": g.index, "uuid": g.uuid, "model": g.model,
-                    "allocated_milli": sum(ns.cap[s] - ns.free[s] for s in slots),
-                    "holders": holders,
-                }
-                if g.mig:
-                    entry["mig"] = [
-                        {"uuid": ns.slot_mig[s].uuid, "profile": ns.slot_mig[s].profile,  # type: ignore[union-attr]
-                         "milli": ns.cap[s], "holders": dict(ns.holders[s])}
-                        for s in slots
-                    ]
-                gpus.append(entry)
-            out.append({
-                "node": n.name, "labels": dict(n.labels),
-                "cpu_milli": n.cpu_milli, "cpu_free": ns.cpu_free,
-                "memory_mib": n.memory_mib, "memory_free": ns.mem_free,
-                "gpus": gpus,
-            })
-        return out
+        return report.snapshot(self)
 
-    def free_summary(self) -> "FreeSummary":
+    def free_summary(self) -> "report.FreeSummary":
         """What is free right now, per GPU model: the words behind a "no capacity" message."""
-        per: Dict[str, Dict[str, int]] = {}
-        for ns in self.nodes:
-            for pos, g in enumerate(ns.node.gpus):
-                e = per.setdefault(g.model, {"whole_free": 0, "largest_whole_block": 0,
-                                             "largest_share_milli": 0, "free_milli": 0, "nodes": 0})
-            seen = set()
-            for s, pos in enumerate(ns.slot_gpu):
-                model = ns.node.gpus[pos].model
-                e = per[model]
-                if model not in seen:
-                    e["nodes"] += 1
-                    seen.add(model)
-                e["free_milli"] += ns.free[s]
-                if ns.whole[s] and ns.free[s] == MILLI:
-                    e["whole_free"] += 1
-                if 0 < ns.free[s] < ns.cap[s]:  # the biggest piece of an already shared device
-                    e["largest_share_milli"] = max(e["largest_share_milli"], ns.free[s])
-            for model in seen:
-                block = sum(1 for s, pos in enumerate(ns.slot_gpu)
-                            if ns.node.gpus[pos].model == model and ns.whole[s] and ns.free[s] == MILLI)
-                per[model]["largest_whole_block"] = max(per[model]["largest_whole_block"], block)
-        cpu_free = max((ns.cpu_free for ns in self.nodes), default=0)
-        mem_free = max((ns.mem_free for ns in self.nodes), default=0)
-        return FreeSummary(per_model=per, largest_cpu_free=cpu_free, largest_memory_free=mem_free)
+        return report.free_summary(self)
 
     def describe(self, placement: Placement) -> str:
         """One line for the spawn progress message, e.g. "node-a, GPUs 2+3 joined by NVLink"."""
-        if not placement.gpus:
-            return f"{placement.node}, no GPU"
-        ns = self.by_name.get(placement.node)
-        if len(placement.gpus) == 1:
-            g = placement.gpus[0]
-            if g.mig_profile:
-                return f"{placement.node}, MIG {g.mig_uuid} ({g.mig_profile}) of GPU {g.index} ({g.model})"
-            if g.milli < MILLI:
-                where = f"MIG {g.mig_uuid} of GPU {g.index}" if g.mig_uuid else f"GPU {g.index}"
-                return f"{placement.node}, {g.milli / 10:g}% of {where} ({g.model})"
-            return f"{placement.node}, GPU {g.index} ({g.model})"
-        idx = "+".join(str(g.index) for g in placement.gpus)
-        how = ""
-        if ns is not None:
-            try:
-                pos = [ns.node.gpu_position(g.index) for g in placement.gpus]
-                how = ns.node.topology.describe_set(pos) if ns.node.links else ""
-            except KeyError:
-                how = ""
-        return f"{placement.node}, GPUs {idx}" + (f" {how}" if how else "") + f" ({placement.gpus[0].model})"
-
-
-@dataclass(frozen=True)
-class FreeSummary:
-    per_model: Dict[str, Dict[str, int]]
-    largest_cpu_free: int
-    largest_memory_free: int
-
-    def __str__(self) -> str:
-        if not self.per_model:
-            return "no GPUs in this pool"
-        parts = []
-        for model, e in sorted(self.per_model.items()):
-            share = e["largest_share_milli"]
-            parts.append(
-                f"{model}: {e['whole_free']} whole GPU(s) free, at most {e['largest_whole_block']} on one node"
-                + (f", largest share {share / 10:g}% of a shared GPU" if share else "")
-            )
-        return "; ".join(parts)
-
-    def as_dict(self) -> Dict[str, Any]:
-        return {"per_model": self.per_model, "largest_cpu_free": self.largest_cpu_free,
-                "largest_memory_free": self.largest_memory_free}
+        return report.describe(self, placement)
