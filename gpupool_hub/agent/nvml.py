@@ -23,6 +23,7 @@ from typing import Any, Iterator, Mapping
 
 import psutil
 
+from ..mig import total_slices
 from ..placement.inventory import load_node
 from ..placement.topology import PcieLevel
 
@@ -30,9 +31,6 @@ log = logging.getLogger("gpupool.agent.nvml")
 
 MIB = 1 << 20
 
-# MIG slice count of the whole GPU per model; everything not listed has 7
-# (A100, H100, H200, B200). The A30 splits into 4.
-_MIG_TOTAL_SLICES = {"a30": 4}
 _MIG_PROFILE_IN_NAME = re.compile(r"\b(\d+g\.\d+gb(?:\+me)?)\b", re.IGNORECASE)
 
 
@@ -114,7 +112,7 @@ def _mig_devices(nvml: Any, handle: Any, model: str) -> list[MigInfo]:
         return []  # NOT_SUPPORTED on every non-MIG GPU: the common case, not an error
     if current != nvml.NVML_DEVICE_MIG_ENABLE:
         return []
-    total = next((n for key, n in _MIG_TOTAL_SLICES.items() if key in model.lower()), 7)
+    total = total_slices(model)  # 7, or 4 on an A30: the same rule prices and placement use
     out = []
     count = nvml.nvmlDeviceGetMaxMigDeviceCount(handle)
     for i in range(count):
