@@ -128,6 +128,15 @@ def cmd_history(client: Client, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _pool_holder(h: dict[str, Any], outside_index: bool) -> str:
+    """One holder of a GPU for ``gpupool pool``: a server, or what the inventory source
+    says holds it (a scheduler job the hub did not start, a node taking no servers)."""
+    if h.get("held_outside"):
+        return "held outside the hub" if outside_index else "node unavailable"
+    return (f"{h['user']}/{h['server'] or '-'} ({h['fraction']})"
+            + (f" idle since {h['idle_since']}" if h.get("idle_since") else ""))
+
+
 def cmd_pool(client: Client, args: argparse.Namespace) -> int:
     pool = client.json("GET", "/pool")
     if args.json:
@@ -135,10 +144,9 @@ def cmd_pool(client: Client, args: argparse.Namespace) -> int:
         return EXIT_OK
     rows = []
     for node in pool["nodes"]:
+        outside = set(node.get("held_outside") or ())
         for g in node["gpus"]:
-            holders = ", ".join(f"{h['user']}/{h['server'] or '-'} ({h['fraction']})"
-                                + (f" idle since {h['idle_since']}" if h.get("idle_since") else "")
-                                for h in g["holders"])
+            holders = ", ".join(_pool_holder(h, g["index"] in outside) for h in g["holders"])
             rows.append((node["node"], g["index"], g["model"], g["allocated_fraction"],
                          "MIG" if g.get("mig") else (holders or "free")))
             for m in g.get("mig", ()):  # each MIG instance on its own line, under its GPU
@@ -154,6 +162,9 @@ def cmd_pool(client: Client, args: argparse.Namespace) -> int:
         print(table([(t["team"], f"{t['used_gpus']:g}", f"{t['quota_gpus']:g}", f"{t['borrowed_gpus']:g}",
                       t["servers"], t.get("cooldown_until") or "")
                      for t in teams], ["team", "used", "quota", "borrowed", "servers", "no preempting until"]))
+    for node in pool["nodes"]:
+        if node.get("unavailable"):
+            print(f"node {node['node']} takes no new servers: {node['unavailable']}", file=sys.stderr)
     for finding in pool.get("unallocated_servers", []):
         print(f"warning: {finding['user']}/{finding['server']}: {finding['message']}", file=sys.stderr)
     return EXIT_OK

@@ -132,6 +132,14 @@ def test_gpus_held_outside_the_hub_steer_and_refuse_spawns(hub, slurm):
     ok, message = wait_spawned(hub, "olaf", "", spawn(hub, "olaf", {"profile": "a6000"}))
     assert not ok and "held outside the hub" in message.lower(), message
     assert allocations(hub) == [] and len(slurm.job_ids()) == 2  # no sbatch for the refused spawn
+    # the admins' pool map says who holds those GPUs: nobody in the hub
+    out = subprocess.run([sys.executable, "-m", "gpupool_hub.cli", "pool"], capture_output=True, text=True,
+                         env={**os.environ, "GPUPOOL_URL": hub.service_api, "GPUPOOL_TOKEN": hub.tester_token},
+                         timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    held = {(line.split()[0], int(line.split()[1])) for line in out.stdout.splitlines()
+            if line.endswith("held outside the hub")}
+    assert held == {("gpu-a", i) for i in range(4)} | {("gpu-c", 0)}, out.stdout
     slurm.cancel(c_job)
     wait_for(lambda: outside(hub) == {"gpu-a": [0, 1, 2, 3]}, 30, "the pool to see gpu-c free")
     ok, message = wait_spawned(hub, "otto", "", spawn(hub, "otto", {"profile": "a6000"}))
