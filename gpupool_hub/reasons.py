@@ -55,6 +55,7 @@ class AuditAction(str, Enum):
     PREEMPT = "preempt"
     IDLE_WARN = "idle_warn"
     IDLE_RECLAIM = "idle_reclaim"
+    NOTICE_DISMISSED = "notice_dismissed"  # a user dismissed the notice of an earlier event (detail: notice id)
 
     def __str__(self) -> str:
         return self.value

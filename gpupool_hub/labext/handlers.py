@@ -1,4 +1,5 @@
-"""``GET {base_url}gpupool/me``: the balance widget's data path.
+"""``GET {base_url}gpupool/me``: the balance widget's data path (and ``DELETE
+{base_url}gpupool/notices/{id}``, its dismiss button).
 
 The single-user server forwards the request to the gpupool hub service's
 ``GET /services/gpupool/api/v1/me`` with its own ``JUPYTERHUB_API_TOKEN``
@@ -185,6 +186,33 @@ class MeHandler(APIHandler):
         return body
 
 
+class NoticeHandler(MeHandler):
+    """``DELETE {base_url}gpupool/notices/{id}`` → the service's ``DELETE me/notices/{id}``:
+    the widget's dismiss button. Answers 204, or the unavailable JSON (404 passed on)."""
+
+    @tornado.web.authenticated
+    async def delete(self, notice: str) -> None:
+        try:
+            token = _token()
+            client = AsyncHTTPClient()
+            url = urljoin(await self.locator.api_url(client, token), f"me/notices/{quote(notice, safe='')}")
+            timeout = _timeout()
+            request = HTTPRequest(url, method="DELETE", headers={"Authorization": f"token {token}"},
+                                  connect_timeout=timeout, request_timeout=timeout, follow_redirects=False)
+            try:
+                await client.fetch(request)
+            except HTTPClientError as e:
+                raise BalanceUnavailable(f"gpupool service answered HTTP {e.code}", 404 if e.code == 404 else 502) from e
+            except Exception as e:
+                self.locator.forget()
+                raise BalanceUnavailable(f"gpupool service unreachable: {e}", 502) from e
+        except BalanceUnavailable as e:
+            self._unavailable(e.status, e.reason)
+            return
+        self.set_status(204)
+        self.finish()
+
+
 def pages_url() -> str:
     """The public address of the service's "My GPU usage" page, from the hub's prefix."""
     base = _ensure_slash(os.environ.get("JUPYTERHUB_BASE_URL", "/") or "/")
@@ -194,4 +222,5 @@ def pages_url() -> str:
 
 def setup_handlers(web_app: Any) -> None:
     base_url = web_app.settings.get("base_url", "/")
-    web_app.add_handlers(".*$", [(url_path_join(base_url, "gpupool", "me"), MeHandler)])
+    web_app.add_handlers(".*$", [(url_path_join(base_url, "gpupool", "me"), MeHandler),
+                                 (url_path_join(base_url, "gpupool", "notices", "([0-9]+)"), NoticeHandler)])

@@ -22,8 +22,10 @@ from ..ledger import AllocationRecord, Ledger
 from ..placement.request import MILLI
 from ..placement.inventory import Node
 from ..placement.request import normalize_model
+from ..placement.request import Request
 from ..placement.state import GPUShare, Placement, Pool
 from ..pricing import PriceTable, PricingError, model_matches
+from ..profiles import Profile
 from ..reasons import RefusalReason
 from ..units import format_tokens
 from .errors import Refused
@@ -103,6 +105,39 @@ class PoolInventory:
                            "whole_free": e.get("whole_free", 0),
                            "largest_whole_block": e.get("largest_whole_block", 0)})
         return {"models": models, "min_start_hours": format_tokens(min_start_hours)}
+
+    def expect_profiles(self, profiles: Iterable[Profile], owed_gpus: int | None = None) -> list[Request]:
+        """Tell placement which request shapes may come, whatever history says (issue 18.1).
+
+        Placement learns "typical requests" from history, so after weeks of
+        5-GPU jobs a configured 8-GPU profile counts for nothing and team A's
+        small servers spread over every node. Each GPU profile's shape (its
+        base count, and for an adjustable one its largest count up to
+        ``owed_gpus``, the most GPUs a team is owed) is declared with a floor
+        weight, as admission will ask for it (models resolved like a request
+        from a user who affords them all). Returns the declared shapes.
+        """
+        shapes: list[Request] = []
+        for p in profiles:
+            if not p.needs_gpu:
+                continue
+            try:
+                models = self.resolve_models(p.models) if p.models else frozenset(self.models())
+            except Refused:  # a profile for a model this pool lacks: nothing to keep room for
+                continue
+            body = p.request()
+            counts = {p.gpus} if not p.adjustable else {p.gpus, p.max_gpus if owed_gpus is None
+                                                        else max(p.gpus, min(p.max_gpus, owed_gpus))}
+            for n in sorted(counts):
+                if not n and not p.gpu_milli:
+                    continue
+                shapes.append(Request(cpu_milli=body.get("cpu_milli", 0), memory_mib=body.get("memory_mib", 0),
+                                      gpus=0 if p.gpu_milli else n, gpu_milli=p.gpu_milli, models=models))
+        self.pool.expect(shapes)
+        if shapes:
+            log.info("Placement keeps room for the configured shapes: %s",
+                     ", ".join(sorted({r.describe() for r in shapes})))
+        return shapes
 
     # -------------------------------------------------------- allocations
 

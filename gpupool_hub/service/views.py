@@ -75,7 +75,8 @@ class Views:
 
     def __init__(self, settings: GPUPool, ledger: Ledger, inventory: PoolInventory, debits: Debits,
                  accounts: Accounts, cache: ViewCache, warning_for: Callable[[str], CullWarning | None],
-                 clock: Callable[[], datetime], threads: CoreThreads) -> None:
+                 clock: Callable[[], datetime], threads: CoreThreads,
+                 notices: Callable[[str], list[dict[str, Any]]] | None = None) -> None:
         self.settings = settings
         self.ledger = ledger
         self.inventory = inventory
@@ -85,6 +86,7 @@ class Views:
         self.warning_for = warning_for
         self.clock = clock
         self.threads = threads
+        self.notices = notices
         self._clock_cache: tuple[int, int, int, dict[str, Any]] | None = None
 
     def allocation_json(self, record: AllocationRecord) -> dict[str, Any]:
@@ -184,4 +186,5 @@ class Views:
             "allocations": [self.allocation_json(r) for r in held],
             "burn_rate_per_hour": format_tokens(burn),
             "time_to_floor_seconds": time_to_floor,
+            "notices": self.notices(user) if self.notices else [],
         }

@@ -46,6 +46,20 @@ export interface ICullWarning {
   action: 'kernels' | 'server';
   reason: string;
   deadline: string;
+  /** When the kernels were shut down while the warning still stands; null before. */
+  done_at?: string | null;
+}
+
+/** What the pool did to one of the user's servers; shown until dismissed. */
+export interface INotice {
+  id: number;
+  kind: 'preempted' | 'kernels_stopped' | 'floor_stop' | 'idle_reclaim';
+  at: string;
+  server: string;
+  title: string;
+  why: string;
+  /** What was kept (files on disk). */
+  kept: string;
 }
 
 export interface IMe {
@@ -61,6 +75,7 @@ export interface IMe {
   last_debit_at: string | null;
   accounting: IAccounting | null;
   cull_warning: ICullWarning | null;
+  notices?: INotice[];
   /** The service's "My GPU usage" page, added by the server extension. */
   pages_url?: string;
 }

@@ -18,6 +18,7 @@ import {
   summarize
 } from './format';
 import { BalanceModel } from './model';
+import { cullDone, KERNELS_STOPPED_DETAIL, noticeFlag, noticesBox } from './notices';
 import type { IAllocation, IMe } from './types';
 
 const UNAVAILABLE = 'balance unavailable';
@@ -132,11 +133,11 @@ export class BalanceStatusItem extends Widget {
     this._balance.textContent = s.balance;
     this._burn.textContent = s.burn;
     this._left.textContent = s.timeLeft ? `${s.timeLeft} left` : '';
-    const flags = [s.borrowed ? 'borrowed' : '', s.delayed ? 'delayed' : ''].filter(Boolean);
+    const flags = [s.borrowed ? 'borrowed' : '', s.delayed ? 'delayed' : '', noticeFlag(me)].filter(Boolean);
     this._flagsNode.textContent = flags.join(' · ');
     this._cull.textContent = s.cull ? `\u26a0 ${s.cull}` : '';
     node.title = s.title;
-    this._ticker.update(!!me.cull_warning);
+    this._ticker.update(!!me.cull_warning && !cullDone(me.cull_warning));
   }
 
   private _model: BalanceModel;
@@ -195,7 +196,14 @@ export class BalancePanel extends Widget {
         el('strong', undefined, `\u26a0 ${capitalize(formatCullWarning(me.cull_warning, now))}`),
         el('div', undefined, me.cull_warning.reason)
       );
+      if (cullDone(me.cull_warning)) {
+        box.append(el('div', undefined, KERNELS_STOPPED_DETAIL));
+      }
       node.append(box);
+    }
+    const notices = noticesBox(me, this._model.serverSettings, () => void this._model.refresh());
+    if (notices) {
+      node.append(notices);
     }
     if (me.accounting?.status === 'delayed') {
       const box = el('div', 'gp-BalancePanel-delayed');
