@@ -135,6 +135,32 @@ def _json_request(url: str, token: str, timeout: float) -> HTTPRequest:
     )
 
 
+async def fetch_me(locator: ServiceLocator) -> dict[str, Any]:
+    """The service's ``GET me`` with this server's token; ``BalanceUnavailable`` when it cannot."""
+    token = _token()
+    client = AsyncHTTPClient()
+    api_url = await locator.api_url(client, token)
+    url = urljoin(api_url, "me")
+    timeout = _timeout()
+    try:
+        resp = await client.fetch(_json_request(url, token, timeout))
+    except HTTPClientError as e:
+        if e.code == 599:  # tornado's "no HTTP answer": timeout
+            locator.forget()
+            raise BalanceUnavailable("gpupool service timed out", 504) from e
+        raise BalanceUnavailable(f"gpupool service answered HTTP {e.code}", 502) from e
+    except Exception as e:  # connection refused, DNS, …
+        locator.forget()
+        raise BalanceUnavailable(f"gpupool service unreachable: {e}", 502) from e
+    try:
+        body = json.loads(resp.body)
+    except ValueError as e:
+        raise BalanceUnavailable("gpupool service answered with something that is not JSON", 502) from e
+    if not isinstance(body, dict) or "balance" not in body:
+        raise BalanceUnavailable("gpupool service answered without a balance", 502)
+    return body
+
+
 class MeHandler(APIHandler):
     """``GET {base_url}gpupool/me`` → the service's ``GET me``, as is."""
 
@@ -161,27 +187,7 @@ class MeHandler(APIHandler):
         self.finish(json.dumps(body))
 
     async def _fetch_me(self) -> dict[str, Any]:
-        token = _token()
-        client = AsyncHTTPClient()
-        api_url = await self.locator.api_url(client, token)
-        url = urljoin(api_url, "me")
-        timeout = _timeout()
-        try:
-            resp = await client.fetch(_json_request(url, token, timeout))
-        except HTTPClientError as e:
-            if e.code == 599:  # tornado's "no HTTP answer": timeout
-                self.locator.forget()
-                raise BalanceUnavailable("gpupool service timed out", 504) from e
-            raise BalanceUnavailable(f"gpupool service answered HTTP {e.code}", 502) from e
-        except Exception as e:  # connection refused, DNS, …
-            self.locator.forget()
-            raise BalanceUnavailable(f"gpupool service unreachable: {e}", 502) from e
-        try:
-            body = json.loads(resp.body)
-        except ValueError as e:
-            raise BalanceUnavailable("gpupool service answered with something that is not JSON", 502) from e
-        if not isinstance(body, dict) or "balance" not in body:
-            raise BalanceUnavailable("gpupool service answered without a balance", 502)
+        body = await fetch_me(self.locator)
         body["pages_url"] = pages_url()
         return body
 

@@ -113,7 +113,8 @@ class Enforcement:
         of the user that survived the stop, or a server the hub failed to stop, must not keep
         using GPUs that now belong to someone else."""
         if self.clock() - at < TAKEN_WATCH:
-            self.taken[(user, server)] = max(at, self.taken.get((user, server), at))
+            with self._lock:  # the writer thread (reclaims) and the event loop (idle job, agents) both come here
+                self.taken[(user, server)] = max(at, self.taken.get((user, server), at))
 
     def server_stopped(self, user: str, server: str) -> None:
         self.revoked.pop((user, server), None)
@@ -133,9 +134,11 @@ class Enforcement:
         were taken back within ``TAKEN_WATCH``: their GPU access was revoked, so any process
         of theirs on a GPU they no longer hold is stray."""
         since = self.clock() - TAKEN_WATCH
-        for key in [k for k, at in self.taken.items() if at < since]:
-            del self.taken[key]
-        return {user for user, _server in self.revoked} | {user for user, _server in self.taken}
+        with self._lock:
+            for key in [k for k, at in self.taken.items() if at < since]:
+                del self.taken[key]
+            taken = {user for user, _server in self.taken}
+        return {user for user, _server in self.revoked} | taken
 
     def agent_list(self, held: Mapping[str, Iterable[str]] | None = None) -> dict[str, Any]:
         """What node agents enforce: users whose GPU processes stop, whose kernels too, and

@@ -21,8 +21,7 @@ from ..inventory.sources import NodeStatus
 from ..ledger import AllocationRecord, Ledger
 from ..placement.request import MILLI
 from ..placement.inventory import Node
-from ..placement.request import normalize_model
-from ..placement.request import Request
+from ..placement.request import Request, normalize_model
 from ..placement.state import GPUShare, Placement, Pool
 from ..pricing import PriceTable, PricingError, model_matches
 from ..profiles import Profile

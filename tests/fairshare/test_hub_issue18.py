@@ -151,6 +151,9 @@ def test_18_5_preempted_user_is_told_until_dismissed(hub):
     assert r.status_code in (201, 202), r.text
     assert progress_events(hub, "b2", timeout=60)[-1].get("ready")
     wait_for(lambda: "" not in user_model(hub, "a3").get("servers", {}), what="a3's server to stop")
+    # 18.7: the node agents now stop any GPU process of a3 on GPUs a3 no longer holds (a3 holds none)
+    enforce = hub.service("GET", "/nodes/node-0/enforce", hub.tester_token).json()
+    assert enforce["allowed"].get("a3") == [], enforce
     [n] = hub.service("GET", "/me", alice).json()["notices"]
     assert n["kind"] == "preempted" and "reclaimed for another team" in n["title"] and "team nlp" in n["why"]
     assert "files" in n["kept"]
