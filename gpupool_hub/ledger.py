@@ -224,6 +224,16 @@ class LedgerRecords:
         q = sa.select(audit).where(audit.c.id.in_(newest.scalar_subquery())).order_by(audit.c.id)
         return self._audit_query(q)
 
+    def audit_of_user(self, user: str, actions: Iterable[str], *, limit: int = 200) -> list[AuditEvent]:
+        """A user's non-dry-run events among ``actions``, newest first (their notices)."""
+        q = (sa.select(audit).where(audit.c.user == user, audit.c.action.in_(list(actions)),
+                                    audit.c.dry_run.is_(False)).order_by(audit.c.id.desc()).limit(limit))
+        return self._audit_query(q)
+
+    def audit_event(self, event_id: int) -> AuditEvent | None:
+        found = self._audit_query(sa.select(audit).where(audit.c.id == event_id))
+        return found[0] if found else None
+
     def audit_events(self, actions: Iterable[str], *, since: datetime | None = None) -> list[AuditEvent]:
         """Every non-dry-run event among ``actions`` (since ``since``), oldest first."""
         q = sa.select(audit).where(audit.c.action.in_(list(actions)), audit.c.dry_run.is_(False)).order_by(audit.c.id)

@@ -57,6 +57,7 @@ class AuditAction(str, Enum):
     IDLE_RECLAIM = "idle_reclaim"
     MEMORY_WARN = "memory_warn"
     MEMORY_STOP = "memory_stop"
+    NOTICE_DISMISSED = "notice_dismissed"  # a user dismissed the notice of an earlier event (detail: notice id)
 
     def __str__(self) -> str:
         return self.value

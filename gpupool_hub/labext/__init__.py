@@ -8,7 +8,9 @@ Two halves ship in the ``gpupool_hub`` wheel:
 * this Jupyter *server* extension, which adds ``GET {base_url}gpupool/me`` to
   the single-user server and forwards it to the gpupool hub service with the
   server's own ``JUPYTERHUB_API_TOKEN`` (see :mod:`gpupool_hub.labext.handlers`
-  and docs/widget.md for why the browser does not talk to the service itself).
+  and docs/widget.md for why the browser does not talk to the service itself),
+  and in a GPU server checks each kernel start against the pool
+  (:mod:`gpupool_hub.labext.kernels`).
 
 The server extension is enabled by the shipped
 ``etc/jupyter/jupyter_server_config.d/gpupool_hub.labext.json``.
@@ -33,9 +35,12 @@ def _jupyter_server_extension_points() -> list[dict[str, Any]]:
 
 def _load_jupyter_server_extension(serverapp: Any) -> None:
     from .handlers import setup_handlers
+    from .kernels import guard_kernels
 
     setup_handlers(serverapp.web_app)
     serverapp.log.info("gpupool_hub.labext: serving %sgpupool/me", serverapp.web_app.settings.get("base_url", "/"))
+    if guard_kernels(serverapp):
+        serverapp.log.info("gpupool_hub.labext: new kernels start without GPUs once the pool took them back")
 
 
 # Older name used by jupyter_server < 2 and notebook; harmless to keep.

@@ -1,4 +1,5 @@
-"""``GET {base_url}gpupool/me``: the balance widget's data path.
+"""``GET {base_url}gpupool/me``: the balance widget's data path (and ``DELETE
+{base_url}gpupool/notices/{id}``, its dismiss button).
 
 The single-user server forwards the request to the gpupool hub service's
 ``GET /services/gpupool/api/v1/me`` with its own ``JUPYTERHUB_API_TOKEN``
@@ -134,6 +135,32 @@ def _json_request(url: str, token: str, timeout: float) -> HTTPRequest:
     )
 
 
+async def fetch_me(locator: ServiceLocator) -> dict[str, Any]:
+    """The service's ``GET me`` with this server's token; ``BalanceUnavailable`` when it cannot."""
+    token = _token()
+    client = AsyncHTTPClient()
+    api_url = await locator.api_url(client, token)
+    url = urljoin(api_url, "me")
+    timeout = _timeout()
+    try:
+        resp = await client.fetch(_json_request(url, token, timeout))
+    except HTTPClientError as e:
+        if e.code == 599:  # tornado's "no HTTP answer": timeout
+            locator.forget()
+            raise BalanceUnavailable("gpupool service timed out", 504) from e
+        raise BalanceUnavailable(f"gpupool service answered HTTP {e.code}", 502) from e
+    except Exception as e:  # connection refused, DNS, …
+        locator.forget()
+        raise BalanceUnavailable(f"gpupool service unreachable: {e}", 502) from e
+    try:
+        body = json.loads(resp.body)
+    except ValueError as e:
+        raise BalanceUnavailable("gpupool service answered with something that is not JSON", 502) from e
+    if not isinstance(body, dict) or "balance" not in body:
+        raise BalanceUnavailable("gpupool service answered without a balance", 502)
+    return body
+
+
 class MeHandler(APIHandler):
     """``GET {base_url}gpupool/me`` → the service's ``GET me``, as is."""
 
@@ -160,29 +187,36 @@ class MeHandler(APIHandler):
         self.finish(json.dumps(body))
 
     async def _fetch_me(self) -> dict[str, Any]:
-        token = _token()
-        client = AsyncHTTPClient()
-        api_url = await self.locator.api_url(client, token)
-        url = urljoin(api_url, "me")
-        timeout = _timeout()
-        try:
-            resp = await client.fetch(_json_request(url, token, timeout))
-        except HTTPClientError as e:
-            if e.code == 599:  # tornado's "no HTTP answer": timeout
-                self.locator.forget()
-                raise BalanceUnavailable("gpupool service timed out", 504) from e
-            raise BalanceUnavailable(f"gpupool service answered HTTP {e.code}", 502) from e
-        except Exception as e:  # connection refused, DNS, …
-            self.locator.forget()
-            raise BalanceUnavailable(f"gpupool service unreachable: {e}", 502) from e
-        try:
-            body = json.loads(resp.body)
-        except ValueError as e:
-            raise BalanceUnavailable("gpupool service answered with something that is not JSON", 502) from e
-        if not isinstance(body, dict) or "balance" not in body:
-            raise BalanceUnavailable("gpupool service answered without a balance", 502)
+        body = await fetch_me(self.locator)
         body["pages_url"] = pages_url()
         return body
+
+
+class NoticeHandler(MeHandler):
+    """``DELETE {base_url}gpupool/notices/{id}`` → the service's ``DELETE me/notices/{id}``:
+    the widget's dismiss button. Answers 204, or the unavailable JSON (404 passed on)."""
+
+    @tornado.web.authenticated
+    async def delete(self, notice: str) -> None:
+        try:
+            token = _token()
+            client = AsyncHTTPClient()
+            url = urljoin(await self.locator.api_url(client, token), f"me/notices/{quote(notice, safe='')}")
+            timeout = _timeout()
+            request = HTTPRequest(url, method="DELETE", headers={"Authorization": f"token {token}"},
+                                  connect_timeout=timeout, request_timeout=timeout, follow_redirects=False)
+            try:
+                await client.fetch(request)
+            except HTTPClientError as e:
+                raise BalanceUnavailable(f"gpupool service answered HTTP {e.code}", 404 if e.code == 404 else 502) from e
+            except Exception as e:
+                self.locator.forget()
+                raise BalanceUnavailable(f"gpupool service unreachable: {e}", 502) from e
+        except BalanceUnavailable as e:
+            self._unavailable(e.status, e.reason)
+            return
+        self.set_status(204)
+        self.finish()
 
 
 def pages_url() -> str:
@@ -194,4 +228,5 @@ def pages_url() -> str:
 
 def setup_handlers(web_app: Any) -> None:
     base_url = web_app.settings.get("base_url", "/")
-    web_app.add_handlers(".*$", [(url_path_join(base_url, "gpupool", "me"), MeHandler)])
+    web_app.add_handlers(".*$", [(url_path_join(base_url, "gpupool", "me"), MeHandler),
+                                 (url_path_join(base_url, "gpupool", "notices", "([0-9]+)"), NoticeHandler)])

@@ -23,7 +23,7 @@ from traitlets.config import Application, catch_config_error
 from .. import __version__
 from ..config import GPUPool
 from ..ledger import Ledger
-from ..profiles import parse_profiles
+from ..profiles import Profile, parse_profiles
 from ..usage import UsageSource
 from .configfile import CONFIG_FILE_ENV
 from .context import ServiceContext
@@ -197,7 +197,7 @@ class GPUPoolService(Application):
             raise SystemExit(f"gpupool: config file {path!r} not found")
         else:
             log.warning("gpupool: no configuration file (%s not found); running with the defaults", path)
-        self._check_profiles()
+        profiles = self._check_profiles()
         self.settings_ = GPUPool(parent=self)
         self.ledger = Ledger(self.settings_.db_url, busy_timeout=self.db_write_timeout)
         self.inventory_source = self.settings_.make_inventory_source()
@@ -208,6 +208,9 @@ class GPUPoolService(Application):
             source=self.inventory_source,
         )
         restored = self.manager.restore()
+        teams = self.settings_.team_table()
+        owed = max((q.total for q in teams.quotas.values()), default=0) // 1000 if teams.enabled else None
+        self.manager.inventory.expect_profiles(profiles, owed)
         if self.inventory_source.dynamic:  # before the first request: nodes down, GPUs held outside the hub
             self.manager.inventory.apply_node_status(self.inventory_source.node_status())
         self.log.info("gpupool %s: %d node(s), %d allocation(s) restored, ledger %s",
@@ -234,14 +237,15 @@ class GPUPoolService(Application):
                             if self.prometheus_url else ReportedUtilization(self.settings_.idle_threshold))
         self.context = self.make_context()
 
-    def _check_profiles(self) -> None:
+    def _check_profiles(self) -> list[Profile]:
         """The hub only validates spawner profiles at the first spawn; the service,
-        reading the same file at start-up, reports a bad profile at once."""
+        reading the same file at start-up, reports a bad profile at once. The
+        profiles are the request shapes placement keeps room for."""
         profiles = self.config.get("GPUPoolSpawner", {}).get("profiles")
         if profiles is None:
-            return
+            return []
         try:
-            parse_profiles(profiles)
+            return parse_profiles(profiles)
         except Exception as e:
             self.log.critical("Invalid spawner profiles in %s: %s", self.config_file, e)
             raise SystemExit(f"gpupool: invalid c.GPUPoolSpawner.profiles: {e}") from None

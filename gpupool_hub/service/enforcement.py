@@ -16,13 +16,13 @@ user, so a user's own refused spawn never puts that user under pressure.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from datetime import datetime
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from ..ledger import AuditEvent
+from ..ledger import AuditEvent, utcnow
 from ..reasons import AuditAction
 from ..timefmt import iso
 from .cull import last_refusal_of_others
@@ -35,9 +35,18 @@ class CullWarning:
     action: str  # "kernels" | "server"
     reason: str
     deadline: datetime
+    # when it was carried out while the warning still stands (kernels culled, pressure on):
+    # the widget then says the kernels *were* stopped instead of counting down past zero
+    done_at: datetime | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"action": self.action, "reason": self.reason, "deadline": iso(self.deadline)}
+        return {"action": self.action, "reason": self.reason, "deadline": iso(self.deadline),
+                "done_at": iso(self.done_at)}
+
+
+#: how long after the service took a server's GPUs (reclaim, idle reclaim) its user's processes
+#: on GPUs they no longer hold count as stray for the node agents
+TAKEN_WATCH = timedelta(hours=1)
 
 
 @dataclass
@@ -54,6 +63,10 @@ class Enforcement:
     kernel_users: set[str] = field(default_factory=set)
     # per user, their newest spawn refused for lack of capacity: a pressure signal for culling
     refusals: dict[str, datetime] = field(default_factory=dict)
+    # (user, server) whose GPUs the service took back while the user kept their balance
+    # (reclaimed, idle): for TAKEN_WATCH their processes on GPUs they no longer hold are stray
+    taken: dict[tuple[str, str], datetime] = field(default_factory=dict)
+    clock: Callable[[], datetime] = utcnow
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def note_capacity_refusal(self, user: str, at: datetime) -> None:
@@ -83,9 +96,25 @@ class Enforcement:
     def warnings_for(self, dry_run: bool) -> dict[str, CullWarning]:
         return self.dry_warnings if dry_run else self.warnings
 
+    def restore_taken(self, events: Iterable[AuditEvent]) -> None:
+        """After a restart: servers whose GPUs were reclaimed within ``TAKEN_WATCH``."""
+        for e in events:
+            self.gpus_taken(e.user, e.server, e.at)
+
     def kernels_culled(self, user: str, server: str, at: datetime) -> None:
         self.revoked[(user, server)] = at
         self.users.add(user)
+        warning = self.warnings.get(user)
+        if warning is not None and warning.done_at is None:
+            self.warnings[user] = replace(warning, done_at=at)
+
+    def gpus_taken(self, user: str, server: str, at: datetime) -> None:
+        """The service released a server's GPUs without a cull (reclaim, idle reclaim): a process
+        of the user that survived the stop, or a server the hub failed to stop, must not keep
+        using GPUs that now belong to someone else."""
+        if self.clock() - at < TAKEN_WATCH:
+            with self._lock:  # the writer thread (reclaims) and the event loop (idle job, agents) both come here
+                self.taken[(user, server)] = max(at, self.taken.get((user, server), at))
 
     def server_stopped(self, user: str, server: str) -> None:
         self.revoked.pop((user, server), None)
@@ -101,9 +130,15 @@ class Enforcement:
         return list(self.revoked)
 
     def stray_users(self) -> set[str]:
-        """Users whose kernels were culled while their server runs: their GPU access was
-        revoked, so any process of theirs on a GPU they no longer hold is stray."""
-        return {user for user, _server in self.revoked}
+        """Users whose kernels were culled while their server runs, or whose server's GPUs
+        were taken back within ``TAKEN_WATCH``: their GPU access was revoked, so any process
+        of theirs on a GPU they no longer hold is stray."""
+        since = self.clock() - TAKEN_WATCH
+        with self._lock:
+            for key in [k for k, at in self.taken.items() if at < since]:
+                del self.taken[key]
+            taken = {user for user, _server in self.taken}
+        return {user for user, _server in self.revoked} | taken
 
     def agent_list(self, held: Mapping[str, Iterable[str]] | None = None) -> dict[str, Any]:
         """What node agents enforce: users whose GPU processes stop, whose kernels too, and

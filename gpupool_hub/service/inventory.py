@@ -26,12 +26,12 @@ from ..inventory.agents import AgentInventory, AgentReports, NodeReport
 from ..inventory.sources import InventorySource, NodeStatus
 from ..ledger import AllocationRecord, Ledger
 from ..placement.errors import InventoryError, PlacementError
-from ..placement.request import MILLI, Request
 from ..placement.inventory import Node, load_nodes
 from ..placement.mig import instance_profile
-from ..placement.request import normalize_model
+from ..placement.request import MILLI, Request, normalize_model
 from ..placement.state import GPUShare, Placement, Pool
 from ..pricing import PriceTable, PricingError, model_matches
+from ..profiles import Profile
 from ..reasons import RefusalReason
 from ..units import format_tokens
 from .errors import Refused
@@ -57,6 +57,9 @@ class PoolInventory:
         self.node_status: dict[str, NodeStatus] = {}
         self.held_outside: dict[str, list[int]] = {}
         self.unavailable: dict[str, str] = {}
+        # the configured profiles placement keeps room for (expect_profiles), declared again
+        # whenever the pool is rebuilt: with inventory "agents" nodes, and models, come later
+        self.expected_profiles: tuple[list[Profile], int | None] = ([], None)
         prices.check_models(self.models())
 
     # ------------------------------------------------------------ models
@@ -134,6 +137,39 @@ class PoolInventory:
                 price = None
             out[profile] = {"price_per_hour": price, "instances": total, "free": free}
         return out
+    def expect_profiles(self, profiles: Iterable[Profile], owed_gpus: int | None = None) -> list[Request]:
+        """Tell placement which request shapes may come, whatever history says (issue 18.1).
+
+        Placement learns "typical requests" from history, so after weeks of
+        5-GPU jobs a configured 8-GPU profile counts for nothing and team A's
+        small servers spread over every node. Each GPU profile's shape (its
+        base count, and for an adjustable one its largest count up to
+        ``owed_gpus``, the most GPUs a team is owed) is declared with a floor
+        weight, as admission will ask for it (models resolved like a request
+        from a user who affords them all). Returns the declared shapes.
+        """
+        self.expected_profiles = (list(profiles), owed_gpus)
+        shapes: list[Request] = []
+        for p in self.expected_profiles[0]:
+            if not p.needs_gpu or p.mig:  # MIG instances are placed by placement/mig.py, not the mix
+                continue
+            try:
+                models = self.resolve_models(p.models) if p.models else frozenset(self.models())
+            except Refused:  # a profile for a model this pool lacks: nothing to keep room for
+                continue
+            body = p.request()
+            counts = {p.gpus} if not p.adjustable else {p.gpus, p.max_gpus if owed_gpus is None
+                                                        else max(p.gpus, min(p.max_gpus, owed_gpus))}
+            for n in sorted(counts):
+                if not n and not p.gpu_milli:
+                    continue
+                shapes.append(Request(cpu_milli=body.get("cpu_milli", 0), memory_mib=body.get("memory_mib", 0),
+                                      gpus=0 if p.gpu_milli else n, gpu_milli=p.gpu_milli, models=models))
+        self.pool.expect(shapes)
+        if shapes:
+            log.info("Placement keeps room for the configured shapes: %s",
+                     ", ".join(sorted({r.describe() for r in shapes})))
+        return shapes
 
     # -------------------------------------------------------- allocations
 
@@ -273,6 +309,7 @@ class PoolInventory:
                 log.error("Allocation %s no longer fits its node's reported hardware (%s); it stays held "
                           "until its server stops, outside the placement pool", alloc_id, e)
         self.pool = pool
+        self.expect_profiles(*self.expected_profiles)  # models that just joined may have profiles
         self.apply_node_status(self.node_status)  # the source's last word, until its next refresh
 
     # --------------------------------------- the inventory source's status

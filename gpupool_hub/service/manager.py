@@ -14,6 +14,7 @@ debits     charging closed intervals; the accounting status
 views      the ``me`` view (cached) and allocation JSON
 enforcement cull warnings, revoked servers, the node agents' list
 memory     the node agents' memory warnings of GPU shares
+notices    what users are told after GPUs were taken back (from the audit log)
 ========== ================================================================
 
 The units are plain synchronous code. The service runs them off its event
@@ -37,10 +38,11 @@ from ..usage import UsageSource
 from .accounts import Accounts
 from .admission import Admission
 from .debits import Debits
-from .enforcement import CullWarning, Enforcement
+from .enforcement import TAKEN_WATCH, CullWarning, Enforcement
 from .idle import IdleWarnings
 from .inventory import PoolInventory
 from .memory import MemoryWarnings
+from .notices import Notices
 from .queue import WaitQueue
 from .reclaims import Reclaims
 from .threads import CoreThreads
@@ -59,11 +61,13 @@ class PoolManager:
         self.clock = clock
         self.threads = threads or CoreThreads(ledger.busy_timeout, concurrent_reads=ledger.concurrent_reads)
         self.cache = ViewCache()
+        self.notices = Notices(ledger, self.cache, clock)
         self.inventory = PoolInventory(pool, settings.price_table(), clock, source)
-        self.enforcement = Enforcement()
+        self.enforcement = Enforcement(clock=clock)
         self.memory = MemoryWarnings()
         self.accounts = Accounts(settings, ledger, self.cache, clock)
-        self.reclaims = Reclaims(settings, ledger, self.inventory, self.cache, clock)
+        self.reclaims = Reclaims(settings, ledger, self.inventory, self.cache, clock, record=self.notices.record,
+                                 revoke=self.enforcement.gpus_taken)
         self.queue = WaitQueue(settings, ledger, self.inventory, self.reclaims, clock)
         self.idle = IdleWarnings()
         self.queue.expected_ends = self.idle.deadlines
@@ -74,7 +78,7 @@ class PoolManager:
                              on_charged=self.cache.forget, serialize=self.threads.run_write)
         self.views = Views(settings, ledger, self.inventory, self.debits, self.accounts, self.cache,
                            self.warning_for, clock, self.threads, self.activity,
-                           memory_warnings=self.memory.for_user)
+                           memory_warnings=self.memory.for_user, notices=self.notices.for_user)
 
     @property
     def pool(self) -> Pool:
@@ -103,6 +107,8 @@ class PoolManager:
             except UnknownAccount:  # no account, no balance below zero: nothing to enforce
                 continue
         self.enforcement.restore(events, balances)
+        self.enforcement.restore_taken(self.ledger.audit_events(
+            [AuditAction.PREEMPT.value, AuditAction.IDLE_RECLAIM.value], since=self.clock() - TAKEN_WATCH))
         # fair share: cool-downs and counters from the preempt events; held servers re-classified
         self.reclaims.restore(self.ledger.audit_events([AuditAction.PREEMPT.value]),
                               self.ledger.active_allocations())

@@ -87,13 +87,18 @@ class Reclaims:
     """Fair-share state and the reclaim lifecycle: start, claim, preempt, cancel, expire."""
 
     def __init__(self, settings: GPUPool, ledger: Ledger, inventory: PoolInventory, cache: ViewCache,
-                 clock: Callable[[], datetime]) -> None:
+                 clock: Callable[[], datetime], *, record: Callable[[AuditEvent], Any] | None = None,
+                 revoke: Callable[[str, str, datetime], None] | None = None) -> None:
         self.settings = settings
         self.teams = settings.team_table()
         self.ledger = ledger
         self.inventory = inventory
         self.cache = cache
         self.clock = clock
+        # writes a preempt event (the victim's notice comes from it); the node agents are told
+        # that the victim's processes on GPUs it no longer holds are stray (``revoke``)
+        self.record = record or ledger.add_audit
+        self.revoke = revoke
         self.active: dict[tuple[str, str], Reclaim] = {}
         self.warnings: dict[str, CullWarning] = {}
         self.cooldown_until: dict[str, datetime] = {}
@@ -231,8 +236,9 @@ class Reclaims:
                   "for_server": rc.server, "node": victim.node, "gpus": len(victim.gpus), "stopped": stopped}
         if error:
             detail["error"] = error
-        self.ledger.add_audit(AuditEvent(now, victim.user, victim.server, AuditAction.PREEMPT.value, reason, False,
-                                         detail))
+        self.record(AuditEvent(now, victim.user, victim.server, AuditAction.PREEMPT.value, reason, False, detail))
+        if self.revoke is not None:
+            self.revoke(victim.user, victim.server, now)
         log.warning("Preempted %s/%s (team %s) for %s/%s (team %s)%s", victim.user, victim.server or "-", vteam,
                     rc.user, rc.server or "-", rc.team, f": stop failed: {error}" if error else "")
 

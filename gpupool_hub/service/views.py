@@ -77,7 +77,8 @@ class Views:
                  accounts: Accounts, cache: ViewCache, warning_for: Callable[[str], CullWarning | None],
                  clock: Callable[[], datetime], threads: CoreThreads,
                  activity: Callable[[str, list[dict[str, Any]]], dict[str, Any]],
-                 memory_warnings: Callable[[str], list[dict[str, Any]]] = lambda _user: []) -> None:
+                 memory_warnings: Callable[[str], list[dict[str, Any]]] = lambda _user: [],
+                 notices: Callable[[str], list[dict[str, Any]]] | None = None) -> None:
         self.settings = settings
         self.ledger = ledger
         self.inventory = inventory
@@ -89,6 +90,7 @@ class Views:
         self.threads = threads
         self.activity = activity  # GPUs as measured, idleness, queue places: never cached
         self.memory_warnings = memory_warnings
+        self.notices = notices
         self._clock_cache: tuple[int, int, int, dict[str, Any]] | None = None
 
     def allocation_json(self, record: AllocationRecord) -> dict[str, Any]:
@@ -195,4 +197,5 @@ class Views:
             "allocations": [self.allocation_json(r) for r in held],
             "burn_rate_per_hour": format_tokens(burn),
             "time_to_floor_seconds": time_to_floor,
+            "notices": self.notices(user) if self.notices else [],
         }

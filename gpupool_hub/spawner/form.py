@@ -233,7 +233,9 @@ def form_context(profiles: Sequence[Profile], chosen: Profile | None, account: M
     min_hours = DEFAULT_MIN_START_HOURS
     if catalog is not None:
         min_hours = _decimal(catalog.get("min_start_hours")) or DEFAULT_MIN_START_HOURS
+    notices = account.get("notices") if account else None
     return {
+        "notices": [n for n in notices if isinstance(n, Mapping)] if isinstance(notices, list) else [],
         "balance": None if balance is None else {
             "value": str(balance), "text": _fmt(balance), "floor": _fmt(floor), "daily": daily,  # type: ignore[arg-type]
         },

@@ -3,6 +3,7 @@
  * JupyterLab imports: unit-tested with vitest in test/format.test.ts).
  */
 import type { BalanceStatus, IAllocation, IMe } from './types';
+import { cullDone, KERNELS_STOPPED } from './notices';
 
 /** U+2212 MINUS SIGN, used for every negative amount shown. */
 export const MINUS = '\u2212';
@@ -184,11 +185,14 @@ export function formatPrice(alloc: Pick<IAllocation, 'price_per_hour'>, unit = '
 
 /** What the cull warning says, with its countdown. */
 export function formatCullWarning(
-  warning: { action: string; deadline: string } | null | undefined,
+  warning: { action: string; deadline: string; done_at?: string | null } | null | undefined,
   now: number
 ): string {
   if (!warning) {
     return '';
+  }
+  if (cullDone(warning)) {
+    return KERNELS_STOPPED;
   }
   const what = warning.action === 'server' ? 'server stops' : 'kernels stop';
   return `${what} in ${formatCountdown(warning.deadline, now)}`;

@@ -51,6 +51,10 @@ export class BalanceModel implements IDisposable {
     return this._updatedAt;
   }
 
+  get serverSettings(): ServerConnection.ISettings {
+    return this._serverSettings;
+  }
+
   get poll(): Poll<void, Error> {
     return this._poll;
   }

@@ -48,6 +48,20 @@ export interface ICullWarning {
   action: 'kernels' | 'server';
   reason: string;
   deadline: string;
+  /** When the kernels were shut down while the warning still stands; null before. */
+  done_at?: string | null;
+}
+
+/** What the pool did to one of the user's servers; shown until dismissed. */
+export interface INotice {
+  id: number;
+  kind: 'preempted' | 'kernels_stopped' | 'floor_stop' | 'idle_reclaim';
+  at: string;
+  server: string;
+  title: string;
+  why: string;
+  /** What was kept (files on disk). */
+  kept: string;
 }
 
 /** One held GPU as last measured by the service's idle job (null: unknown). */
@@ -107,6 +121,7 @@ export interface IMe {
   waiting?: IWaiting[];
   /** A time-shared GPU share over its memory (absent from older services). */
   memory_warnings?: IMemoryWarning[];
+  notices?: INotice[];
   /** The service's "My GPU usage" page, added by the server extension. */
   pages_url?: string;
 }

@@ -20,6 +20,7 @@ import {
 import { hasCountdown, renderActivity, statusNote } from './gpus';
 import { appendMemoryWarnings, memoryFlag } from './memory';
 import { BalanceModel } from './model';
+import { cullDone, KERNELS_STOPPED_DETAIL, noticeFlag, noticesBox } from './notices';
 import type { IAllocation, IMe } from './types';
 
 const UNAVAILABLE = 'balance unavailable';
@@ -136,12 +137,12 @@ export class BalanceStatusItem extends Widget {
     this._balance.textContent = s.balance;
     this._burn.textContent = s.burn;
     this._left.textContent = s.timeLeft ? `${s.timeLeft} left` : '';
-    const flags = [s.borrowed ? 'borrowed' : '', s.delayed ? 'delayed' : '', memoryFlag(me.memory_warnings)].filter(Boolean);
+    const flags = [s.borrowed ? 'borrowed' : '', s.delayed ? 'delayed' : '', memoryFlag(me.memory_warnings), noticeFlag(me)].filter(Boolean);
     this._flagsNode.textContent = flags.join(' · ');
     this._cull.textContent = s.cull ? `\u26a0 ${s.cull}` : '';
     this._gpus.textContent = s.cull ? '' : statusNote(me, Date.now()); // a cull warning says it already
     node.title = s.title;
-    this._ticker.update(!!me.cull_warning || hasCountdown(me));
+    this._ticker.update((!!me.cull_warning && !cullDone(me.cull_warning)) || hasCountdown(me));
   }
 
   private _model: BalanceModel;
@@ -201,7 +202,14 @@ export class BalancePanel extends Widget {
         el('strong', undefined, `\u26a0 ${capitalize(formatCullWarning(me.cull_warning, now))}`),
         el('div', undefined, me.cull_warning.reason)
       );
+      if (cullDone(me.cull_warning)) {
+        box.append(el('div', undefined, KERNELS_STOPPED_DETAIL));
+      }
       node.append(box);
+    }
+    const notices = noticesBox(me, this._model.serverSettings, () => void this._model.refresh());
+    if (notices) {
+      node.append(notices);
     }
     appendMemoryWarnings(node, me.memory_warnings, now);
     const activity = renderActivity(me, now); // the GPUs at work, queue places (gpus.ts)
@@ -277,7 +285,7 @@ export class BalancePanel extends Widget {
     node.append(
       el('p', 'gp-BalancePanel-muted gp-BalancePanel-updated', `Updated ${localTime(new Date(this._model.updatedAt).toISOString())}`)
     );
-    this._ticker.update(!!me.cull_warning || hasCountdown(me));
+    this._ticker.update((!!me.cull_warning && !cullDone(me.cull_warning)) || hasCountdown(me));
   }
 
   private _model: BalanceModel;

@@ -125,10 +125,10 @@ class CullJob:
                 log.warning("%s for %s/%s: %s", d.action, d.user, d.server, d.reason)
             except HubError as e:
                 log.error("Could not %s for %s/%s: %s", d.action, d.user, d.server, e)
-                await m.threads.write(m.ledger.add_audit, AuditEvent(
+                await m.threads.write(m.notices.record, AuditEvent(
                     now, d.user, d.server, AuditAction.FAILED.value, f"{d.action}: {e}", dry))
                 return
-        await m.threads.write(m.ledger.add_audit,
+        await m.threads.write(m.notices.record,  # the user's notice of a cull or floor stop comes from it
                               AuditEvent(now, d.user, d.server, str(d.action), d.reason, dry, detail or None))
 
     def release(self, d: Decision, held: list[str]) -> list[str]:

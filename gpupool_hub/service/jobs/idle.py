@@ -84,7 +84,7 @@ class IdleJob:
                 await self.hub.stop_server(d.user, d.server)
             except HubError as e:
                 log.error("Could not stop idle %s/%s: %s", d.user, d.server or "-", e)
-                await m.threads.write(m.ledger.add_audit, AuditEvent(
+                await m.threads.write(m.notices.record, AuditEvent(
                     now, d.user, d.server, AuditAction.FAILED.value, f"{d.action}: {e}", dry))
                 return
             warnings.pop(key, None)
@@ -92,8 +92,9 @@ class IdleJob:
             m.cache.forget(d.user)
             # the spawner releases on stop; release here too (a no-op then) so a waiter starts at once
             await m.threads.write(m.admission.release, d.allocation, f"{d.action}: {d.reason}")
+            m.enforcement.gpus_taken(d.user, d.server, now)
             log.warning("Stopped idle %s/%s: %s", d.user, d.server or "-", d.reason)
         elif d.action == AuditAction.IDLE_RECLAIM:
             warnings.pop(key, None)
-        await m.threads.write(m.ledger.add_audit, AuditEvent(now, d.user, d.server, str(d.action), d.reason, dry,
+        await m.threads.write(m.notices.record, AuditEvent(now, d.user, d.server, str(d.action), d.reason, dry,
                                                              detail))

@@ -92,10 +92,18 @@ class ReconcileJob:
         findings = []
         for (user, server_name), server in running.items():
             alloc = (server.get("state") or {}).get("gpupool_allocation")
-            if alloc and alloc not in known:
-                findings.append({"user": user, "server": server_name, "allocation": alloc,
-                                 "message": "server claims GPUs the pool has no allocation for"})
-                log.error("Server %s/%s holds allocation %s the pool does not know", user, server_name, alloc)
+            if not alloc or alloc in known:
+                continue
+            record = await self.threads.read(self.ledger.allocation, alloc)
+            if record is not None and record.released_at is not None and taken_back(record):
+                # the service itself took these GPUs back (kernels culled, reclaimed) and the server
+                # runs on without them, as intended: the node agents stop its GPU work; no finding
+                log.debug("Server %s/%s runs on without allocation %s (%s)", user, server_name, alloc,
+                          record.release_reason)
+                continue
+            findings.append({"user": user, "server": server_name, "allocation": alloc,
+                             "message": "server claims GPUs the pool has no allocation for"})
+            log.error("Server %s/%s holds allocation %s the pool does not know", user, server_name, alloc)
         self.findings = findings
         self.checked_through = started
 
@@ -127,6 +135,15 @@ class ReconcileJob:
         log.warning("Releasing allocation %s: server %s/%s is not running (last seen by the hub %s)",
                     record.id, record.user, record.server, seen.isoformat() if seen else "never")
         await self.threads.write(self.admission.release, record.id, "reconcile: server not running", at=at)
+
+
+#: release reasons of the service's own enforcement (see jobs/cull.py, reclaims.py, jobs/idle.py):
+#: a server still running with such an allocation lost its GPUs on purpose
+TAKEN_BACK = ("cull_kernels:", "stop_server:", "preempted:", "idle_reclaim:")
+
+
+def taken_back(record: AllocationRecord) -> bool:
+    return (record.release_reason or "").startswith(TAKEN_BACK)
 
 
 class DebitAfterReconcile:

@@ -1,0 +1,44 @@
+"""``GET me/notices`` and ``DELETE me/notices/{id}``: a user's notices (``service/notices.py``).
+
+The notices are in ``GET me`` too (the widget and the spawn page read them
+there); these endpoints list them alone and dismiss one. A user sees and
+dismisses only their own: another user's notice id answers 404, as an unknown one.
+"""
+
+from __future__ import annotations
+
+import re
+
+from tornado import web
+
+from .handlers import APIHandler
+
+NOTICE_ID = re.compile(r"[0-9]{1,18}", re.ASCII)
+
+
+class NoticesHandler(APIHandler):
+    max_body_bytes = 0
+
+    async def get(self) -> None:
+        user = self.require_user()
+        self.write_json({"user": user, "notices": await self.read_db(self.manager.notices.for_user, user)})
+
+
+class NoticeHandler(APIHandler):
+    max_body_bytes = 0
+
+    async def delete(self, notice: str) -> None:
+        user = self.require_user()
+        if not NOTICE_ID.fullmatch(notice):
+            raise web.HTTPError(404, f"no notice {notice[:40]!r} for {user!r}")
+        if not await self.core(self.manager.notices.dismiss, user, int(notice)):
+            raise web.HTTPError(404, f"no notice {notice[:40]!r} for {user!r}")
+        self.set_status(204)
+        self.finish()
+
+    post = delete  # POST …/notices/{id} dismisses as well (forms and clients without DELETE)
+
+
+def notice_routes(prefix: str) -> list[tuple[str, type[web.RequestHandler]]]:
+    api = prefix.rstrip("/") + "/api/v1"
+    return [(rf"{api}/me/notices", NoticesHandler), (rf"{api}/me/notices/([^/]+)", NoticeHandler)]
