@@ -123,6 +123,10 @@ def test_18_5_to_18_7_culled_user_sees_it_and_gets_no_gpu_again(notice_hub, brow
         page.goto(f"{hub.url}{server['url']}lab", wait_until="domcontentloaded")
         item = wait_for_status_item(page, timeout_ms=LAB_MS)
         assert kernel_env(hub, "alice", alice)["CUDA_VISIBLE_DEVICES"]  # her GPU, while she holds it
+        # bob holds a GPU too (an allocation, no server): the pool stays under pressure after the
+        # cull frees alice's GPU, so her warning stands, carried out, until she is topped up
+        r = hub.service("POST", "/allocations", hub.spawner_token, json={"user": "bob", "request": {"gpus": 1}})
+        assert r.status_code == 201, r.text
         # below zero under pressure: warned, then (grace 2 s) her kernels are shut down, GPUs taken back
         set_balance("-1")
         [n] = wait_for(lambda: hub.service("GET", "/me", alice).json()["notices"], timeout=30,
