@@ -94,10 +94,15 @@ def test_status_bar_widget(lab, standin, browser_page):
                           "reclaim_deadline": None}],
             waiting=[{"server": "big2", "request": "4 GPUs (a100)", "since": iso(now), "position": 2,
                       "queue_length": 3, "eta": None}],
+            # issue 16.2: her half of the A100 holds more memory than the half allows
+            memory_warnings=[{"server": "big", "gpu_uuid": "GPU-9a1e", "gpu_index": 0, "fraction_milli": 500,
+                              "limit_bytes": 44 << 30, "used_bytes": 50 << 30, "since": iso(now),
+                              "deadline": iso(now + timedelta(minutes=2))}],
         )
         wait_for_status_item(page, f"{MINUS}3.3 tokens", state="negative", timeout_ms=ONE_POLL_MS)
         expect(item).to_contain_text(f"{MINUS}3.5/h")
         expect(item).to_contain_text("borrowed")
+        expect(item).to_contain_text("GPU memory 50.0/44.0 GiB")
         cull = item.locator(".gp-Balance-cull")
         expect(cull).to_contain_text("server stops in 9:")
         first = cull.text_content()
@@ -114,6 +119,9 @@ def test_status_bar_widget(lab, standin, browser_page):
         expect(gpus.locator(".gp-BalancePanel-borrowed")).to_have_count(1)
         expect(panel.locator("[data-gpupool='delayed']")).to_contain_text("Accounting delayed")
         expect(panel.locator("[data-gpupool='cull']")).to_contain_text("Server stops in")
+        memory = panel.locator("[data-gpupool='memory']")
+        expect(memory).to_contain_text("GPU memory over your share: 50.0 GiB of 44.0 GiB allowed")
+        expect(memory).to_contain_text("Your 0.5 share of GPU 0 (server big) may hold 44.0 GiB of GPU memory. In 1:")
         expect(panel).to_contain_text("Last debit")
         expect(panel).to_contain_text("Next daily credit")
         expect(panel).to_contain_text("+30.0 tokens")
