@@ -43,7 +43,7 @@ from .units import from_milli, to_milli
 log = logging.getLogger(__name__)
 
 #: Current schema version; see ``MIGRATIONS`` and docs/ledger.md for the upgrade path.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 KINDS = ("grant", "monthly", "daily", "debit", "adjustment", "refund")
 #: Kinds whose amount must be positive (credits) or negative (charges).
@@ -146,6 +146,8 @@ audit = sa.Table(
     sa.Column("reason", sa.UnicodeText, nullable=False),
     sa.Column("dry_run", sa.Boolean, nullable=False, default=False),
     sa.Column("detail", sa.JSON, nullable=True),
+    # one user's events, newest first: the notices in their ``GET me``, ``gpupool audit --user``
+    sa.Index("ix_gpupool_audit_user", "user", "id"),
 )
 
 # Servers waiting for GPUs (the wait queue): kept here so that a restart of the
@@ -539,7 +541,14 @@ def _migrate_to_4(conn: Connection) -> None:
     metadata.create_all(conn, tables=[queue])
 
 
-MIGRATIONS = {1: _migrate_to_1, 2: _migrate_to_2, 3: _migrate_to_3, 4: _migrate_to_4}
+def _migrate_to_5(conn: Connection) -> None:
+    # a database made at version 3 or later has the audit table without this index;
+    # one made from scratch got it with the table in step 3
+    for index in audit.indexes:
+        index.create(conn, checkfirst=True)
+
+
+MIGRATIONS = {1: _migrate_to_1, 2: _migrate_to_2, 3: _migrate_to_3, 4: _migrate_to_4, 5: _migrate_to_5}
 
 
 def schema_version(conn: Connection) -> int:

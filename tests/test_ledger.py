@@ -16,6 +16,7 @@ from gpupool_hub.credits import CreditRules, due_credits
 from gpupool_hub.keys import entry_key
 from gpupool_hub.ledger import (
     SCHEMA_VERSION,
+    AuditEvent,
     IdempotencyConflict,
     Ledger,
     LedgerError,
@@ -169,6 +170,24 @@ def test_schema_version_is_stored_and_a_newer_database_is_refused(db_url):
     ledger.close()
     with pytest.raises(LedgerError, match="newer"):
         Ledger(db_url)
+
+
+def test_a_version_4_database_is_upgraded_in_place_and_keeps_its_audit_log(db_url):
+    """Schema 5 adds the index that one user's audit events (their notices) are read by."""
+    ledger = Ledger(db_url)
+    event = ledger.add_audit(AuditEvent(NOW, "alice", "", "preempt", "reclaimed for team nlp", False, None))
+    with ledger.engine.begin() as conn:  # back to what a version-4 service left behind
+        conn.execute(sa.text("DROP INDEX ix_gpupool_audit_user"))
+        conn.execute(meta_table.update().values(value="4"))
+    ledger.close()
+    ledger = Ledger(db_url)
+    try:
+        assert "ix_gpupool_audit_user" in {i["name"] for i in sa.inspect(ledger.engine).get_indexes("gpupool_audit")}
+        with ledger.engine.begin() as conn:
+            assert conn.execute(sa.select(meta_table.c.value)).scalar_one() == str(SCHEMA_VERSION) == "5"
+        assert [e.id for e in ledger.audit_log(user="alice")] == [event.id]
+    finally:
+        ledger.close()
 
 
 def test_bad_postings_are_refused_before_touching_the_database():
