@@ -157,6 +157,8 @@ class PoolInventory:
                 models = self.resolve_models(p.models) if p.models else frozenset(self.models())
             except Refused:  # a profile for a model this pool lacks: nothing to keep room for
                 continue
+            if not models:  # no GPU node yet (inventory "agents" before the first report)
+                continue
             body = p.request()
             counts = {p.gpus} if not p.adjustable else {p.gpus, p.max_gpus if owed_gpus is None
                                                         else max(p.gpus, min(p.max_gpus, owed_gpus))}
