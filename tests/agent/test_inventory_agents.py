@@ -21,6 +21,7 @@ from tornado.testing import bind_unused_port
 
 from gpupool_hub.inventory.agents import AgentInventory
 from gpupool_hub.placement.inventory import MigDevice
+from gpupool_hub.profiles import parse_profiles
 from gpupool_hub.service.context import ServiceContext
 from gpupool_hub.service.webapp import make_app
 from tests.agent.conftest import A100, GIB, gpu
@@ -134,11 +135,16 @@ async def test_two_agents_build_the_same_pool_as_the_config_list(tmp_path, make_
         assert await discovered.pool() == []  # nothing until an agent reports
         code, body = await discovered.allocate("ann", {"gpus": 1})
         assert code == 409 and body["reason"] == "model_unavailable", body
+        # a configured 4-GPU profile (issue 18.1): nothing to keep room for on no node, yet no error
+        quad = parse_profiles([{"slug": "quad", "display_name": "4 x A100", "gpus": 4}])
+        assert discovered.manager.inventory.expect_profiles(quad) == []
 
         for node, nv in machines(make_nvml).items():
             result = await agent_for(nv, discovered.url, node).tick()
             assert result.service_ok and result.inventory_reported, result.service_error
         assert await discovered.pool() == await configured.pool()
+        # the pool rebuilt for the reported nodes keeps room for the profile's shape again
+        assert [key[2] for key in discovered.manager.pool.policy.mix.expected] == [4]
         # the placement pool itself: GPUs, memory, labels, NVLink/PCIe links and MIG instances
         assert [ns.node for ns in discovered.manager.pool.nodes] == [ns.node for ns in configured.manager.pool.nodes]
         assert discovered.manager.pool.by_name["n2"].node.gpus[0].mig == (
