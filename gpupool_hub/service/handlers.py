@@ -34,6 +34,7 @@ from ..units import AmountError, format_tokens, parse_amount
 from ..timefmt import iso as _iso
 from .admission import parse_request
 from .attempts import KEY_MAX_LENGTH, AttemptAbandoned, parse_instant
+from .catalog import catalog as models_catalog
 from .context import ServiceContext
 from .errors import BadRequest, Refused
 from .hubapi import HubError
@@ -503,7 +504,7 @@ class ModelsHandler(APIHandler):
     within the hub); the pool itself, not ``c.GPUPool.nodes``, is the source."""
 
     async def get(self) -> None:
-        catalog = await self.core(self.manager.inventory.catalog, self.manager.settings.min_start_hours)
+        catalog = await self.core(models_catalog, self.manager.inventory, self.manager.settings.min_start_hours)
         waiting = await self.core(self.manager.queue.cached_summary)
         for entry in catalog["models"]:  # "full — 2 waiting, about 20 min" on the spawn form
             entry.update(waiting.get(entry["model"], {"waiting": 0, "eta": None}))

@@ -27,13 +27,11 @@ from ..inventory.sources import InventorySource, NodeStatus
 from ..ledger import AllocationRecord, Ledger
 from ..placement.errors import InventoryError, PlacementError
 from ..placement.inventory import Node, load_nodes
-from ..placement.mig import instance_profile
 from ..placement.request import MILLI, Request, normalize_model
 from ..placement.state import GPUShare, Placement, Pool
 from ..pricing import PriceTable, PricingError, model_matches
 from ..profiles import Profile
 from ..reasons import RefusalReason
-from ..units import format_tokens
 from .errors import Refused
 
 log = logging.getLogger("gpupool.inventory")
@@ -91,52 +89,6 @@ class PoolInventory:
         return {g.model for ns in self.pool.nodes for g in ns.node.gpus
                 if allowed is None or normalize_model(g.model) in allowed}
 
-    def catalog(self, min_start_hours: Decimal) -> dict[str, Any]:
-        """Per pool GPU model: price per GPU-hour, GPUs in the pool and whole GPUs free."""
-        free = self.pool.free_summary().per_model
-        counts: dict[str, int] = {}
-        for ns in self.pool.nodes:
-            for g in ns.node.gpus:
-                counts[g.model] = counts.get(g.model, 0) + 1
-        instances = self._mig_instances()
-        models = []
-        for model in sorted(counts):
-            try:
-                price: str | None = format_tokens(self.prices.price_per_gpu_hour(model))
-            except PricingError:
-                price = None
-            e = free.get(model, {})
-            entry: dict[str, Any] = {"model": model, "price_per_gpu_hour": price, "gpus": counts[model],
-                                     "whole_free": e.get("whole_free", 0),
-                                     "largest_whole_block": e.get("largest_whole_block", 0)}
-            if model in instances:
-                entry["mig"] = self._mig_catalog(model, instances[model])
-            models.append(entry)
-        return {"models": models, "min_start_hours": format_tokens(min_start_hours)}
-
-    def _mig_instances(self) -> dict[str, dict[str, list[int]]]:
-        """model → MIG profile → [instances, free ones] over the pool."""
-        out: dict[str, dict[str, list[int]]] = {}
-        for ns in self.pool.nodes:
-            for s, m in enumerate(ns.slot_mig):
-                if m is None:
-                    continue
-                model = ns.node.gpus[ns.slot_gpu[s]].model
-                counts = out.setdefault(model, {}).setdefault(instance_profile(m), [0, 0])
-                counts[0] += 1
-                counts[1] += ns.free[s] == ns.cap[s]
-        return out
-
-    def _mig_catalog(self, model: str, profiles: dict[str, list[int]]) -> dict[str, Any]:
-        """Per MIG profile of ``model``: the price of one instance-hour, instances, free ones."""
-        out = {}
-        for profile, (total, free) in sorted(profiles.items()):
-            try:
-                price: str | None = format_tokens(self.prices.mig_price_per_hour(model, profile))
-            except (PricingError, ValueError):  # unpriced model, or a non-standard profile name
-                price = None
-            out[profile] = {"price_per_hour": price, "instances": total, "free": free}
-        return out
     def expect_profiles(self, profiles: Iterable[Profile], owed_gpus: int | None = None) -> list[Request]:
         """Tell placement which request shapes may come, whatever history says (issue 18.1).
 

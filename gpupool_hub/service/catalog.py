@@ -1,0 +1,70 @@
+"""The spawn form's catalog (``GET models``): per GPU model of the pool, its price,
+how many GPUs there are and how many are free now, and per MIG profile its
+instances. A read-only view of the inventory, kept out of ``PoolInventory``,
+which owns the hardware facts rather than how they are shown."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
+
+from ..placement.mig import instance_profile
+from ..placement.state import Pool
+from ..pricing import PriceTable, PricingError
+from ..units import format_tokens
+
+if TYPE_CHECKING:
+    from .inventory import PoolInventory
+
+__all__ = ["catalog"]
+
+
+def catalog(inventory: "PoolInventory", min_start_hours: Decimal) -> dict[str, Any]:
+    """Per pool GPU model: price per GPU-hour, GPUs in the pool and whole GPUs free."""
+    pool, prices = inventory.pool, inventory.prices
+    free = pool.free_summary().per_model
+    counts: dict[str, int] = {}
+    for ns in pool.nodes:
+        for g in ns.node.gpus:
+            counts[g.model] = counts.get(g.model, 0) + 1
+    instances = _mig_instances(pool)
+    models = []
+    for model in sorted(counts):
+        try:
+            price: str | None = format_tokens(prices.price_per_gpu_hour(model))
+        except PricingError:
+            price = None
+        e = free.get(model, {})
+        entry: dict[str, Any] = {"model": model, "price_per_gpu_hour": price, "gpus": counts[model],
+                                 "whole_free": e.get("whole_free", 0),
+                                 "largest_whole_block": e.get("largest_whole_block", 0)}
+        if model in instances:
+            entry["mig"] = _mig_catalog(prices, model, instances[model])
+        models.append(entry)
+    return {"models": models, "min_start_hours": format_tokens(min_start_hours)}
+
+
+def _mig_instances(pool: Pool) -> dict[str, dict[str, list[int]]]:
+    """model → MIG profile → [instances, free ones] over the pool."""
+    out: dict[str, dict[str, list[int]]] = {}
+    for ns in pool.nodes:
+        for s, m in enumerate(ns.slot_mig):
+            if m is None:
+                continue
+            model = ns.node.gpus[ns.slot_gpu[s]].model
+            counts = out.setdefault(model, {}).setdefault(instance_profile(m), [0, 0])
+            counts[0] += 1
+            counts[1] += ns.free[s] == ns.cap[s]
+    return out
+
+
+def _mig_catalog(prices: PriceTable, model: str, profiles: dict[str, list[int]]) -> dict[str, Any]:
+    """Per MIG profile of ``model``: the price of one instance-hour, instances, free ones."""
+    out = {}
+    for profile, (total, free) in sorted(profiles.items()):
+        try:
+            price: str | None = format_tokens(prices.mig_price_per_hour(model, profile))
+        except (PricingError, ValueError):  # unpriced model, or a non-standard profile name
+            price = None
+        out[profile] = {"price_per_hour": price, "instances": total, "free": free}
+    return out
