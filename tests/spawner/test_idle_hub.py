@@ -46,7 +46,7 @@ c.GPUPoolService.idle_interval = 0.5
 c.GPUPoolService.queue_interval = 0.5
 c.GPUPoolService.agent_tokens = {{"node-a": {AGENT_TOKEN!r}}}
 c.Spawner.start_timeout = 120
-c.JupyterHub.slow_spawn_timeout = 0.5
+c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0.5}}  # the POST answers 202 at once for a waiting spawn
 """
 
 

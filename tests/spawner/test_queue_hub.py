@@ -31,7 +31,7 @@ c.GPUPool.queue_poll_timeout = 15
 c.GPUPool.nodes = {json.dumps(ONE_GPU)}
 c.GPUPoolService.queue_interval = 0.5
 c.Spawner.start_timeout = 120
-c.JupyterHub.slow_spawn_timeout = 0.5
+c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0.5}}  # the POST answers 202 at once for a waiting spawn
 """
 
 
