@@ -9,7 +9,7 @@ no "best effort" answer; a partial answer would be charged and never corrected.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Protocol, runtime_checkable
 
@@ -53,6 +53,15 @@ class UsageNotSettled(UsageUnavailable):
     def __init__(self, message: str, settled_at: datetime) -> None:
         super().__init__(message)
         self.settled_at = settled_at
+
+    @classmethod
+    def unless_settled(cls, end: datetime, now: datetime, settle_seconds: float, late_data: str) -> None:
+        """Raise for an interval ending at ``end`` that is less than ``settle_seconds`` old at
+        ``now``; ``late_data`` says what may still arrive ("samples may still arrive")."""
+        settled_at = end + timedelta(seconds=settle_seconds)
+        if now < settled_at:
+            raise cls(f"interval ending {end.isoformat()} is not settled yet: {late_data} until "
+                      f"{settled_at.isoformat()} (now {now.isoformat()}, settle {settle_seconds}s)", settled_at)
 
 
 @runtime_checkable

@@ -18,7 +18,7 @@ import logging
 import re
 import time
 from collections.abc import Callable, Mapping
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 
@@ -335,14 +335,7 @@ class PrometheusUsageSource:
             raise ValueError(f"empty interval: start {start.isoformat()} >= end {end.isoformat()}")
         if (t1 - t0) % step:
             raise ValueError(f"interval length {t1 - t0}s is not a multiple of step {step}s")
-        now = self._clock()
-        settled_at = end + timedelta(seconds=self.settle_seconds)
-        if now < settled_at:
-            raise UsageNotSettled(
-                f"interval ending {end.isoformat()} is not settled yet: samples may still arrive "
-                f"until {settled_at.isoformat()} (now {now.isoformat()}, settle {self.settle_seconds}s)",
-                settled_at,
-            )
+        UsageNotSettled.unless_settled(end, self._clock(), self.settle_seconds, "samples may still arrive")
         totals: dict[tuple[str, str], Decimal] = {}
         chunk = MAX_POINTS_PER_QUERY * step
         for a in range(t0, t1, chunk):

@@ -332,13 +332,7 @@ class SlurmUsageSource:
         t0, t1 = _utc_epoch(start, "start"), _utc_epoch(end, "end")
         if t1 <= t0:
             raise ValueError(f"empty interval: start {start.isoformat()} >= end {end.isoformat()}")
-        now = self._clock()
-        settled_at = end + timedelta(seconds=self.settle_seconds)
-        if now < settled_at:
-            raise UsageNotSettled(
-                f"{self.name}: interval ending {end.isoformat()} is not settled yet: Slurm may still record "
-                f"jobs in it until {settled_at.isoformat()} (now {now.isoformat()}, settle {self.settle_seconds}s)",
-                settled_at)
+        UsageNotSettled.unless_settled(end, self._clock(), self.settle_seconds, "Slurm may still record jobs in it")
         try:
             if self.check_dbd_queue:
                 self._check_dbd_queue()
