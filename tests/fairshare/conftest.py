@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from gpupool_hub.reasons import RefusalReason
@@ -42,3 +44,38 @@ def ask(m: PoolManager, user: str, team: str | None, gpus: int, server: str = ""
 @pytest.fixture
 def manager(tmp_path):
     return make_manager(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+
+
+def team_hub_config(preempt_grace: float, extra: str = "") -> str:
+    """The real-hub tests' configuration: these nodes, two teams of 20, one H100 profile of 1-10 GPUs."""
+    return f"""
+c.GPUPool.nodes = {json.dumps(NODES)}
+c.GPUPool.prices = {{"H100": 1}}
+c.GPUPool.initial_grant = 100000
+c.GPUPool.teams = {TEAMS!r}
+c.GPUPool.preempt_grace = {preempt_grace}
+c.GPUPool.preempt_min_runtime = 0
+c.GPUPoolSpawner.profiles = [{{"slug": "h100", "display_name": "H100", "gpus": 1, "max_gpus": 10, "models": ["H100"]}}]
+c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0}}
+c.GPUPoolService.reconcile_interval = 3600
+""" + extra
+
+
+def team_hub(tmp_path_factory, name: str, config: str, users_per_team: int):
+    """A real hub (``spawner_hub``) with users a0.. in team vision and b0.. in team nlp."""
+    from tests.spawner.conftest import spawner_hub
+
+    for hub in spawner_hub(tmp_path_factory, name, config):
+        for i in range(users_per_team):
+            hub.create_user(f"a{i}", ["vision"])
+            hub.create_user(f"b{i}", ["nlp"])
+        yield hub
+
+
+def clear_pool(hub) -> None:
+    """After a real-hub test: every server stopped, every allocation released."""
+    from tests.spawner.conftest import allocations, stop_everything
+
+    stop_everything(hub)
+    for a in allocations(hub):
+        hub.service("DELETE", f"/allocations/{a['id']}", hub.spawner_token)

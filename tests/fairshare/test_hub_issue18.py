@@ -4,51 +4,35 @@ against the hub's start timeout, and a cancelled spawn that cancels its reclaim 
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
 
 from tests.fixtures.hub import wait_for
 from tests.spawner.conftest import (
-    allocations, progress_events, server_path, spawn, spawner_hub, stop_everything, user_model,
+    allocations, progress_events, server_path, spawn, user_model,
 )
 
-from .conftest import NODES
+from .conftest import clear_pool, team_hub, team_hub_config
 
 pytestmark = pytest.mark.integration
 
 GRACE = 8
-EXTRA = f"""
-c.GPUPool.nodes = {json.dumps(NODES)}
-c.GPUPool.prices = {{"H100": 1}}
-c.GPUPool.initial_grant = 100000
-c.GPUPool.teams = {{"vision": {{"gpus": 20}}, "nlp": {{"gpus": 20}}}}
-c.GPUPool.preempt_grace = {GRACE}
-c.GPUPool.preempt_min_runtime = 0
+EXTRA = team_hub_config(GRACE, """
 c.GPUPool.preempt_cooldown = 0
 c.Spawner.start_timeout = 5
-c.GPUPoolSpawner.profiles = [{{"slug": "h100", "display_name": "H100", "gpus": 1, "max_gpus": 10, "models": ["H100"]}}]
-c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0}}
-c.GPUPoolService.reconcile_interval = 3600
-"""
+""")
 
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
-    for hub in spawner_hub(tmp_path_factory, "fairhub18", EXTRA):
-        for i in range(4):
-            hub.create_user(f"a{i}", ["vision"])
-            hub.create_user(f"b{i}", ["nlp"])
-        yield hub
+    yield from team_hub(tmp_path_factory, "fairhub18", EXTRA, users_per_team=4)
 
 
 @pytest.fixture(autouse=True)
 def _clean(hub):
     yield
-    stop_everything(hub)
-    for a in allocations(hub):
-        hub.service("DELETE", f"/allocations/{a['id']}", hub.spawner_token)
+    clear_pool(hub)
 
 
 def vision_borrows(hub):
