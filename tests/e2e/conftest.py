@@ -27,6 +27,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
 import tempfile
 import textwrap
 from collections.abc import Callable, Iterator
@@ -185,6 +186,28 @@ def lab_environment(workdir: Path, poll_seconds: int) -> dict[str, str]:
         link.symlink_to(Path(build).resolve(), target_is_directory=True)
         env["JUPYTER_PATH"] = str(workdir / "lab" / "jupyter-path")
     return env
+
+
+def lab_server_config(workdir: Path, profiles: list[dict[str, Any]], poll_seconds: int) -> str:
+    """Hub configuration for real JupyterLab single-user servers with the widget: the
+    gpupool spawner with ``profiles``, the lab environment above, and the token role
+    the servers forward the widget's requests with (as in the example config)."""
+    singleuser = Path(sys.executable).with_name("jupyterhub-singleuser")
+    return f"""
+c.JupyterHub.spawner_class = "gpupool-simple"
+c.GPUPoolSpawner.profiles = {profiles!r}
+c.Spawner.default_url = "/lab"
+c.Spawner.cmd = [{str(singleuser)!r}]
+c.Spawner.http_timeout = 90
+c.Spawner.start_timeout = 90
+c.Spawner.environment = {lab_environment(workdir, poll_seconds)!r}
+{allow_root()}
+c.SimpleLocalProcessSpawner.home_dir_template = {str(workdir / "home") + "/{username}"!r}
+c.JupyterHub.load_roles.append({{
+    "name": "server",
+    "scopes": ["users:activity!user", "access:servers!server", "access:services!service=gpupool"],
+}})
+"""
 
 
 # ------------------------------------------------- hub from the example config

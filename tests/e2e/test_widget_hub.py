@@ -17,7 +17,6 @@ copies it to ``docs/images/``).
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from decimal import ROUND_HALF_UP, Decimal
@@ -26,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from ..labext.browser import hub_login, open_panel, screenshot_widget, wait_for_status_item
-from .conftest import allow_root, lab_environment, q, shut_down, user_model
+from .conftest import lab_server_config, q, shut_down, user_model
 
 pytestmark = pytest.mark.integration
 
@@ -53,7 +52,6 @@ GIB = 1 << 30
 
 
 def widget_config(workdir: Path) -> str:
-    singleuser = Path(sys.executable).with_name("jupyterhub-singleuser")
     return f"""
 c.GPUPool.nodes = {NODES!r}
 c.GPUPool.queue_enabled = True
@@ -62,21 +60,7 @@ c.GPUPool.idle_grace = 600
 c.GPUPool.min_runtime = 1
 c.GPUPoolService.idle_interval = 0.5
 c.GPUPoolService.agent_tokens = {{"node-a": {AGENT_TOKEN!r}}}
-c.JupyterHub.spawner_class = "gpupool-simple"
-c.GPUPoolSpawner.profiles = {PROFILES!r}
-c.Spawner.default_url = "/lab"
-c.Spawner.cmd = [{str(singleuser)!r}]
-c.Spawner.http_timeout = 90
-c.Spawner.start_timeout = 90
-c.Spawner.environment = {lab_environment(workdir, POLL_SECONDS)!r}
-{allow_root()}
-c.SimpleLocalProcessSpawner.home_dir_template = {str(workdir / "home") + "/{username}"!r}
-# single-user servers forward the widget's requests with their own token (as in the example config)
-c.JupyterHub.load_roles.append({{
-    "name": "server",
-    "scopes": ["users:activity!user", "access:servers!server", "access:services!service=gpupool"],
-}})
-"""
+""" + lab_server_config(workdir, PROFILES, POLL_SECONDS)
 
 
 def shown(amount: Decimal) -> str:

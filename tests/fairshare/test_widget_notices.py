@@ -9,20 +9,18 @@ Dismiss button removes it from the widget and from ``GET me``; bob never sees
 it. Once she is topped up (no cull any more), a kernel she starts in that
 server gets no GPU: the server extension's kernel-start check.
 
-The single-user servers load the lab extension as built in this checkout
-(``gpupool_hub/labext/labextension``, first on their ``JUPYTER_PATH``), so the
-widget under test is this tree's.
+The single-user servers load the installed lab extension, or the build that
+``GPUPOOL_LABEXTENSION_DIR`` names (``tests/e2e/conftest.py``'s ``lab_environment``).
 """
 
 from __future__ import annotations
 
-import sys
 from decimal import Decimal
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import allow_root, lab_environment, q, shut_down, spawn
+from tests.e2e.conftest import lab_server_config, q, shut_down, spawn
 from tests.spawner.conftest import proc_environ
 from tests.fixtures.hub import wait_for
 from tests.labext.browser import browser_page, chromium_executable  # noqa: F401 (fixtures)
@@ -30,8 +28,6 @@ from tests.labext.browser import hub_login, open_panel, wait_for_status_item
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).parents[2]
-BUILT = ROOT / "gpupool_hub" / "labext" / "labextension"
 LAB_MS = 90_000
 PROFILES = [
     {"slug": "cpu", "display_name": "CPU only", "default": True},
@@ -39,30 +35,9 @@ PROFILES = [
 ]
 
 
-
 def notice_config(workdir: Path) -> str:
-    env = lab_environment(workdir, 1)
-    if (BUILT / "package.json").exists():  # this checkout's build of the widget, not another's
-        share = workdir / "share"
-        (share / "labextensions" / "@gpupool").mkdir(parents=True)
-        (share / "labextensions" / "@gpupool" / "hub-balance").symlink_to(BUILT)
-        env["JUPYTER_PATH"] = str(share)
-    singleuser = Path(sys.executable).with_name("jupyterhub-singleuser")
-    return f"""
-c.JupyterHub.spawner_class = "gpupool-simple"
+    return lab_server_config(workdir, PROFILES, 1) + """
 c.JupyterHub.allow_named_servers = True
-c.GPUPoolSpawner.profiles = {PROFILES!r}
-c.Spawner.default_url = "/lab"
-c.Spawner.cmd = [{str(singleuser)!r}]
-c.Spawner.http_timeout = 90
-c.Spawner.start_timeout = 90
-c.Spawner.environment = {env!r}
-{allow_root()}
-c.SimpleLocalProcessSpawner.home_dir_template = {str(workdir / "home") + "/{username}"!r}
-c.JupyterHub.load_roles.append({{
-    "name": "server",
-    "scopes": ["users:activity!user", "access:servers!server", "access:services!service=gpupool"],
-}})
 c.Culler.interval = 0.5
 c.Culler.grace_period = 2
 c.Culler.pressure_allocated_fraction = 0.0  # any GPU held: under pressure
