@@ -186,3 +186,24 @@ def test_server_idleness_follows_the_rule():
     assert young.idle_since == t - timedelta(minutes=5)                  # shown from its start,
     assert young.reclaimable_at == t + timedelta(minutes=10)             # protected for min_runtime
     assert of(idle_since(45), max_idle=7200).max_idle_at == t + timedelta(minutes=75)
+
+
+def test_dry_run_audits_what_it_would_do_and_stops_warns_releases_nothing(prom, tmp_path, caplog):
+    """``idle_dry_run``: the warning and the reclaim are logged and audited as dry runs;
+    alice sees no warning, keeps her server and GPUs, and gets no notice."""
+    m = alice_holds_and_bob_waits(tmp_path)
+    m.settings.idle_dry_run = True
+    m.settings.idle_grace = 0  # the reclaim is due at the next run
+    # a hub that is not there: any stop_server would fail and be audited as "failed"
+    job = IdleJob(HubClient("http://127.0.0.1:9", "unused"), m, agent_source(prom))
+    with caplog.at_level(logging.WARNING, logger="gpupool.idle"):
+        asyncio.run(job())
+        asyncio.run(job())
+    assert "[dry run] would idle_warn for alice/-" in caplog.text
+    assert "[dry run] would idle_reclaim for alice/-" in caplog.text
+    events = m.ledger.audit_log(user="alice")
+    assert [(e.action, e.dry_run) for e in events][::-1] == [("idle_warn", True), ("idle_reclaim", True)]
+    me = m.views.me("alice")
+    assert me["cull_warning"] is None and me["notices"] == []
+    assert [a["user"] for a in me["allocations"]] == ["alice"]  # still held
+    assert m.ledger.audit_events(["failed"]) == []
