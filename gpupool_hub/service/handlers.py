@@ -29,7 +29,8 @@ from typing import Any, TypeVar
 
 from tornado import web
 
-from ..ledger import UNAVAILABLE_MESSAGE, Entry, IdempotencyConflict, LedgerBusy, is_database_busy, is_database_unavailable
+from ..ledger import (UNAVAILABLE_MESSAGE, Entry, IdempotencyConflict, LedgerBusy, is_database_busy,
+                      is_database_unavailable)
 from ..units import AmountError, format_tokens, parse_amount
 from ..timefmt import iso as _iso
 from .admission import parse_request
