@@ -69,8 +69,9 @@ c.JupyterHub.services = [
         "display": True,
         "oauth_no_confirm": True,
         "oauth_client_allowed_scopes": ["custom:gpupool:admin"],
-        # Managed services do not inherit the hub's environment: pass on what this file reads.
-        "environment": {k: os.environ[k] for k in ("GPUPOOL_DB_URL",) if k in os.environ},
+        # Managed services do not inherit the hub's environment. Pass no secret here: the
+        # hub stores "environment" in its own database; the ledger's URL comes from a file.
+        "environment": {},
     },
 ]
 
@@ -117,7 +118,13 @@ c.GPUPool.daily_credit = 1         # added every day
 c.GPUPool.floor = -10              # overdraft floor: at the floor GPU servers are stopped
 # c.GPUPool.max_balance = 200      # optional cap for scheduled credits
 # c.GPUPool.group_credits = {"faculty": {"initial": 500, "monthly": 100}}   # per JupyterHub group
-c.GPUPool.db_url = os.environ.get("GPUPOOL_DB_URL", "sqlite:///gpupool.sqlite")   # or postgresql://user:pw@host/db
+c.GPUPool.db_url = "sqlite:///gpupool.sqlite"   # the ledger; SQLite needs no secret
+# PostgreSQL: the URL holds a password, so it goes in a file only the hub's (and the
+# service's) Unix user can read, never in the service's "environment" (stored in the
+# hub's database, which users' servers may read):
+#   echo 'postgresql://gpupool:PASSWORD@db.internal/gpupool' > /etc/jupyterhub/gpupool-db-url
+#   chmod 600 /etc/jupyterhub/gpupool-db-url        # the service refuses a file others may read
+# c.GPUPool.db_url_file = "/etc/jupyterhub/gpupool-db-url"
 
 # ----------------------------------------------------------------- the pool
 # The GPU nodes. Real deployments list their nodes (the node agent reports

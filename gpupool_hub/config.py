@@ -170,6 +170,16 @@ class GPUPool(Configurable):
         PostgreSQL use ``postgresql://user:password@host/dbname`` (psycopg 3).""",
     ).tag(config=True)
 
+    db_url_file = Unicode(
+        "",
+        help="""Path of a file holding the ledger database's URL (its only line), read by the
+        service at start-up instead of ``db_url``. Use it for PostgreSQL: the URL holds the
+        password. The file must be readable by the service's Unix user alone (``chmod 600``):
+        the service refuses to start with one that group or others may read. Do not pass
+        the URL in the service entry's ``environment`` instead: the hub stores that in its
+        own database (``jupyterhub.sqlite``), which other users may be able to read.""",
+    ).tag(config=True)
+
     teams = Dict(
         {},
         help="""Team fair share (see docs/fairshare.md): a nominal GPU quota per team, where a

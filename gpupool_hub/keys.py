@@ -8,6 +8,7 @@ entry. Free-text parts (usernames, model names) are percent-encoded so that
 
 from __future__ import annotations
 
+import hashlib
 from datetime import date, datetime, timezone
 from urllib.parse import quote
 
@@ -22,3 +23,21 @@ def _part(value: object) -> str:
 
 def entry_key(kind: str, *parts: object) -> str:
     return ":".join([kind, *(_part(p) for p in parts)])
+
+
+#: the most bytes of a key the ledger stores as it is (its column holds 1024 characters)
+MAX_KEY_BYTES = 1024
+_HASHED = "sha256:"
+
+
+def stored_key(key: str) -> str:
+    """The key as the ledger's unique column holds it: the key itself, or for a key
+    longer than ``MAX_KEY_BYTES`` its SHA-256 (the full key is kept beside it).
+
+    Percent-encoding makes a part up to nine bytes a character ("é" is ``%C3%A9``),
+    so a 180-character username or a 200-character Idempotency-Key overflowed the
+    column on PostgreSQL; the hash keeps one fact one key at any length."""
+    raw = key.encode("utf-8", "surrogatepass")
+    if len(raw) <= MAX_KEY_BYTES and not key.startswith(_HASHED):
+        return key
+    return _HASHED + hashlib.sha256(raw).hexdigest()

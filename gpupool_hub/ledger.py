@@ -38,12 +38,13 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import StaticPool
 
 from .credits import DueCredit, capped
+from .keys import MAX_KEY_BYTES, stored_key
 from .units import from_milli, to_milli
 
 log = logging.getLogger(__name__)
 
 #: Current schema version; see ``MIGRATIONS`` and docs/ledger.md for the upgrade path.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 KINDS = ("grant", "monthly", "daily", "debit", "adjustment", "refund")
 #: Kinds whose amount must be positive (credits) or negative (charges).
@@ -78,6 +79,7 @@ entries = sa.Table(
     sa.Column("account", sa.Unicode(255), sa.ForeignKey("gpupool_accounts.name"), nullable=False),
     sa.Column("kind", sa.String(16), nullable=False),
     sa.Column("amount_milli", sa.BigInteger, nullable=False),
+    # keys.stored_key: the key, or the hash of a key longer than keys.MAX_KEY_BYTES ...
     sa.Column("idempotency_key", sa.Unicode(1024), nullable=False, unique=True),
     sa.Column("reason", sa.UnicodeText, nullable=False, default=""),
     sa.Column("actor", sa.Unicode(255), nullable=False, default="system"),
@@ -86,6 +88,8 @@ entries = sa.Table(
     sa.Column("interval_end", sa.DateTime, nullable=True),
     sa.Column("model", sa.Unicode(255), nullable=True),
     sa.Column("gpu_seconds", sa.Numeric(20, 3), nullable=True),
+    # ... and then the full key here (None: the key is idempotency_key itself)
+    sa.Column("key_text", sa.UnicodeText, nullable=True),
     sa.Index("ix_gpupool_entries_account_id", "account", "id"),
 )
 
@@ -166,6 +170,16 @@ queue = sa.Table(
     sa.UniqueConstraint("user", "server", name="uq_gpupool_queue_user_server"),
 )
 
+# The devices (GPU and MIG instance UUIDs) each node's agent last reported: kept so that
+# after a restart no other node's agent token can claim them before their node reports.
+node_devices = sa.Table(
+    "gpupool_node_devices",
+    metadata,
+    sa.Column("device", sa.Unicode(255), primary_key=True),
+    sa.Column("node", sa.Unicode(255), nullable=False),
+    sa.Column("reported_at", sa.DateTime, nullable=False),
+)
+
 
 class LedgerRecords:
     """What the service records beside money, in the same database and transactions:
@@ -192,6 +206,23 @@ class LedgerRecords:
         with self._read() as conn:
             rows = conn.execute(sa.select(queue).order_by(queue.c.since, queue.c.id))
             return [{**r._mapping, "since": _aware(r.since)} for r in rows]
+
+    def node_devices(self) -> dict[str, str]:
+        """Every remembered device UUID and the node that reported it."""
+        with self._read() as conn:
+            return {device: node for device, node in conn.execute(sa.select(node_devices.c.device,
+                                                                            node_devices.c.node))}
+
+    def set_node_devices(self, node: str, devices: Iterable[str], at: datetime) -> None:
+        """Node ``node`` has exactly ``devices`` now (a device another node had is its now)."""
+        devices = sorted(set(devices))
+        with self._write() as conn:
+            conn.execute(node_devices.delete().where(node_devices.c.node == node))
+            for chunk in _chunks(devices):
+                conn.execute(node_devices.delete().where(node_devices.c.device.in_(chunk)))
+            rows = [dict(device=d, node=node, reported_at=_db_time(at)) for d in devices]
+            for chunk in _chunks(rows):
+                conn.execute(node_devices.insert(), list(chunk))
 
     def add_audit(self, event: AuditEvent) -> AuditEvent:
         with self._write() as conn:
@@ -288,6 +319,32 @@ def is_database_busy(exc: BaseException) -> bool:
         text = str(orig).lower()
         return "database is locked" in text or "database is busy" in text or "database table is locked" in text
     return False
+
+
+#: PostgreSQL states that mean "the server is not there": admin_shutdown, crash_shutdown,
+#: cannot_connect_now (starting up or shutting down), too_many_connections; and class 08,
+#: connection_exception
+_UNAVAILABLE_SQLSTATES = frozenset({"57P01", "57P02", "57P03", "53300"})
+
+UNAVAILABLE_MESSAGE = "the ledger database cannot be reached; nothing was changed, try again in a few seconds"
+
+
+def is_database_unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the database server is down or unreachable (not a bug, not
+    the caller's fault): the service answers these with 503 and Retry-After, like a
+    busy database. A refused or dropped PostgreSQL connection, a server shutting down,
+    a SQLite file that cannot be opened."""
+    if isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated:
+        return True
+    if not isinstance(exc, sa.exc.OperationalError) or is_database_busy(exc):
+        return False
+    orig = exc.orig
+    state = getattr(orig, "sqlstate", None) or ""
+    if state.startswith("08") or state in _UNAVAILABLE_SQLSTATES:
+        return True
+    if not state and type(orig).__module__.startswith("psycopg"):
+        return True  # failed before the server said anything: refused, unknown host, timed out
+    return "unable to open database file" in str(orig).lower()
 
 
 @dataclass(frozen=True)
@@ -548,7 +605,24 @@ def _migrate_to_5(conn: Connection) -> None:
         index.create(conn, checkfirst=True)
 
 
-MIGRATIONS = {1: _migrate_to_1, 2: _migrate_to_2, 3: _migrate_to_3, 4: _migrate_to_4, 5: _migrate_to_5}
+def _migrate_to_6(conn: Connection) -> None:
+    # long keys are stored hashed, the full key beside them (keys.stored_key); nodes'
+    # devices are remembered (node_devices). A database made from scratch has both already.
+    if "key_text" not in {c["name"] for c in sa.inspect(conn).get_columns("gpupool_entries")}:
+        conn.execute(sa.text("ALTER TABLE gpupool_entries ADD COLUMN key_text TEXT"))
+    metadata.create_all(conn, tables=[node_devices])
+    # SQLite took keys of any length before: store those the way a replay now looks them up
+    long_keys = sa.select(entries.c.id, entries.c.idempotency_key).where(sa.or_(
+        sa.func.length(entries.c.idempotency_key) > MAX_KEY_BYTES // 4,  # 4 bytes a character at most
+        entries.c.idempotency_key.like("sha256:%")))
+    for entry_id, key in conn.execute(long_keys).all():
+        if stored_key(key) != key:
+            conn.execute(entries.update().where(entries.c.id == entry_id)
+                         .values(idempotency_key=stored_key(key), key_text=key))
+
+
+MIGRATIONS = {1: _migrate_to_1, 2: _migrate_to_2, 3: _migrate_to_3, 4: _migrate_to_4, 5: _migrate_to_5,
+              6: _migrate_to_6}
 
 
 def schema_version(conn: Connection) -> int:
@@ -588,7 +662,7 @@ def _entry(row: sa.Row) -> Entry:  # type: ignore[type-arg]
         account=m["account"],
         kind=m["kind"],
         amount=from_milli(m["amount_milli"]),
-        key=m["idempotency_key"],
+        key=m["key_text"] or m["idempotency_key"],
         reason=m["reason"],
         actor=m["actor"],
         created_at=_aware(m["created_at"]),  # type: ignore[arg-type]
@@ -714,9 +788,11 @@ class Ledger(LedgerRecords):
             raise IdempotencyConflict("the same idempotency key appears twice in one batch")
         self._ensure_accounts(conn, (p.account for p in postings), now)
         created_at = _db_time(now)
+        stored = {p.key: stored_key(p.key) for p in postings}
         rows = [
             dict(
-                account=p.account, kind=p.kind, amount_milli=to_milli(p.amount), idempotency_key=p.key,
+                account=p.account, kind=p.kind, amount_milli=to_milli(p.amount), idempotency_key=stored[p.key],
+                key_text=None if stored[p.key] == p.key else p.key,
                 reason=p.reason, actor=p.actor, created_at=created_at,
                 interval_start=_db_time(p.interval_start), interval_end=_db_time(p.interval_end),
                 model=p.model, gpu_seconds=p.gpu_seconds,
@@ -731,8 +807,8 @@ class Ledger(LedgerRecords):
         inserted: dict[str, Entry] = {}
         deltas: dict[str, int] = defaultdict(int)
         for p in postings:
-            if p.key in new_ids:
-                inserted[p.key] = _entry_from_posting(new_ids[p.key], p, now)
+            if stored[p.key] in new_ids:
+                inserted[p.key] = _entry_from_posting(new_ids[stored[p.key]], p, now)
                 deltas[p.account] += to_milli(p.amount)
         changes = [dict(n=n, d=d) for n, d in deltas.items() if d]
         if changes:
@@ -744,7 +820,7 @@ class Ledger(LedgerRecords):
             )
         replayed = [p for p in postings if p.key not in inserted]
         existing: dict[str, Entry] = {}
-        for chunk in _chunks([p.key for p in replayed]):
+        for chunk in _chunks([stored[p.key] for p in replayed]):
             for row in conn.execute(sa.select(entries).where(entries.c.idempotency_key.in_(chunk))):
                 entry = _entry(row)
                 existing[entry.key] = entry

@@ -184,8 +184,58 @@ def test_a_version_4_database_is_upgraded_in_place_and_keeps_its_audit_log(db_ur
     try:
         assert "ix_gpupool_audit_user" in {i["name"] for i in sa.inspect(ledger.engine).get_indexes("gpupool_audit")}
         with ledger.engine.begin() as conn:
-            assert conn.execute(sa.select(meta_table.c.value)).scalar_one() == str(SCHEMA_VERSION) == "5"
+            assert conn.execute(sa.select(meta_table.c.value)).scalar_one() == str(SCHEMA_VERSION)
         assert [e.id for e in ledger.audit_log(user="alice")] == [event.id]
+    finally:
+        ledger.close()
+
+
+LONG_NAME = "é" * 180  # percent-encoded, 1080 characters: past the key column on PostgreSQL
+
+
+def test_long_keys_are_stored_hashed_and_replays_stay_idempotent(ledger):
+    """Issue 27.9: a user named 180 × "é" and an Idempotency-Key of 200 × "é"."""
+    rules = CreditRules(initial=Decimal(100), daily=Decimal(1))
+    due = due_credits(LONG_NAME, rules, None, NOW, UTC)
+    for _ in range(2):  # a replay posts nothing
+        ledger.apply_credits(LONG_NAME, due, through=NOW.date())
+    key = entry_key("api-grant", LONG_NAME, "é" * 200)
+    assert len(key.encode()) > 2000
+    first = ledger.post(Posting(LONG_NAME, "grant", Decimal(5), key, reason="long"))
+    again = ledger.post(Posting(LONG_NAME, "grant", Decimal(5), key, reason="long"))
+    assert first.created and not again.created and again.entry.id == first.entry.id
+    assert again.entry.key == first.entry.key == key  # the full key, not its hash
+    with pytest.raises(IdempotencyConflict):
+        ledger.post(Posting(LONG_NAME, "grant", Decimal(6), key))
+    assert ledger.balance(LONG_NAME) == Decimal(105)  # the initial grant and this one
+    assert [e.key for e in ledger.history(LONG_NAME)][0] == key
+    assert ledger.verify().ok
+
+
+def test_a_version_5_database_is_upgraded_and_its_long_keys_still_match(db_url):
+    """Schema 6 keeps long keys hashed with the full key beside them, and remembers nodes'
+    devices. A key SQLite took whole before (PostgreSQL only up to 1024 characters, so
+    there: 600 × "é", 1200 bytes) is moved to its hash, so a replay still finds it."""
+    long_key = "grant:" + ("x" * 1500 if db_url.startswith("sqlite") else "é" * 600)
+    ledger = Ledger(db_url)
+    with ledger.engine.begin() as conn:  # back to what a version-5 service left behind
+        conn.execute(sa.text("DROP TABLE gpupool_node_devices"))
+        conn.execute(sa.text("ALTER TABLE gpupool_entries DROP COLUMN key_text"))
+        conn.execute(meta_table.update().values(value="5"))
+        conn.execute(accounts.insert().values(name="alice", balance_milli=7000, created_at=NOW.replace(tzinfo=None)))
+        conn.execute(sa.text("INSERT INTO gpupool_entries (account, kind, amount_milli, idempotency_key, reason, "
+                             "actor, created_at) VALUES ('alice', 'grant', 7000, :k, 'old', 'system', :t)"),
+                     {"k": long_key, "t": NOW.replace(tzinfo=None)})
+    ledger.close()
+    ledger = Ledger(db_url)
+    try:
+        with ledger.engine.begin() as conn:
+            assert conn.execute(sa.select(meta_table.c.value)).scalar_one() == str(SCHEMA_VERSION) == "6"
+        replay = ledger.post(Posting("alice", "grant", Decimal(7), long_key))
+        assert not replay.created and replay.entry.key == long_key and replay.entry.reason == "old"
+        assert ledger.balance("alice") == Decimal(7) and ledger.verify().ok
+        ledger.set_node_devices("n1", ["GPU-1", "MIG-1"], NOW)
+        assert ledger.node_devices() == {"GPU-1": "n1", "MIG-1": "n1"}
     finally:
         ledger.close()
 

@@ -86,6 +86,21 @@ class Node:
 
 _MIG_PROFILE = re.compile(r"^(\d+)g\.", re.IGNORECASE)
 
+# Every count is checked before anything is built from it: an inventory comes from a
+# node agent over the network, and ``{"count": 1000000000}`` must cost nothing.
+#: GPUs one node may have
+MAX_GPUS_PER_NODE = 64
+#: MIG instances one GPU may have (seven 1g slices on an A100/H100)
+MAX_MIG_PER_GPU = 7
+#: links one node may list: one per pair of GPUs, each way
+MAX_LINKS = MAX_GPUS_PER_NODE * (MAX_GPUS_PER_NODE - 1)
+#: labels one node may have
+MAX_LABELS = 64
+#: nodes one pool may have
+MAX_NODES = 10_000
+#: characters of a name, UUID, model, profile or label (what the ledger's columns hold)
+MAX_TEXT = 255
+
 
 def _req(d: Mapping[str, Any], key: str, where: str) -> Any:
     if key not in d:
@@ -95,7 +110,7 @@ def _req(d: Mapping[str, Any], key: str, where: str) -> Any:
 
 def _int(value: Any, where: str, *, minimum: int = 0) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InventoryError(f"{where} must be a whole number, got {value!r}")
+        raise InventoryError(f"{where} must be a whole number, got {_short(value)}")
     if value < minimum:
         raise InventoryError(f"{where} must be at least {minimum}, got {value}")
     return value
@@ -103,8 +118,22 @@ def _int(value: Any, where: str, *, minimum: int = 0) -> int:
 
 def _str(value: Any, where: str) -> str:
     if not isinstance(value, str) or not value.strip():
-        raise InventoryError(f"{where} must be a non-empty string, got {value!r}")
+        raise InventoryError(f"{where} must be a non-empty string, got {_short(value)}")
+    if len(value) > MAX_TEXT:
+        raise InventoryError(f"{where} must be at most {MAX_TEXT} characters, got {len(value)}")
     return value.strip()
+
+
+def _short(value: Any) -> str:
+    """A bad value for an error message, cut short: the message must not echo a megabyte back."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _at_most(items: Any, limit: int, where: str, what: str) -> None:
+    """Refuse a list longer than ``limit`` before a single item of it is looked at."""
+    if isinstance(items, (list, tuple)) and len(items) > limit:
+        raise InventoryError(f"{where} lists {len(items)} {what}; at most {limit}")
 
 
 def _check_keys(d: Mapping[str, Any], allowed: Iterable[str], where: str) -> None:
@@ -116,6 +145,7 @@ def _check_keys(d: Mapping[str, Any], allowed: Iterable[str], where: str) -> Non
 def _load_mig(items: Any, where: str, parent_uuid: str, model: str = "") -> Tuple[MigDevice, ...]:
     if not isinstance(items, (list, tuple)):
         raise InventoryError(f"{where} must be a list of MIG instances")
+    _at_most(items, MAX_MIG_PER_GPU, where, "MIG instances")
     out = []
     for j, m in enumerate(items):
         w = f"{where}[{j}]"
@@ -143,11 +173,14 @@ def _load_gpus(spec: Any, where: str, node_name: str) -> Tuple[GPU, ...]:
     if isinstance(spec, Mapping):  # shorthand: {"count": 8, "model": "A100", "memory_mib": ...}
         _check_keys(spec, ("count", "model", "memory_mib"), where)
         count = _int(_req(spec, "count", where), f"{where}.count")
+        if count > MAX_GPUS_PER_NODE:
+            raise InventoryError(f"{where}.count is {count}; at most {MAX_GPUS_PER_NODE} GPUs per node")
         model = _str(_req(spec, "model", where), f"{where}.model")
         mem = _int(spec.get("memory_mib", 0), f"{where}.memory_mib")
         return tuple(GPU(index=i, uuid=f"{node_name}/gpu{i}", model=model, memory_mib=mem) for i in range(count))
     if not isinstance(spec, (list, tuple)):
         raise InventoryError(f"{where} must be a list of GPUs or {{'count': N, 'model': ...}}")
+    _at_most(spec, MAX_GPUS_PER_NODE, where, "GPUs")
     gpus = []
     for i, g in enumerate(spec):
         w = f"{where}[{i}]"
@@ -171,6 +204,7 @@ def _load_gpus(spec: Any, where: str, node_name: str) -> Tuple[GPU, ...]:
 def _load_links(spec: Any, where: str, gpus: Sequence[GPU]) -> Tuple[Link, ...]:
     if not isinstance(spec, (list, tuple)):
         raise InventoryError(f"{where} must be a list of links")
+    _at_most(spec, MAX_LINKS, where, "links")
     indices = {g.index for g in gpus}
     links = {}
     for i, l in enumerate(spec):
@@ -221,11 +255,13 @@ def load_node(d: Mapping[str, Any], where: str = "node") -> Node:
     cpu = _int(_req(d, "cpu_milli", where), f"{where}.cpu_milli", minimum=1)
     mem = _int(_req(d, "memory_mib", where), f"{where}.memory_mib", minimum=1)
     gpus = _load_gpus(d.get("gpus", ()), f"{where}.gpus", name)
-    if len(gpus) > 64:
-        raise InventoryError(f"{where}.gpus lists {len(gpus)} GPUs; at most 64 per node")
     labels = d.get("labels", {})
-    if not isinstance(labels, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
-        raise InventoryError(f"{where}.labels must map strings to strings")
+    if isinstance(labels, Mapping) and len(labels) > MAX_LABELS:
+        raise InventoryError(f"{where}.labels has {len(labels)} labels; at most {MAX_LABELS}")
+    if not isinstance(labels, Mapping) or not all(isinstance(k, str) and isinstance(v, str)
+                                                  and len(k) <= MAX_TEXT and len(v) <= MAX_TEXT
+                                                  for k, v in labels.items()):
+        raise InventoryError(f"{where}.labels must map strings to strings (at most {MAX_TEXT} characters each)")
     links = _load_links(d.get("links", ()), f"{where}.links", gpus)
     return Node(name=name, cpu_milli=cpu, memory_mib=mem, gpus=gpus,
                 labels=tuple(sorted(labels.items())), links=links)
@@ -248,6 +284,8 @@ def load_nodes(config: Iterable[Mapping[str, Any]]) -> List[Node]:
     """
     if isinstance(config, Mapping) or isinstance(config, (str, bytes)):
         raise InventoryError("nodes configuration must be a list of node mappings")
+    config = list(config)
+    _at_most(config, MAX_NODES, "nodes", "nodes")
     nodes = [load_node(d, f"nodes[{i}]") for i, d in enumerate(config)]
     names = set()
     uuids = set()

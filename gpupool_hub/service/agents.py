@@ -3,8 +3,11 @@
 Agents are not hub users: each node has its own shared secret
 (``c.GPUPoolService.agent_tokens = {"node-a": "…"}``, passed to the app as the
 ``agent_tokens`` setting). A node's token is good for that node's URLs only,
-so a compromised node cannot rewrite another node's inventory. Admins (hub
-token with the admin scope) may call them too, to inspect or test.
+so a compromised node cannot rewrite another node's inventory, nor claim another
+node's devices (GPU and MIG UUIDs), not even after a restart of the service before
+that node reported again: the service remembers each device's node in the ledger
+database. Admins (hub token with the admin scope) may call them too, to inspect or
+test, and to move a device whose old node is gone.
 
 Reports are kept by the inventory unit (``PoolInventory.reports``; with
 ``c.GPUPool.inventory = "agents"`` they are the pool) and the enforcement list
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+from collections.abc import Iterable
 
 from tornado import web
 
@@ -24,6 +28,7 @@ from ..inventory.agents import NodeReport
 from ..placement.inventory import load_node
 from ..timefmt import iso as _iso
 from .handlers import APIHandler
+from .inventory import DeviceOfAnotherNode
 
 log = logging.getLogger("gpupool.agents")
 
@@ -53,9 +58,26 @@ class AgentHandler(APIHandler):
         if not self.is_admin:
             raise web.HTTPError(403, f"node endpoints need node {self.node!r}'s agent token or the admin scope")
 
+    @property
+    def is_agent(self) -> bool:
+        return self.identity.get("kind") == "agent"
+
+    def check_own_devices(self, uuids: Iterable[str]) -> None:
+        """403 for a device of another node (reported now or before a restart), 400 for
+        one the pool does not have on this node: an agent speaks for its own GPUs only."""
+        inventory = self.manager.inventory
+        known = {g.uuid for ns in self.manager.pool.nodes if ns.name == self.node for g in ns.node.gpus}
+        unknown = sorted(set(uuids) - known)
+        foreign = {u: owner for u in unknown if (owner := inventory.owner_of(u)) not in (None, self.node)}
+        if foreign:
+            uuid, owner = sorted(foreign.items())[0]
+            raise web.HTTPError(403, f"GPU {uuid} belongs to node {owner!r}, not {self.node!r}")
+        if unknown:
+            raise web.HTTPError(400, f"GPU(s) {unknown[:5]} are not in node {self.node!r} of the pool")
+
     def touch(self) -> None:
         """An agent called: the node is alive (an admin's call says nothing about that)."""
-        if self.identity.get("kind") == "agent":
+        if self.is_agent:
             self.manager.inventory.seen(self.node)
 
 
@@ -74,7 +96,9 @@ class InventoryHandler(AgentHandler):
         self.touch()
         try:  # on the writer thread: with the agents inventory a report may rebuild the pool
             report = await self.core(self.manager.inventory.accept_report, self.node, body, node,
-                                     self.manager.ledger)
+                                     self.manager.ledger, move_remembered=not self.is_agent)
+        except DeviceOfAnotherNode as e:
+            raise web.HTTPError(403 if self.is_agent else 400, f"invalid inventory: {e}") from None
         except InventoryError as e:
             raise web.HTTPError(400, f"invalid inventory: {e}") from None
         self.write_json({"node": self.node, "gpus": len(node.gpus), "accepted": True,

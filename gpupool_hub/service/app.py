@@ -28,6 +28,7 @@ from ..usage import UsageSource
 from .configfile import CONFIG_FILE_ENV
 from .context import ServiceContext
 from .cull import Culler
+from .dburl import DbUrlFileError, ledger_url
 from .groups import GroupCache
 from .hubapi import HubClient
 from .jobs import JobRunner
@@ -199,7 +200,12 @@ class GPUPoolService(Application):
             log.warning("gpupool: no configuration file (%s not found); running with the defaults", path)
         profiles = self._check_profiles()
         self.settings_ = GPUPool(parent=self)
-        self.ledger = Ledger(self.settings_.db_url, busy_timeout=self.db_write_timeout)
+        try:
+            db_url = ledger_url(self.settings_)
+        except DbUrlFileError as e:
+            self.log.critical("%s", e)
+            raise SystemExit(f"gpupool: {e}") from None
+        self.ledger = Ledger(db_url, busy_timeout=self.db_write_timeout)
         self.inventory_source = self.settings_.make_inventory_source()
         self.manager = PoolManager(
             settings=self.settings_, ledger=self.ledger, pool=self.settings_.make_pool(self.inventory_source),

@@ -29,7 +29,8 @@ from typing import Any, TypeVar
 
 from tornado import web
 
-from ..ledger import Entry, IdempotencyConflict, LedgerBusy, is_database_busy
+from ..ledger import (UNAVAILABLE_MESSAGE, Entry, IdempotencyConflict, LedgerBusy, is_database_busy,
+                      is_database_unavailable)
 from ..units import AmountError, format_tokens, parse_amount
 from ..timefmt import iso as _iso
 from .admission import parse_request
@@ -328,6 +329,10 @@ class APIHandler(web.RequestHandler):
             message = (f"the ledger database is busy: {exc}; nothing was changed, try again in {retry_after} s"
                        if isinstance(exc, LedgerBusy) else
                        f"the ledger database is busy; nothing was changed, try again in {retry_after} s")
+        elif exc is not None and is_database_unavailable(exc):
+            status_code = 503
+            self.set_status(status_code)
+            message = UNAVAILABLE_MESSAGE
         elif status_code >= 500:
             message = "internal error in the gpupool service; see its log"
         if status_code == 503:  # the hub or the database is busy or away, not the caller wrong
@@ -341,6 +346,10 @@ class APIHandler(web.RequestHandler):
     def log_exception(self, typ: Any, value: BaseException | None, tb: Any) -> None:
         if value is not None and is_database_busy(value):
             log.warning("Database busy, answered 503: %s %s: %s", self.request.method, self.request.path, value)
+            return
+        if value is not None and is_database_unavailable(value):
+            log.error("Database unreachable, answered 503: %s %s: %s", self.request.method, self.request.path,
+                      getattr(value, "orig", value))
             return
         super().log_exception(typ, value, tb)
 

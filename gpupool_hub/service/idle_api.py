@@ -32,10 +32,7 @@ class UtilizationHandler(AgentHandler):
                 and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v) and v[0] <= v[1]
                 for k, v in memory.items()):
             raise web.HTTPError(400, "'memory' must map GPU UUIDs to [used, total] bytes (whole numbers, used <= total)")
-        known = {g.uuid for ns in self.manager.pool.nodes if ns.name == self.node for g in ns.node.gpus}
-        unknown = sorted((set(gpus) | set(memory)) - known)
-        if unknown:
-            raise web.HTTPError(400, f"GPU(s) {unknown[:5]} are not in node {self.node!r} of the pool")
+        self.check_own_devices(set(gpus) | set(memory))
         self.touch()
         source.report({k: float(v) for k, v in gpus.items()}, datetime.now(timezone.utc),
                       {k: (v[0], v[1]) for k, v in memory.items()})

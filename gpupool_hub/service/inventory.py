@@ -11,7 +11,10 @@ tick, and persisting them would only add a way to serve stale hardware facts).
 With ``c.GPUPool.inventory = "agents"`` the reports *are* the pool: a report
 that adds a node or changes one rebuilds the placement pool (:meth:`accept_report`),
 and allocations on nodes not reported yet since a restart stay held in the
-ledger until their node is back (:meth:`restore`).
+ledger until their node is back (:meth:`restore`). Which node each device (GPU
+or MIG UUID) belongs to *is* kept in the ledger database (``claims``): without
+it, after a restart the first agent to report could claim another node's GPUs,
+lock that node out and report its utilization (issue 27.12).
 """
 
 from __future__ import annotations
@@ -36,7 +39,17 @@ from .errors import Refused
 
 log = logging.getLogger("gpupool.inventory")
 
-__all__ = ["NodeReport", "PoolInventory"]
+__all__ = ["DeviceOfAnotherNode", "NodeReport", "PoolInventory"]
+
+
+class DeviceOfAnotherNode(InventoryError):
+    """A report names a device another node reported: never allowed to that node's agent
+    (403). ``remembered``: that node has not reported since the restart, and an admin may
+    move the device (a GPU that really moved while its old node is gone)."""
+
+    def __init__(self, message: str, remembered: bool) -> None:
+        super().__init__(message)
+        self.remembered = remembered
 
 
 class PoolInventory:
@@ -58,6 +71,8 @@ class PoolInventory:
         # the configured profiles placement keeps room for (expect_profiles), declared again
         # whenever the pool is rebuilt: with inventory "agents" nodes, and models, come later
         self.expected_profiles: tuple[list[Profile], int | None] = ([], None)
+        # device UUID -> node, as last reported (kept in the ledger: see the module docstring)
+        self.claims: dict[str, str] = {}
         prices.check_models(self.models())
 
     # ------------------------------------------------------------ models
@@ -160,6 +175,7 @@ class PoolInventory:
         node reports (:meth:`accept_report`)."""
         restored = 0
         waiting = 0
+        self.claims = ledger.node_devices()
         for record in ledger.active_allocations():
             if self.follows_reports and record.node not in self.pool.by_name:
                 waiting += 1
@@ -208,14 +224,21 @@ class PoolInventory:
         return report is None or report.inventory is None
 
     def accept_report(self, name: str, inventory: dict[str, Any], node: Node,
-                      ledger: Ledger | None = None) -> NodeReport:
+                      ledger: Ledger | None = None, *, move_remembered: bool = False) -> NodeReport:
         """Store a node's validated inventory; with the agents inventory, a new or changed
         node rebuilds the pool (``ledger``: where allocations on nodes the pool did not
-        have yet are read from). Raises :class:`InventoryError` for a report the pool
-        cannot take (a GPU UUID another node reported, a model without a price);
-        nothing is stored then. Runs on the writer thread."""
+        have yet are read from, and where the node's devices are remembered). Raises
+        :class:`InventoryError` for a report the pool cannot take (a model without a
+        price), :class:`DeviceOfAnotherNode` for a device another node reported (unless
+        ``move_remembered`` and that node has not reported since the restart); nothing
+        is stored then. Runs on the writer thread."""
         if self.follows_reports:
-            self._check_joinable(name, node)
+            self._check_joinable(name, node, move_remembered)
+            devices = {uuid for _, uuid in _devices(node)}
+            if ledger is not None and devices != {d for d, n in self.claims.items() if n == name}:
+                ledger.set_node_devices(name, devices, self.clock())
+            self.claims = {**{d: n for d, n in self.claims.items() if n != name and d not in devices},
+                           **dict.fromkeys(devices, name)}
         report = self.reports.accept(name, inventory, node, self.clock(), self.differences(node))
         if report.differences:
             log.warning("Node %s reports hardware that differs from the pool: %s", name,
@@ -230,16 +253,34 @@ class PoolInventory:
                 self.apply_node_status(self.source.node_status())
         return report
 
-    def _check_joinable(self, name: str, node: Node) -> None:
+    def owner_of(self, uuid: str) -> str | None:
+        """The node a device belongs to: the node that reports it now, else the node that
+        reported it last (before a restart), else None."""
+        for other in self.reports:
+            report = self.reports.get(other)
+            if report is not None and report.node is not None and any(u == uuid for _, u in _devices(report.node)):
+                return other
+        for ns in self.pool.nodes:
+            if any(u == uuid for _, u in _devices(ns.node)):
+                return ns.name
+        return self.claims.get(uuid)
+
+    def _check_joinable(self, name: str, node: Node, move_remembered: bool = False) -> None:
         """A report may not claim another node's devices, nor bring a GPU model without a price."""
-        owner: dict[str, str] = {}
+        live: dict[str, str] = {}
         for other in self.reports:
             report = self.reports.get(other)
             if other != name and report is not None and report.node is not None:
-                owner.update((uuid, other) for _, uuid in _devices(report.node))
+                live.update((uuid, other) for _, uuid in _devices(report.node))
         for index, uuid in _devices(node):
-            if uuid in owner:
-                raise InventoryError(f"device {uuid} of GPU {index} is already reported by node {owner[uuid]!r}")
+            if uuid in live:
+                raise DeviceOfAnotherNode(
+                    f"device {uuid} of GPU {index} is already reported by node {live[uuid]!r}", remembered=False)
+            owner = self.claims.get(uuid, name)
+            if owner != name and not move_remembered:
+                raise DeviceOfAnotherNode(
+                    f"device {uuid} of GPU {index} belongs to node {owner!r} (its last report, kept across "
+                    f"restarts); an admin may move it by sending this inventory", remembered=True)
         try:
             self.prices.check_models({g.model for g in node.gpus})
         except PricingError as e:

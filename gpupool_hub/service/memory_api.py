@@ -62,10 +62,7 @@ class MemoryHandler(AgentHandler):
         if not isinstance(body.get("dry_run", False), bool):
             raise web.HTTPError(400, "dry_run must be true or false")
         dry = body.get("dry_run", False) or self.context.agent_dry_run
-        known = {g.uuid for ns in self.manager.pool.nodes if ns.name == self.node for g in ns.node.gpus}
-        unknown = sorted({x["gpu_uuid"] for x in warnings + actions} - known)
-        if unknown:
-            raise web.HTTPError(400, f"GPU(s) {unknown[:5]} are not in node {self.node!r} of the pool")
+        self.check_own_devices({x["gpu_uuid"] for x in warnings + actions})
         self.touch()
         new = self.manager.memory.report(self.node, warnings, dry)
         now = datetime.now(timezone.utc)

@@ -75,10 +75,10 @@ CONFIG_NODES = [
 class Service:
     """The service's real app and core in this process, on a port of its own."""
 
-    def __init__(self, manager) -> None:
+    def __init__(self, manager, **settings) -> None:
         self.manager = manager
         app = make_app(ServiceContext(manager=manager, hub_auth=StubHubAuth(), prefix=PREFIX,
-                                      admin_scope=ADMIN_SCOPE, agent_tokens=dict(TOKENS)))
+                                      admin_scope=ADMIN_SCOPE, agent_tokens=dict(TOKENS), **settings))
         sock, port = bind_unused_port()
         self.server = HTTPServer(app)
         self.server.add_sockets([sock])
@@ -192,7 +192,7 @@ async def test_bad_reports_change_nothing_and_a_restart_keeps_allocations_until_
         clash = {**good, "gpus": [good["gpus"][0], {**good["gpus"][1], "uuid": "GPU-n1-0"}]}
         unpriced = {**good, "gpus": [good["gpus"][0], {**good["gpus"][1], "model": "Tesla V100-PCIE-16GB"}]}
         for token, body, status, message in [
-            (TOKENS["n2"], clash, 400, "device GPU-n1-0 of GPU 1 is already reported by node 'n1'"),
+            (TOKENS["n2"], clash, 403, "device GPU-n1-0 of GPU 1 is already reported by node 'n1'"),
             (TOKENS["n2"], unpriced, 400, "'Tesla V100-PCIE-16GB' in the pool have no price"),
             (TOKENS["n2"], {**good, "gpus": [{"index": 0}], "links": []}, 400, "inventory.gpus[0].model is missing"),
             (TOKENS["n2"], "{not json", 400, "not valid JSON"),
@@ -227,6 +227,85 @@ async def test_bad_reports_change_nothing_and_a_restart_keeps_allocations_until_
         assert not {g["uuid"] for g in body["allocation"]["gpus"]} & {g["uuid"] for g in held["gpus"]}
     finally:
         restarted.server.stop()
+
+
+async def test_after_a_restart_one_nodes_token_cannot_claim_another_nodes_gpus(tmp_path, make_nvml):
+    """Issue 27.12: the service restarts; n2's token sends n1's GPUs before n1 reported
+    again. Refused (403), as is n2's token reporting n1's utilization; n1's own report
+    then succeeds. An admin may still move a device whose node is gone."""
+    clock = Clock()
+    db = f"sqlite:///{tmp_path / 'agents.sqlite'}"
+    service = Service(agents_manager(db, clock))
+    nv = machines(make_nvml)
+    agents = {node: agent_for(nv[node], service.url, node) for node in nv}
+    try:
+        for agent in agents.values():
+            assert (await agent.tick()).inventory_reported
+        n1_report = service.manager.inventory.reports["n1"].inventory
+    finally:
+        service.server.stop()
+
+    restarted = Service(agents_manager(db, clock))
+    try:
+        restarted.manager.restore()
+        n1_as_n2 = {**n1_report, "name": "n2"}
+        code, answer = await restarted.call("PUT", "nodes/n2/inventory", TOKENS["n2"], n1_as_n2)
+        assert code == 403, answer
+        assert answer["message"].startswith("invalid inventory: device GPU-n1-0 of GPU 0 belongs to node 'n1'")
+        assert "n2" not in restarted.manager.inventory.reports or \
+            restarted.manager.inventory.reports["n2"].inventory is None
+        # n1 reports: its own GPUs are its own
+        code, answer = await restarted.call("PUT", "nodes/n1/inventory", TOKENS["n1"], n1_report)
+        assert code == 200 and answer["accepted"], answer
+        # n2's token now sends n1's GPUs (n1 reporting live) or n1's utilization: 403 again
+        code, answer = await restarted.call("PUT", "nodes/n2/inventory", TOKENS["n2"], n1_as_n2)
+        assert code == 403 and "already reported by node 'n1'" in answer["message"], answer
+        code, answer = await restarted.call("PUT", "nodes/n2/inventory", "admin-token", n1_as_n2)
+        assert code == 400 and "already reported by node 'n1'" in answer["message"], answer  # not even an admin
+        assert sorted(n["node"] for n in await restarted.pool()) == ["n1"]
+    finally:
+        restarted.server.stop()
+
+    # n1 is gone for good and its GPUs moved to n2: after another restart only an admin may move them
+    again = Service(agents_manager(db, clock))
+    try:
+        again.manager.restore()
+        code, answer = await again.call("PUT", "nodes/n2/inventory", TOKENS["n2"], n1_as_n2)
+        assert code == 403, answer
+        code, answer = await again.call("PUT", "nodes/n2/inventory", "admin-token", n1_as_n2)
+        assert code == 200, answer
+        code, answer = await again.call("PUT", "nodes/n1/inventory", TOKENS["n1"], n1_report)
+        assert code == 403 and "already reported by node 'n2'" in answer["message"], answer
+    finally:
+        again.server.stop()
+
+
+async def test_utilization_and_memory_reports_of_another_nodes_gpus_are_forbidden(tmp_path, make_nvml):
+    clock = Clock()
+    db = f"sqlite:///{tmp_path / 'agents.sqlite'}"
+    from gpupool_hub.service.idle import ReportedUtilization
+
+    manager = agents_manager(db, clock)
+    manager.restore()
+    app_utilization = ReportedUtilization(0.1)
+    service = Service(manager, utilization=app_utilization)
+    nv = machines(make_nvml)
+    try:
+        for node in nv:
+            assert (await agent_for(nv[node], service.url, node).tick()).inventory_reported
+        for path, body in [("utilization", {"gpus": {"GPU-n1-0": 0.5}}),
+                           ("memory", {"warnings": [], "actions": [
+                               {"user": "ann", "server": "", "gpu_uuid": "GPU-n1-0", "pid": 7, "memory_bytes": 1,
+                                "action": "terminated", "detail": ""}]})]:
+            code, answer = await service.call("PUT", f"nodes/n2/{path}", TOKENS["n2"], body)
+            assert code == 403 and answer["message"] == "GPU GPU-n1-0 belongs to node 'n1', not 'n2'", (path, answer)
+            code, answer = await service.call("PUT", f"nodes/n2/{path}", TOKENS["n2"],
+                                              json.loads(json.dumps(body).replace("GPU-n1-0", "GPU-nowhere")))
+            assert code == 400 and "not in node 'n2'" in answer["message"], (path, answer)
+        code, answer = await service.call("PUT", "nodes/n1/utilization", TOKENS["n1"], {"gpus": {"GPU-n1-0": 0.5}})
+        assert code == 200, answer
+    finally:
+        service.server.stop()
 
 
 A6000 = "NVIDIA RTX A6000"
