@@ -50,10 +50,17 @@ T = TypeVar("T")
 #: JSON bodies are flat objects with a list or an object inside; deeper nesting is refused
 MAX_JSON_DEPTH = 8
 
-#: the largest request body the service's HTTP server reads at all (each endpoint has its own,
-#: smaller ``max_body_bytes``; the largest, a node's inventory, is 1 MiB). Bodies of refused
-#: requests up to this size are drained and dropped; larger ones make tornado close the connection.
+#: the largest request body the service's HTTP server reads by default: the pages' forms, which
+#: tornado reads whole. API endpoints stream theirs and keep at most their own, much smaller
+#: ``max_body_bytes`` (the largest, a node's inventory, is 1 MiB), draining up to MAX_DRAINED_BODY.
 MAX_BODY_SIZE = 8 * 1024 * 1024
+
+#: how much of a refused body an API endpoint reads and drops before answering 413. The hub's
+#: proxy (configurable-http-proxy) has no body limit of its own: it streams any body on, and if
+#: the service closes the connection before reading it, the proxy's write fails and the client
+#: gets the hub's HTML 503 instead of the service's JSON 413. Draining costs bandwidth, never
+#: memory (each chunk is dropped as it arrives); past this the connection is closed after all.
+MAX_DRAINED_BODY = 64 * 1024 * 1024
 
 #: seconds a client should wait before retrying a 503 (the ledger database busy, the hub away)
 BUSY_RETRY_AFTER = 2
@@ -177,12 +184,14 @@ class APIHandler(QueryArgs):
     async def prepare(self) -> None:
         self._started = time.perf_counter()
         self._body = bytearray()
+        # read (and drop) a refused body rather than close on it; chunked ones declare no length
+        self.request.connection.set_max_body_size(MAX_DRAINED_BODY)  # type: ignore[union-attr]
         try:
             await self.authenticate()
             self._check_declared_length()
         except web.HTTPError as e:
-            if self._declared_length() > MAX_BODY_SIZE:
-                raise  # tornado will not read this body: answer now (and close the connection)
+            if self._declared_length() > MAX_DRAINED_BODY:
+                raise  # not worth reading: answer now (and close the connection)
             self._refuse_after_body(e)
         self._prepared = True
 
