@@ -11,19 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from decimal import Decimal
 
 import pytest
 from tornado.httpclient import AsyncHTTPClient
 
 from tests.fixtures.manager import make_manager
+from tests.fixtures.sqlite_lock import write_lock_held
 
 from .inprocess import ADMIN_SCOPE, PREFIX, PagesService, user_model
 
@@ -31,16 +26,6 @@ NODES = [{"name": "node-a", "cpu_milli": 8000, "memory_mib": 32768, "gpus": {"co
 READERS = 8  # browsers reloading "My GPU usage" at once, as in the probe
 WRITE_TIMEOUT = 1  # c.GPUPoolService.db_write_timeout of this service, seconds
 BIG = "99999999999999999999"  # past 64 bits: SQLite cannot even compare it
-
-# another process takes the ledger's write lock and keeps it until told to commit
-HOLD_LOCK = """
-import sqlite3, sys
-conn = sqlite3.connect(sys.argv[1], isolation_level=None)
-conn.execute("BEGIN IMMEDIATE")
-print("locked", flush=True)
-sys.stdin.readline()
-conn.execute("COMMIT")
-"""
 
 
 class StubHubAuth:
@@ -61,22 +46,6 @@ async def service(tmp_path):
     s.db_path = tmp_path / "ledger.sqlite"
     yield s
     s.stop()
-
-
-@contextmanager
-def write_lock_held(db_path) -> Iterator[None]:
-    """Another process holds SQLite's write lock for the duration (its own process group)."""
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(db_path)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        assert holder.stdout.readline().strip() == "locked"
-        yield
-        holder.communicate("\n", timeout=10)
-        assert holder.returncode == 0
-    finally:
-        if holder.poll() is None:
-            os.killpg(holder.pid, signal.SIGKILL)
-            holder.wait()
 
 
 async def grant(service, key: str) -> tuple[int, dict[str, str], dict, float]:
