@@ -38,6 +38,7 @@ from .attempts import KEY_MAX_LENGTH, AttemptAbandoned, parse_instant
 from .catalog import catalog as models_catalog
 from .context import ServiceContext
 from .errors import BadRequest, Refused
+from .httpargs import QueryArgs
 from .hubapi import HubError
 from .manager import PoolManager
 
@@ -47,17 +48,20 @@ MAX_PAGE = 500
 
 T = TypeVar("T")
 
-#: query integers (ids, limits) are 64-bit signed, as the database stores them
-INT64_MAX = 2**63 - 1
-INTEGER = re.compile(r"[+-]?[0-9]+", re.ASCII)
-
 #: JSON bodies are flat objects with a list or an object inside; deeper nesting is refused
 MAX_JSON_DEPTH = 8
 
-#: the largest request body the service's HTTP server reads at all (each endpoint has its own,
-#: smaller ``max_body_bytes``; the largest, a node's inventory, is 1 MiB). Bodies of refused
-#: requests up to this size are drained and dropped; larger ones make tornado close the connection.
+#: the largest request body the service's HTTP server reads by default: the pages' forms, which
+#: tornado reads whole. API endpoints stream theirs and keep at most their own, much smaller
+#: ``max_body_bytes`` (the largest, a node's inventory, is 1 MiB), draining up to MAX_DRAINED_BODY.
 MAX_BODY_SIZE = 8 * 1024 * 1024
+
+#: how much of a refused body an API endpoint reads and drops before answering 413. The hub's
+#: proxy (configurable-http-proxy) has no body limit of its own: it streams any body on, and if
+#: the service closes the connection before reading it, the proxy's write fails and the client
+#: gets the hub's HTML 503 instead of the service's JSON 413. Draining costs bandwidth, never
+#: memory (each chunk is dropped as it arrives); past this the connection is closed after all.
+MAX_DRAINED_BODY = 64 * 1024 * 1024
 
 #: seconds a client should wait before retrying a 503 (the ledger database busy, the hub away)
 BUSY_RETRY_AFTER = 2
@@ -120,7 +124,7 @@ def entry_json(e: Entry) -> dict[str, Any]:
 
 
 @web.stream_request_body
-class APIHandler(web.RequestHandler):
+class APIHandler(QueryArgs):
     """JSON in, JSON out, hub-token authentication in ``prepare``.
 
     Bodies are streamed (``stream_request_body``): ``prepare`` authenticates
@@ -139,6 +143,8 @@ class APIHandler(web.RequestHandler):
     _refusal: web.HTTPError | None = None
     #: prepare finished: the body will be read (an error before that leaves it unread)
     _prepared = False
+    #: when this request's writes give up (``time.monotonic()``), set by its first write
+    _write_deadline: float | None = None
 
     @property
     def context(self) -> ServiceContext:
@@ -153,8 +159,14 @@ class APIHandler(web.RequestHandler):
         self.set_header("Cache-Control", "no-store")
 
     async def core(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run a core call that may write on the core's writer thread (never on the event loop)."""
-        return await self.manager.threads.write(fn, *args, **kwargs)
+        """Run a core call that may write on the core's writer thread (never on the event loop).
+
+        All the writes of one request share one deadline, ``db_write_timeout`` after
+        the first: a grant (open the account, then post) answers 503 within it, not twice it."""
+        threads = self.manager.threads
+        if self._write_deadline is None:
+            self._write_deadline = threads.deadline()
+        return await threads.write_until(self._write_deadline, fn, *args, **kwargs)
 
     async def read_db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run a call that only reads the database on a reader thread."""
@@ -173,12 +185,14 @@ class APIHandler(web.RequestHandler):
     async def prepare(self) -> None:
         self._started = time.perf_counter()
         self._body = bytearray()
+        # read (and drop) a refused body rather than close on it; chunked ones declare no length
+        self.request.connection.set_max_body_size(MAX_DRAINED_BODY)  # type: ignore[union-attr]
         try:
             await self.authenticate()
             self._check_declared_length()
         except web.HTTPError as e:
-            if self._declared_length() > MAX_BODY_SIZE:
-                raise  # tornado will not read this body: answer now (and close the connection)
+            if self._declared_length() > MAX_DRAINED_BODY:
+                raise  # not worth reading: answer now (and close the connection)
             self._refuse_after_body(e)
         self._prepared = True
 
@@ -287,17 +301,6 @@ class APIHandler(web.RequestHandler):
             raise web.HTTPError(400, f"{name} {problem}")
         return raw
 
-    def int_arg(self, name: str, default: int | None, *, minimum: int = 0, maximum: int = INT64_MAX) -> int | None:
-        raw = self.get_argument(name, None)
-        if raw is None:
-            return default
-        if not INTEGER.fullmatch(raw):
-            raise web.HTTPError(400, f"{name} must be a whole number in plain digits, got {raw[:40]!r}")
-        value = int(raw) if len(raw.lstrip("+-0")) <= 19 else None  # past 64 bits either way
-        if value is None or not minimum <= value <= maximum:
-            raise web.HTTPError(400, f"{name} must be between {minimum} and {maximum}, got {raw[:40]}")
-        return value
-
     async def groups_of(self, name: str) -> list[str]:
         if self.identity.get("kind") == "user" and self.identity.get("name") == name and "groups" in self.identity:
             return list(self.identity["groups"])
@@ -337,6 +340,7 @@ class APIHandler(web.RequestHandler):
             message = "internal error in the gpupool service; see its log"
         if status_code == 503:  # the hub or the database is busy or away, not the caller wrong
             self.set_header("Retry-After", str(retry_after))
+        self.set_allow_header(status_code)
         self.set_header("Content-Type", "application/json; charset=utf-8")
         self.set_header("Cache-Control", "no-store")
         if not self._prepared:  # answered before the body was read: tornado closes the connection

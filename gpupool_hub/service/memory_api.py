@@ -12,7 +12,8 @@ from tornado import web
 from ..ledger import AuditEvent
 from ..reasons import AuditAction
 from .agents import AgentHandler
-from .handlers import INT64_MAX, text_problem
+from .handlers import text_problem
+from .httpargs import INT64_MAX
 from .memory import shares_on
 
 MAX_REPORT_BYTES = 256 * 1024

@@ -11,11 +11,15 @@ So the core runs here:
   when they ran on the event loop. Each write gets a deadline when it is
   submitted (``ledger.busy_timeout`` later): queued behind others or waiting
   for the lock, it raises :class:`~gpupool_hub.ledger.LedgerBusy` at the
-  deadline instead of holding its caller indefinitely.
+  deadline instead of holding its caller indefinitely. A request that writes
+  more than once (open the account, then grant) passes one deadline to all its
+  writes (``write_until``), so it too answers within ``db_write_timeout``.
 - **the readers** (a small pool): calls that only read the database. On SQLite
   they use the ledger's reader connections (WAL), so they never wait for a
   writer; an in-memory database has one connection, so there reads go to the
-  writer thread too.
+  writer thread too. A read here must never take the write lock: a reader
+  thread waiting for it holds up every read queued behind it (``GET me``, a
+  grant's user lookup), with no deadline at all.
 """
 
 from __future__ import annotations
@@ -43,15 +47,23 @@ class CoreThreads:
                         else self.writer)
         self._writer_ident: int | None = None
 
-    def _in_writer(self, submitted: float, fn: Callable[..., T], args: tuple[Any, ...],
+    def _in_writer(self, deadline: float, fn: Callable[..., T], args: tuple[Any, ...],
                    kwargs: dict[str, Any]) -> T:
         self._writer_ident = threading.get_ident()
-        with write_deadline(submitted + self.write_timeout):
+        with write_deadline(deadline):
             return fn(*args, **kwargs)
+
+    def deadline(self) -> float:
+        """When a write submitted now must give up (``time.monotonic()``)."""
+        return time.monotonic() + self.write_timeout
 
     async def write(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run ``fn`` on the writer thread; the event loop stays free meanwhile."""
-        future = self.writer.submit(self._in_writer, time.monotonic(), fn, args, kwargs)
+        return await self.write_until(self.deadline(), fn, *args, **kwargs)
+
+    async def write_until(self, deadline: float, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """:meth:`write` with a deadline of the caller's (one for all the writes of a request)."""
+        future = self.writer.submit(self._in_writer, deadline, fn, args, kwargs)
         return await asyncio.wrap_future(future)
 
     async def read(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -63,7 +75,7 @@ class CoreThreads:
         (called on the writer thread itself, it runs ``fn`` at once)."""
         if threading.get_ident() == self._writer_ident:
             return fn(*args, **kwargs)
-        return self.writer.submit(self._in_writer, time.monotonic(), fn, args, kwargs).result()
+        return self.writer.submit(self._in_writer, self.deadline(), fn, args, kwargs).result()
 
     def close(self) -> None:
         self.writer.shutdown(wait=False)

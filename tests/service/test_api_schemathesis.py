@@ -8,6 +8,11 @@ document lists for that operation, and a body and headers that match it. The
 run is derandomized and bounded: ``POSITIVE`` and ``NEGATIVE`` examples per
 operation and role.
 
+The checks can only judge the bodies the service sends, so before the run the
+ledger gets what an empty pool never shows: an audit event of every action
+(``AuditAction``), dry runs too, some of them alice's notices. A value the code
+can send and the document does not list then fails the run.
+
 Failures are collected rather than raised, so one run reports everything the
 fuzzer found (without hypothesis shrinking each one), deduplicated by role,
 operation, check and status, each with a curl command that repeats it.
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from datetime import datetime, timezone
 
 import pytest
 import requests
@@ -32,6 +38,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from gpupool_hub.ledger import AuditEvent, Ledger
+from gpupool_hub.reasons import AuditAction
 from tests.service.openapi import SPEC
 
 pytestmark = pytest.mark.integration
@@ -47,8 +55,27 @@ DOCUMENTED = {f"{method.upper()} {path}" for path, item in SPEC["paths"].items()
 NODE_OPERATIONS = {op for op in DOCUMENTED if " /nodes/" in op}
 
 
+def seed_audit(hub) -> None:
+    """One audit event of every action in the service's ledger, as alice's (her notices)
+    and as dry runs; written by another process, as an admin's tool would."""
+    ledger = Ledger(f"sqlite:///{hub.workdir}/gpupool.sqlite")
+    try:
+        now = datetime.now(timezone.utc)
+        written = {(action, dry_run): ledger.add_audit(AuditEvent(
+            now, "alice", "fuzz", action.value, f"seeded {action.value}", dry_run, {"seeded": True}))
+            for action in AuditAction for dry_run in (False, True)}
+        dismissed = written[AuditAction.PREEMPT, False].id  # one notice dismissed, the others pending
+        ledger.add_audit(AuditEvent(now, "alice", "fuzz", AuditAction.NOTICE_DISMISSED.value,
+                                    "dismissed by the user", False, {"notice": dismissed}))
+    finally:
+        ledger.close()
+
+
 @pytest.fixture(scope="module")
 def hub(api_hub):
+    seed_audit(api_hub)
+    seen = api_hub.service("GET", "/audit?limit=500", api_hub.tokens["admin"]).json()["events"]
+    assert {e["action"] for e in seen} >= {a.value for a in AuditAction}  # the fuzzer's GET audit sees them all
     yield api_hub
     # leave the shared pool as it was: release what the fuzzer allocated
     admin = api_hub.tokens["admin"]

@@ -13,6 +13,7 @@ from urllib.parse import quote
 import pytest
 
 from tests.fixtures.hub import DEMO_NODES, wait_for
+from tests.fixtures.sqlite_lock import HOLD_LOCK  # another process holds the ledger's write lock
 
 pytestmark = pytest.mark.integration
 
@@ -29,16 +30,6 @@ c.Culler.interval = 0.5
 c.Culler.grace_period = 3600
 c.Culler.pressure_allocated_fraction = 0.99
 c.Culler.pressure_refusal_window = 600
-"""
-
-# another process takes the ledger's write lock and keeps it until told to commit
-HOLD_LOCK = """
-import sqlite3, sys
-conn = sqlite3.connect(sys.argv[1], isolation_level=None)
-conn.execute("BEGIN IMMEDIATE")
-print("locked", flush=True)
-sys.stdin.readline()
-conn.execute("COMMIT")
 """
 
 

@@ -17,6 +17,7 @@ from tornado import web
 
 from ...ledger import IdempotencyConflict
 from ...units import AmountError, format_tokens, from_milli, parse_amount
+from ..httpargs import INT64_MAX
 from .base import PageHandler
 from .charts import RESERVED, gpu_cell, holder_colours
 from .queries import SORTS, search_accounts
@@ -77,10 +78,7 @@ class AccountsHandler(AdminPage):
         if sort not in SORTS:
             raise web.HTTPError(400, f"sort must be one of {sorted(SORTS)}")
         negative = self.get_argument("negative", "") == "1"
-        try:
-            page = max(1, int(self.get_argument("page", "1")))
-        except ValueError:
-            raise web.HTTPError(400, "page must be a whole number") from None
+        page = self.int_arg("page", 1, minimum=1, maximum=INT64_MAX // ACCOUNTS_PAGE)
         rows, total = await self.manager.threads.read(
             search_accounts, self.manager.ledger, query=query, negative=negative, sort=sort,
             limit=ACCOUNTS_PAGE, offset=(page - 1) * ACCOUNTS_PAGE)
@@ -166,10 +164,7 @@ class AuditHandler(AdminPage):
 
     async def get(self) -> None:
         user = self.get_argument("user", "").strip() or None
-        try:
-            before = int(self.get_argument("before", "0")) or None
-        except ValueError:
-            raise web.HTTPError(400, "before must be a whole number") from None
+        before = self.int_arg("before", None, minimum=1)
         events = await self.manager.threads.read(self.manager.ledger.audit_log, limit=AUDIT_PAGE, before=before,
                                                  user=user)
         self.render_page("admin/audit.html", events=events, user=user or "",

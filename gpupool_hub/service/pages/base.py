@@ -30,7 +30,10 @@ from jupyterhub.services.auth import HubOAuthCallbackHandler, HubOAuthenticated,
 from markupsafe import Markup
 from tornado import web
 
+from ...ledger import is_database_busy
 from ..context import ServiceContext
+from ..handlers import BUSY_RETRY_AFTER
+from ..httpargs import QueryArgs
 from ..hubapi import HubError
 from ..manager import PoolManager
 
@@ -71,9 +74,10 @@ ENV.filters["q"] = lambda value: quote(str(value), safe="")  # a name as one URL
 STATIC_VERSION = _static_version()
 
 
-class PageHandler(HubOAuthenticated, web.RequestHandler):
+class PageHandler(HubOAuthenticated, QueryArgs):
     """A page of the service. Subclasses set ``admin_only`` and implement ``get``/``post``."""
 
+    blank_is_missing = True  # forms submit empty fields
     #: Admin pages need the admin scope (``ServiceContext.admin_scope``) in the OAuth token.
     admin_only = False
     #: Pages about "my" data need a user (not a service) token.
@@ -193,8 +197,14 @@ class PageHandler(HubOAuthenticated, web.RequestHandler):
         exc = kwargs.get("exc_info", (None, None, None))[1]
         if isinstance(exc, web.HTTPError) and exc.log_message:
             message = exc.log_message % exc.args if exc.args else exc.log_message
+        elif exc is not None and is_database_busy(exc):  # another process holds the ledger's lock
+            status_code = 503
+            self.set_status(status_code)
+            self.set_header("Retry-After", str(getattr(exc, "retry_after", BUSY_RETRY_AFTER)))
+            message = "The ledger database is busy; nothing was changed. Reload the page in a few seconds."
         elif status_code >= 500:
             message = "Internal error in the gpupool service; see its log."
+        self.set_allow_header(status_code)
         self.set_header("Content-Type", "text/html; charset=utf-8")
         self.finish(ENV.get_template("error.html").render(
             **{**self._namespace(False), "title": str(status_code), "status": status_code, "message": message}))

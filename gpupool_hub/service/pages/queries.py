@@ -92,7 +92,7 @@ def daily_totals(ledger: Ledger, user: str, starts: Sequence[datetime]) -> Windo
     (a few hundred come back, not 10,000 entries), and the balance is read in
     the same transaction, so the chart's line ends exactly at the balance."""
     q = _totals_query(tuple(starts))
-    with ledger.engine.begin() as conn:
+    with ledger.reader.connect() as conn:  # one read transaction (never the writer's lock)
         balance = conn.execute(
             sa.select(accounts.c.balance_milli).where(accounts.c.name == user)
         ).scalar_one_or_none()
@@ -144,7 +144,7 @@ def search_accounts(ledger: Ledger, *, query: str = "", negative: bool = False, 
     q = sa.select(accounts.c.name, accounts.c.balance_milli, accounts.c.created_at).where(*where)
     q = q.order_by(*SORTS.get(sort, SORTS["name"])).limit(limit).offset(offset)
     count = sa.select(sa.func.count()).select_from(accounts).where(*where)
-    with ledger.engine.connect() as conn:
+    with ledger.reader.connect() as conn:
         rows = [AccountRow(r[0], int(r[1]), _aware(r[2])) for r in conn.execute(q)]  # type: ignore[arg-type]
         total = int(conn.execute(count).scalar_one())
     return rows, total

@@ -102,9 +102,9 @@ def next_credits(me: dict[str, Any]) -> list[tuple[str, datetime, str]]:
     return sorted(out, key=lambda c: c[1])
 
 
-def build_view(manager: PoolManager, user: str, groups: list[str], days: int, before: int | None) -> UsageView:
+def build_view(manager: PoolManager, user: str, me: dict[str, Any], days: int, before: int | None) -> UsageView:
+    """The page's numbers from database reads only (``me`` is the user's ``GET me`` view)."""
     now = manager.clock()
-    me = manager.views.me(user, groups)  # opens the account and posts credits due, as GET me does
     points, spend, day_list = daily_series(manager, user, days, now)
     history = manager.ledger.history(user, limit=PAGE, before=before)
     return UsageView(
@@ -138,23 +138,15 @@ class UsageBase(PageHandler):
     def subject(self) -> str:
         raise NotImplementedError("Subclass must provide implementation")
 
-    def int_arg(self, name: str, allowed: tuple[int, ...] | None = None) -> int | None:
-        raw = self.get_argument(name, None)
-        if raw in (None, ""):
-            return None
-        try:
-            value = int(raw)  # type: ignore[arg-type]
-        except ValueError:
-            raise web.HTTPError(400, f"{name} must be a whole number, got {raw!r}") from None
-        if value < 1 or (allowed is not None and value not in allowed):
-            raise web.HTTPError(400, f"{name} must be one of {allowed}" if allowed else f"{name} must be positive")
-        return value
-
     async def render_usage(self, user: str, base: str, csv_url: str) -> None:
-        days = self.int_arg("days", RANGES) or RANGES[0]
-        groups, m = await self.groups_of(user), self.manager
-        await m.threads.write(m.accounts.ensure, user, groups)  # credits due first, as GET me posts them
-        view = await m.threads.read(build_view, m, user, groups, days, self.int_arg("before"))
+        days = self.int_arg("days", RANGES[0])
+        if days not in RANGES:
+            raise web.HTTPError(400, f"days must be one of {RANGES}, got {days}")
+        before = self.int_arg("before", None, minimum=1)
+        m = self.manager
+        # as GET me: opens the account and posts credits due, on the writer only when it must
+        me = await m.views.serve_me(user, await self.groups_of(user))
+        view = await m.threads.read(build_view, m, user, me, days, before)
         self.render_page("usage.html", view=view, base=base, csv_url=csv_url, ranges=RANGES)
 
     async def send_csv(self, user: str) -> None:
@@ -183,8 +175,8 @@ class MyHistoryCSVHandler(UsageBase):
     users_only = True
 
     async def get(self) -> None:
-        m, user = self.manager, self.user["name"]
-        await m.threads.write(m.accounts.ensure, user, await self.groups_of(user))
+        user = self.user["name"]
+        await self.manager.views.serve_me(user, await self.groups_of(user))  # opens the account, as GET me
         await self.send_csv(user)
 
 
@@ -211,5 +203,5 @@ class UserUsageHandler(AdminUserMixin):
 class UserHistoryCSVHandler(AdminUserMixin):
     async def get(self, name: str) -> None:
         user = await self.known(name)
-        await self.manager.threads.write(self.manager.accounts.ensure, user, await self.groups_of(user))
+        await self.manager.views.serve_me(user, await self.groups_of(user))  # opens the account, as GET me
         await self.send_csv(user)

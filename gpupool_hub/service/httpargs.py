@@ -1,0 +1,47 @@
+"""What the API's handlers and the pages' handlers share about HTTP: checked
+integer query arguments, and the ``Allow`` header of a 405.
+
+One set of rules for both, so a value the API refuses with a clear 400 (an id
+past 64 bits, ``1e3``, ``٣``) cannot reach the database through a page and
+come back as a 500.
+"""
+
+from __future__ import annotations
+
+import re
+
+from tornado import web
+
+#: query integers (ids, limits) are 64-bit signed, as the database stores them
+INT64_MAX = 2**63 - 1
+INTEGER = re.compile(r"[+-]?[0-9]+", re.ASCII)
+
+
+class QueryArgs(web.RequestHandler):
+    """A mixin for request handlers: ``int_arg`` and the ``Allow`` header."""
+
+    #: pages: an empty value (``?before=``, an empty form field) means "not given";
+    #: the API refuses it, as it refuses any other value that is not a number
+    blank_is_missing = False
+
+    def int_arg(self, name: str, default: int | None, *, minimum: int = 0, maximum: int = INT64_MAX) -> int | None:
+        """The query argument ``name`` as an int in [minimum, maximum], ``default`` when absent, else 400."""
+        raw = self.get_argument(name, None)
+        if raw is None or (raw == "" and self.blank_is_missing):
+            return default
+        if not INTEGER.fullmatch(raw):
+            raise web.HTTPError(400, f"{name} must be a whole number in plain digits, got {raw[:40]!r}")
+        value = int(raw) if len(raw.lstrip("+-0")) <= 19 else None  # past 64 bits either way
+        if value is None or not minimum <= value <= maximum:
+            raise web.HTTPError(400, f"{name} must be between {minimum} and {maximum}, got {raw[:40]}")
+        return value
+
+    def allowed_methods(self) -> list[str]:
+        """The methods this handler implements (tornado's default for the others is a 405)."""
+        return [m for m in self.SUPPORTED_METHODS
+                if getattr(type(self), m.lower(), None) is not getattr(web.RequestHandler, m.lower(), None)]
+
+    def set_allow_header(self, status_code: int) -> None:
+        """A 405 says which methods would work (RFC 9110 requires ``Allow`` on it)."""
+        if status_code == 405:
+            self.set_header("Allow", ", ".join(self.allowed_methods()))
