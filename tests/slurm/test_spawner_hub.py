@@ -47,6 +47,9 @@ c.GPUPool.inventory = "slurm"
 c.GPUPool.slurm_gpu_models = {MODELS!r}
 c.GPUPool.slurm_conf = {str(cluster.conf)!r}
 c.GPUPool.slurm_refresh_interval = 1
+# the test cluster runs without cgroups (task/none, proctrack/linuxproc: no cgroup delegation in this
+# container), so ConstrainDevices=yes cannot work here: the hub accepts hiding by environment only
+c.GPUPool.slurm_allow_env_only_gpu_hiding = True
 c.GPUPoolSpawner.profiles = {PROFILES!r}
 c.GPUPoolSlurmSpawner.exec_prefix = ""
 c.GPUPoolSlurmSpawner.req_srun = ""
