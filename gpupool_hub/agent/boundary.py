@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .attribution import GpuProcess, Snapshot
-from .enforce import WOULD_TERMINATE, Action, Enforcer
-from .memguard import iso_ts
+from .enforce import Action, Enforcer
+from .memguard import iso_ts, stop_due
 
 log = logging.getLogger("gpupool.agent.boundary")
 
@@ -84,7 +84,11 @@ class BoundaryWarning:
     since: float
     deadline: float | None = None
     dry_acted: bool = False  # a dry run logs its "would stop" once per warning
-    spared: set[int] = field(default_factory=set)  # acted on, refused (root, system, agent) or failed: once
+    spared: set[int] = field(default_factory=set)  # refused (root, system, agent) or failed: tried once
+
+    @property
+    def user(self) -> str:
+        return self.found.user
 
     def as_dict(self, deadline: float | None = None) -> dict[str, Any]:
         """The warning for the service; ``deadline``: when it will be, for one not accepted yet."""
@@ -132,22 +136,11 @@ class BoundaryGuard:
 
     def enforce(self, snapshot: Snapshot, now: float, *, dry_run: bool = False) -> list[tuple[BoundaryWarning, Action]]:
         """Stop the processes of due warnings, kernels of running servers included."""
-        out: list[tuple[BoundaryWarning, Action]] = []
-        for w in list(self.warnings.values()):
-            if w.deadline is None or now < w.deadline:
-                continue
-            dry = dry_run or self.enforcer.dry_run
-            if dry and w.dry_acted:
-                continue
-            victims = [p for p in w.found.processes if p.pid not in w.spared]
-            if not victims:
-                continue
-            f = w.found
-            log.warning("GPU %s: %s still holds no allocation on it: stopping pid(s) %s", f.gpu_uuid, f.user,
-                        ", ".join(str(p.pid) for p in victims))
-            actions = self.enforcer.enforce(Snapshot(snapshot.taken_at, snapshot.gpus, victims), {f.user}, {f.user},
-                                            dry_run=dry)
-            w.dry_acted = w.dry_acted or dry
-            w.spared.update(a.pid for a in actions if a.action != WOULD_TERMINATE)  # each pid is acted on once
-            out.extend((w, a) for a in actions)
-        return out
+        def victims(w: BoundaryWarning) -> list[GpuProcess]:
+            chosen = [p for p in w.found.processes if p.pid not in w.spared]
+            if chosen:
+                log.warning("GPU %s: %s still holds no allocation on it: stopping pid(s) %s", w.found.gpu_uuid,
+                            w.user, ", ".join(str(p.pid) for p in chosen))
+            return chosen
+
+        return stop_due(self.enforcer, snapshot, self.warnings.values(), now, dry_run, victims)

@@ -6,7 +6,6 @@ Each warning and each stop goes to the audit log; the agent sends a warning once
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Any
 
 from tornado import web
 

@@ -9,27 +9,17 @@ holder is left alone, and root is reported, never signalled.
 
 from __future__ import annotations
 
-import time
-
 from gpupool_hub.agent.attribution import GpuProcess, Snapshot
 from gpupool_hub.agent.boundary import out_of_bounds
 from gpupool_hub.agent.enforce import KILLED, SKIPPED_ROOT, TERMINATED, WOULD_TERMINATE
 from gpupool_hub.reasons import AuditAction
 from gpupool_hub.service.admission import parse_request
 from tests.agent.conftest import alive
+from tests.agent.test_memguard import tick_until
 from tests.agent.test_service import TOKENS, Service, make_agent, two_gpus
 
 ALICE, BOB = "gpupool-t1", "gpupool-t2"
 GPUS = ("GPU-0000-fake", "GPU-0001-fake")
-
-
-async def tick_until(agent, done, timeout=15.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = await agent.tick()
-        if done(result):
-            return result
-    raise AssertionError("condition never met")
 
 
 def layout(**on_gpu):
