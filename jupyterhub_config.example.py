@@ -47,6 +47,10 @@ c.Authenticator.admin_users = {"admin"}                  # hub admins (also gpup
 # Kubernetes section at the end). Never "gpupool-simple" outside a demo: it runs
 # every user's server as the hub's own user, where any user's code can read
 # the gpupool service's API token and every other user's files.
+# GPUs: "gpupool-localprocess" hides other GPUs only by environment variables,
+# which users' code can change; run the node agent (gpupool-agent) on every GPU
+# node, which stops GPU processes of users holding no allocation there, or use
+# "gpupool-systemd", whose units may open only their own GPUs' device nodes.
 c.JupyterHub.spawner_class = "gpupool-localprocess"
 c.Spawner.default_url = "/lab"                           # open JupyterLab, where the balance widget lives
 c.JupyterHub.allow_named_servers = True                  # each named server holds its own GPUs

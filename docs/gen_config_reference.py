@@ -48,6 +48,10 @@ SECTIONS = [
     ("c.GPUPoolKubeSpawner", "gpupool_hub.kubespawner", "GPUPoolKubeSpawner",
      "the hub, with `c.JupyterHub.spawner_class = \"gpupool-kubernetes\"`",
      "How an allocation becomes node affinity and GPU resource limits on the pod."),
+    ("c.GPUPoolSystemdSpawner", "gpupool_hub.systemdspawner", "GPUPoolSystemdSpawner",
+     "the hub, with `c.JupyterHub.spawner_class = \"gpupool-systemd\"`",
+     "Each server is a systemd unit whose device cgroup allows only its GPUs. "
+     "See [GPU access](admin-guide.md#gpu-access-what-holds-and-what-only-asks)."),
     ("c.GPUPoolAgent", "gpupool_hub.agent.app", "GPUPoolAgent",
      "the node agent (`gpupool-agent`, its own config file or command line)",
      "The agent on each GPU node. These go in the agent's file (`--config=/etc/gpupool/agent_config.py`), "

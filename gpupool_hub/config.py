@@ -156,6 +156,16 @@ class GPUPool(Configurable):
         "", help="Path of slurm.conf given to every Slurm command as SLURM_CONF (empty: Slurm's default).",
     ).tag(config=True)
 
+    slurm_allow_env_only_gpu_hiding = Bool(
+        False,
+        help="""Accept that Slurm jobs are kept from other GPUs only by ``CUDA_VISIBLE_DEVICES``.
+        With Slurm (inventory or usage preset 'slurm') and priced GPUs, the service refuses to
+        start unless slurm.conf has ``TaskPlugin=task/cgroup`` and cgroup.conf (next to it)
+        ``ConstrainDevices=yes``: without that device cgroup a user's code can unset the variable
+        and use GPUs the pool charged to someone else (the node agent then stops it after its
+        grace, if it runs on the node). True: start anyway.""",
+    ).tag(config=True)
+
     slurm_refresh_interval = Float(
         30, help="Seconds between re-reads of the Slurm nodes (state, GPUs held outside the hub).",
     ).tag(config=True)

@@ -58,6 +58,8 @@ class AuditAction(str, Enum):
     MEMORY_WARN = "memory_warn"
     MEMORY_STOP = "memory_stop"
     NOTICE_DISMISSED = "notice_dismissed"  # a user dismissed the notice of an earlier event (detail: notice id)
+    GPU_OUT_OF_BOUNDS = "gpu_out_of_bounds"  # a node agent found GPU processes of a user holding no allocation there
+    GPU_OUT_OF_BOUNDS_STOP = "gpu_out_of_bounds_stop"  # ... and stopped (or was refused stopping) one after the grace
 
     def __str__(self) -> str:
         return self.value

@@ -17,7 +17,11 @@ Each tick (``interval`` seconds):
    on this node; users over their share's memory are warned through
    ``PUT nodes/{node}/memory`` and, after ``memory_grace``, their biggest
    processes there are stopped (see :mod:`.memguard`);
-7. utilization: each GPU's utilization and memory go to
+7. boundary guard: ``GET nodes/{node}/boundary`` names who holds each GPU of
+   this node; a GPU process whose owner holds nothing there (kernels of
+   running servers included) is warned about through ``PUT nodes/{node}/boundary``
+   and, after ``boundary_grace``, stopped (see :mod:`.boundary`);
+8. utilization: each GPU's utilization and memory go to
    ``PUT nodes/{node}/utilization`` (idle reclaim and the lab widget when the
    service has no Prometheus; a service that reads Prometheus answers 409 and
    is not asked again until the agent restarts).
@@ -49,6 +53,7 @@ from traitlets.config import Application, catch_config_error
 
 from .. import __version__
 from .attribution import Snapshot, take_snapshot
+from .boundary import BoundaryGuard, BoundaryWarning
 from .enforce import Action, Enforcer
 from .memguard import MemoryGuard, MemoryWarning, Share, iso_ts
 from .metrics import AgentMetrics
@@ -91,6 +96,8 @@ class TickResult:
     actions: list[Action] = field(default_factory=list)
     memory_warnings: list[MemoryWarning] = field(default_factory=list)
     memory_actions: list[Action] = field(default_factory=list)
+    boundary_warnings: list[BoundaryWarning] = field(default_factory=list)
+    boundary_actions: list[Action] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         snap = self.snapshot
@@ -106,6 +113,8 @@ class TickResult:
             "actions": [vars(a) | {"gpu_uuids": list(a.gpu_uuids)} for a in self.actions],
             "memory_warnings": [w.as_dict() for w in self.memory_warnings],
             "memory_actions": [vars(a) | {"gpu_uuids": list(a.gpu_uuids)} for a in self.memory_actions],
+            "boundary_warnings": [w.as_dict() for w in self.boundary_warnings],
+            "boundary_actions": [vars(a) | {"gpu_uuids": list(a.gpu_uuids)} for a in self.boundary_actions],
         }
 
 
@@ -173,6 +182,19 @@ class ServiceClient:
 
     async def report_memory(self, report: dict[str, Any]) -> Any:
         return await self._call("PUT", "/memory", report)
+
+    async def gpu_holders(self) -> tuple[dict[str, frozenset[str]], bool]:
+        """Who holds each GPU (and MIG instance) of this node, and whether the service asks for a dry run."""
+        data = await self._call("GET", "/boundary")
+        holders = data.get("holders")
+        if not isinstance(holders, dict) or not all(
+                isinstance(g, str) and isinstance(u, list) and all(isinstance(x, str) for x in u)
+                for g, u in holders.items()):
+            raise ServiceError(f"boundary answer is malformed: {data!r:.200}")
+        return {g: frozenset(u) for g, u in holders.items()}, bool(data.get("dry_run", False))
+
+    async def report_boundary(self, report: dict[str, Any]) -> Any:
+        return await self._call("PUT", "/boundary", report)
 
     async def report_utilization(self, snapshot: Snapshot) -> Any:
         """The GPUs' utilization (0-1) and memory ([used, total] bytes) where NVML knows them."""
@@ -282,6 +304,22 @@ class GPUPoolAgent(Application):
             raise TraitError(f"{proposal['trait'].name} must not be negative")
         return proposal["value"]
 
+    boundary_guard = Bool(
+        True, help="Stop GPU processes whose owner holds no allocation on that GPU (kernels of running servers "
+                   "included), after a warning to the service and boundary_grace seconds (needs a service). "
+                   "Root and accounts below min_uid are only reported. Turn off only on nodes shared with GPU "
+                   "work the pool does not allocate.",
+    ).tag(config=True)
+    boundary_grace = Float(
+        60.0, help="Seconds between a boundary warning reaching the service and its processes being stopped.",
+    ).tag(config=True)
+
+    @validate("boundary_grace")
+    def _check_boundary_grace(self, proposal: Any) -> float:
+        if proposal["value"] < 0:
+            raise TraitError("boundary_grace must not be negative")
+        return proposal["value"]
+
     once = Bool(False, help="Run one tick, print its report as JSON and exit.").tag(config=True)
 
     nvml = AnyTrait(None, help="The NVML module (pynvml); tests inject a fake. Not configurable.")
@@ -308,6 +346,8 @@ class GPUPoolAgent(Application):
         self.metrics = AgentMetrics(self.node_name, metrics_min_uid=self.metrics_min_uid)
         self.enforcer = Enforcer(min_uid=self.min_uid, grace=self.grace, dry_run=self.dry_run)
         self.memguard = MemoryGuard(self.enforcer, tolerance=self.memory_tolerance, grace=self.memory_grace)
+        self.boundary = BoundaryGuard(self.enforcer, grace=self.boundary_grace)
+        self._boundary_unreported: list[dict[str, Any]] = []  # stops the service has not recorded yet
         self._memory_reported = False  # the last accepted report had warnings: an empty one must follow
         self._memory_unreported: list[dict[str, Any]] = []  # stops the service has not recorded yet
         self.client = (ServiceClient(self.service_url, self.node_name, self.token, self.request_timeout)
@@ -399,9 +439,40 @@ class GPUPoolAgent(Application):
                 self.metrics.enforcement_actions.labels(a.user, a.action).inc()
         if self.memory_guard and result.service_ok and result.snapshot is not None:
             await self._guard_memory(result)
+        if self.boundary_guard and result.service_ok and result.snapshot is not None:
+            await self._guard_boundary(result)
         if self._report_utilization and result.service_ok and result.snapshot is not None:
             await self._send_utilization(result.snapshot)
         return result
+
+    async def _guard_boundary(self, result: TickResult) -> None:
+        """Warn, report, stop what is due; nothing is stopped unless its warning reached the service."""
+        snapshot = result.snapshot
+        assert snapshot is not None and self.client is not None
+        try:
+            holders, dry = await self.client.gpu_holders()
+            now = time.time()
+            result.boundary_warnings = self.boundary.observe(snapshot, holders, now)
+            done = await asyncio.get_running_loop().run_in_executor(
+                None, lambda: self.boundary.enforce(snapshot, now, dry_run=dry))
+            result.boundary_actions = [a for _w, a in done]
+            self._boundary_unreported += [{"user": a.user, "gpu_uuid": w.found.gpu_uuid, "pid": a.pid,
+                                           "action": a.action, "detail": a.detail[:255]} for w, a in done]
+            new = self.boundary.unreported()
+            if new or self._boundary_unreported:
+                await self.client.report_boundary({
+                    "dry_run": dry or self.dry_run, "warnings": [w.as_dict(now + self.boundary.grace) for w in new[:1000]],
+                    "actions": self._boundary_unreported[:1000]})
+                self.boundary.accepted(new[:1000], now)
+                del self._boundary_unreported[:1000]
+        except ServiceError as e:
+            self.log.warning("Boundary guard: service unavailable, stopping nothing this tick: %s", e)
+            self.metrics.loop_errors.labels("boundary").inc()
+        except Exception:
+            self.log.exception("Boundary guard failed")
+            self.metrics.loop_errors.labels("boundary").inc()
+        for a in result.boundary_actions:
+            self.metrics.enforcement_actions.labels(a.user, a.action).inc()
 
     async def _send_utilization(self, snapshot: Snapshot) -> None:
         try:

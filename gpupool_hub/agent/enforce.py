@@ -9,7 +9,9 @@ Rules, in the order they are checked (each refusal is logged and counted):
 * never a Jupyter kernel whose server is still running, unless the service
   lists the user under ``kernels``: those are stopped through Jupyter by the
   hub's culling (so the user sees a dead kernel, not a vanished one); an
-  orphaned kernel (its server gone) has nobody to stop it but us;
+  orphaned kernel (its server gone) has nobody to stop it but us; the boundary
+  guard (``boundary.py``) and the memory guard stop kernels too: a kernel on a
+  GPU its user holds nothing of, or over its share, is not the hub's to cull;
 * the pid is re-read just before signalling; if its start time or owner
   changed (pid reuse) it is left alone.
 

@@ -26,10 +26,10 @@ keeps the warnings between ticks and does the stopping.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from ..timefmt import iso
 from .attribution import GpuProcess, Snapshot
@@ -78,6 +78,10 @@ class MemoryWarning:
     dry_acted: bool = False  # a dry run logs its "would stop" once per warning
     # pids the enforcer refused (root, system accounts, the agent) or failed to signal: tried once, not every tick
     spared: set[int] = field(default_factory=set)
+
+    @property
+    def user(self) -> str:
+        return self.usage.user
 
     def as_dict(self) -> dict[str, Any]:
         u = self.usage
@@ -167,25 +171,51 @@ class MemoryGuard:
 
     def enforce(self, snapshot: Snapshot, now: float, *, dry_run: bool = False) -> list[tuple[MemoryWarning, Action]]:
         """Stop, biggest first, the processes of users whose warning is due; returns what was done per warning."""
-        out: list[tuple[MemoryWarning, Action]] = []
-        for w in list(self.warnings.values()):
-            if w.deadline is None or now < w.deadline:
-                continue
-            dry = dry_run or self.enforcer.dry_run
-            if dry and w.dry_acted:
-                continue
-            victims = pick_victims(w.usage, w.spared)
-            if not victims:
-                continue
+        def victims(w: MemoryWarning) -> list[GpuProcess]:
             u = w.usage
-            log.warning("%s is still over the memory limit on GPU %s (%d of %d MiB): stopping pid(s) %s",
-                        u.user, u.gpu_uuid, u.used_bytes // MIB, u.limit_bytes // MIB,
-                        ", ".join(str(p.pid) for p in victims))
-            # kernels too: a kernel is what usually holds the memory; the server stays up
-            actions = self.enforcer.enforce(Snapshot(snapshot.taken_at, snapshot.gpus, victims), {u.user}, {u.user},
-                                            dry_run=dry)
-            w.dry_acted = w.dry_acted or dry
-            w.spared.update(a.pid for a in actions
-                            if (a.action.startswith("skipped_") and a.action != SKIPPED_CHANGED) or a.action == FAILED)
-            out.extend((w, a) for a in actions)
-        return out
+            chosen = pick_victims(u, w.spared)
+            if chosen:
+                log.warning("%s is still over the memory limit on GPU %s (%d of %d MiB): stopping pid(s) %s",
+                            u.user, u.gpu_uuid, u.used_bytes // MIB, u.limit_bytes // MIB,
+                            ", ".join(str(p.pid) for p in chosen))
+            return chosen
+
+        # kernels too: a kernel is what usually holds the memory; the server stays up
+        return stop_due(self.enforcer, snapshot, self.warnings.values(), now, dry_run, victims)
+
+
+W = TypeVar("W", bound="DueWarning")
+
+
+class DueWarning(Protocol):
+    """A warning whose processes are stopped once its deadline passed (memory, boundary)."""
+
+    deadline: float | None
+    dry_acted: bool
+    spared: set[int]
+
+    @property
+    def user(self) -> str: ...
+
+
+def stop_due(enforcer: Enforcer, snapshot: Snapshot, warnings: Iterable[W], now: float, dry_run: bool,
+             victims: Callable[[W], list[GpuProcess]]) -> list[tuple[W, Action]]:
+    """Stop ``victims(w)`` of each warning whose deadline passed, kernels included; a dry run acts
+    (logs) once per warning, and pids the enforcer refused or failed on are not tried again."""
+    out: list[tuple[W, Action]] = []
+    for w in list(warnings):
+        if w.deadline is None or now < w.deadline:
+            continue
+        dry = dry_run or enforcer.dry_run
+        if dry and w.dry_acted:
+            continue
+        chosen = victims(w)
+        if not chosen:
+            continue
+        actions = enforcer.enforce(Snapshot(snapshot.taken_at, snapshot.gpus, chosen), {w.user}, {w.user},
+                                   dry_run=dry)
+        w.dry_acted = w.dry_acted or dry
+        w.spared.update(a.pid for a in actions
+                        if (a.action.startswith("skipped_") and a.action != SKIPPED_CHANGED) or a.action == FAILED)
+        out.extend((w, a) for a in actions)
+    return out

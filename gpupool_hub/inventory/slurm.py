@@ -731,6 +731,37 @@ def parse_squeue(text: str) -> list[QueueEntry]:
 # ---------------------------------------------------------------------------
 
 
+def _key_values(text: str, sep: str) -> dict[str, str]:
+    """``Key<sep>Value`` lines (``scontrol show config``: ``=``; cgroup.conf: ``=``, ``#`` comments),
+    keys lower-cased (Slurm reads its config keys case-insensitively)."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        key, eq, value = line.split("#", 1)[0].partition(sep)
+        if eq and key.strip():
+            out[key.strip().lower()] = value.strip()
+    return out
+
+
+def device_confinement_problems(show_config: str, cgroup_conf: str | None, cgroup_path: str) -> list[str]:
+    """What keeps Slurm from confining a job to the GPUs it was given (a device cgroup).
+
+    Without it a job's GPUs are hidden only by ``CUDA_VISIBLE_DEVICES``, which the
+    job's own code may change: a server could use GPUs the pool charged to someone
+    else. Slurm confines devices with ``ConstrainDevices=yes`` in ``cgroup.conf``
+    (next to slurm.conf), enforced by the ``task/cgroup`` plugin."""
+    conf = _key_values(show_config, "=")
+    problems = []
+    task = conf.get("taskplugin", "")
+    if "task/cgroup" not in task:
+        problems.append(f"slurm.conf TaskPlugin is {task or 'not set'!r}: devices are confined by task/cgroup "
+                        "(e.g. TaskPlugin=task/cgroup,task/affinity)")
+    if cgroup_conf is None:
+        problems.append(f"cannot read {cgroup_path}")
+    elif _key_values(cgroup_conf, "=").get("constraindevices", "").lower() != "yes":
+        problems.append(f"{cgroup_path} does not set ConstrainDevices=yes")
+    return problems
+
+
 class SlurmInventory:
     """Reads nodes, jobs and the queue from a Slurm cluster through one runner.
 
@@ -752,6 +783,23 @@ class SlurmInventory:
             def runner(argv: Sequence[str]) -> str:
                 return run_slurm(argv, env=full_env, timeout=timeout)
         self._run = runner
+
+    def check_device_confinement(self) -> None:
+        """Start-up check (:func:`device_confinement_problems`); SlurmError naming every problem.
+        cgroup.conf is read next to the slurm.conf that ``scontrol show config`` names."""
+        show = self._run(["scontrol", "show", "config"])
+        slurm_conf = _key_values(show, "=").get("slurm_conf") or "/etc/slurm/slurm.conf"
+        path = os.path.join(os.path.dirname(slurm_conf), "cgroup.conf")
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                cgroup_conf: str | None = f.read()
+        except OSError:
+            cgroup_conf = None
+        problems = device_confinement_problems(show, cgroup_conf, path)
+        if problems:
+            raise SlurmError("Slurm jobs are kept from other GPUs only by CUDA_VISIBLE_DEVICES, which a user can "
+                             "change: " + "; ".join(problems) + ". Set ConstrainDevices=yes, or accept hiding by "
+                             "environment only with c.GPUPool.slurm_allow_env_only_gpu_hiding = True")
 
     def nodes(self) -> list[SlurmNode]:
         nodes = parse_nodes(self._run(["scontrol", "--details", "show", "node", "--oneliner"]), self.models)

@@ -7,8 +7,13 @@ owner from starting a new kernel on them. In a server the spawner gave GPUs
 (``GPUPOOL_ALLOCATION`` set), the server extension makes new kernels start
 through :class:`GPUGuardKernelManager`: before each start it asks the pool
 (``GET me``, the widget's path) whether the server still holds its allocation;
-if not, the kernel starts with no GPU (``CUDA_VISIBLE_DEVICES=""``), with the
-reason in ``GPUPOOL_GPUS_REVOKED`` and a warning in the server's log. When the
+if not, the kernel starts with no GPU: every variable that selects devices
+(``CUDA_VISIBLE_DEVICES``, ``NVIDIA_VISIBLE_DEVICES``, ``ROCR_VISIBLE_DEVICES``, ...:
+:data:`gpupool_hub.devices.DEVICE_SELECTION_VARS`) names none, with the reason in
+``GPUPOOL_GPUS_REVOKED`` and a warning in the server's log. Variables only ask
+the GPU libraries: the boundary is the device cgroup (``gpupool-systemd``,
+Slurm's ``ConstrainDevices``, the Kubernetes device plugin) and the node agent,
+which stops GPU processes of users who hold no allocation on that GPU. When the
 pool cannot be reached the kernel starts as before (the node agent still stops
 GPU work on GPUs the user does not hold).
 """
@@ -20,6 +25,7 @@ from typing import Any
 
 from jupyter_server.services.kernels.kernelmanager import ServerKernelManager
 
+from ..devices import no_device_env
 from .handlers import BalanceUnavailable, ServiceLocator, fetch_me
 
 #: set by the spawner on a server with GPUs: the pool's allocation id
@@ -47,6 +53,11 @@ async def revoked_reason(allocation: str) -> str | None:
             "stop the server and start it again to get GPUs")
 
 
+def revoked_env(env: dict[str, str], why: str) -> dict[str, str]:
+    """A kernel's environment once its server's GPUs were taken back: no variable names a device."""
+    return {**env, **no_device_env(), REVOKED_ENV: why}
+
+
 class GPUGuardKernelManager(ServerKernelManager):
     """A kernel manager that starts kernels without GPUs once the server's GPUs were taken back."""
 
@@ -54,10 +65,7 @@ class GPUGuardKernelManager(ServerKernelManager):
         allocation = os.environ.get(ALLOCATION_ENV, "")
         why = await revoked_reason(allocation) if allocation else None
         if why:
-            env = dict(kw.get("env") or os.environ)
-            env["CUDA_VISIBLE_DEVICES"] = ""
-            env[REVOKED_ENV] = why
-            kw["env"] = env
+            kw["env"] = revoked_env(dict(kw.get("env") or os.environ), why)
             self.log.warning("gpupool: new kernel without GPUs: %s", why)
         return await super()._async_pre_start_kernel(**kw)
 

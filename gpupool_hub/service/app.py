@@ -213,6 +213,7 @@ class GPUPoolService(Application):
             debit_interval=self.debit_interval, debit_delay_tolerance=self.debit_delay_tolerance,
             source=self.inventory_source,
         )
+        self._check_slurm_gpu_boundary()
         restored = self.manager.restore()
         teams = self.settings_.team_table()
         owed = max((q.total for q in teams.quotas.values()), default=0) // 1000 if teams.enabled else None
@@ -242,6 +243,24 @@ class GPUPoolService(Application):
                                                   memory_total_query=self.memory_total_query)
                             if self.prometheus_url else ReportedUtilization(self.settings_.idle_threshold))
         self.context = self.make_context()
+
+    def _check_slurm_gpu_boundary(self) -> None:
+        """With Slurm and priced GPUs, a job must be confined to its GPUs by a device cgroup
+        (ConstrainDevices), or the admin accepts hiding by environment only. slurmctld not
+        answering is only a warning, as for the accounting check."""
+        from ..inventory.slurm import SlurmCommandError, SlurmError, SlurmInventory
+
+        s = self.settings_
+        slurm = s.inventory == "slurm" or self.usage_preset == "slurm"
+        priced = bool(s.prices) or bool(s.mig_prices) or s.default_price is not None
+        if not slurm or not priced or not s.slurm_gpu_models or s.slurm_allow_env_only_gpu_hiding:
+            return
+        try:
+            SlurmInventory(s.slurm_gpu_models, env=s.slurm_env()).check_device_confinement()
+        except SlurmCommandError as e:
+            log.warning("gpupool: could not check that Slurm confines jobs to their GPUs: %s", e)
+        except SlurmError as e:
+            raise SystemExit(f"gpupool: {e}") from None
 
     def _check_profiles(self) -> list[Profile]:
         """The hub only validates spawner profiles at the first spawn; the service,

@@ -12,8 +12,12 @@ job``: ``GRES=gpu:a6000:2(IDX:1-2)``) are recorded in the allocation
 ``scancel`` (batchspawner); a job gone from the queue makes ``poll`` report the
 server gone, and the mixin gives the GPUs back.
 
-Commands run without a shell: the formatted command line is split with
-``shlex`` and executed, with ``c.GPUPool.slurm_conf`` as ``SLURM_CONF``.
+Commands run without a shell, with ``c.GPUPool.slurm_conf`` as ``SLURM_CONF``.
+Each command template (``exec_prefix``, ``batch_submit_cmd``, ...) is split
+into words with ``shlex`` *before* the values go in (:func:`command_argv`):
+a username such as ``x -u root`` or ``o'neil`` stays one argument, so it can
+neither add options to ``sudo`` nor break the quoting (batchspawner joins the
+filled-in templates into one shell string).
 """
 
 from __future__ import annotations
@@ -24,9 +28,11 @@ import pwd
 import re
 import shlex
 from urllib.parse import quote
+from collections.abc import Mapping
 from typing import Any
 
-from batchspawner import SlurmSpawner
+from batchspawner import JobStatus, SlurmSpawner
+from batchspawner.batchspawner import format_template
 from traitlets import Dict, Unicode, default
 
 from ..inventory.slurm import SlurmError, SlurmInventory
@@ -34,7 +40,7 @@ from ..usage.slurm_hub import ALLOCATION_COMMENT
 from .base import GPUPoolSpawner
 from .errors import GPUPoolRefused, SpawnFailure
 
-__all__ = ["GPUPoolSlurmSpawner", "JOB_NAME", "mem_for_slurm"]
+__all__ = ["GPUPoolSlurmSpawner", "JOB_NAME", "command_argv", "mem_for_slurm"]
 
 #: every server job's name (what squeue shows; the 'slurm' usage preset knows servers by their comment)
 JOB_NAME = "gpupool-server"
@@ -45,6 +51,27 @@ def mem_for_slurm(value: Any) -> str:
     if isinstance(value, str) and re.fullmatch(r"\d+[KMGT]?", value):
         return value
     return f"{max(int(value) // (1024 * 1024), 1)}M"
+
+
+def command_argv(template: str, values: Mapping[str, Any]) -> list[str]:
+    """A command template as argv: split into words first, then each word filled in.
+
+    Filling in first and splitting after (what a shell does with batchspawner's
+    command strings) lets a value add words or quotes: ``sudo -E -u {username}``
+    with the username ``x -u root`` would run as root. Here a value lands inside
+    the one word its placeholder is in, whatever it contains. A placeholder must
+    therefore not contain spaces (``{username}``, ``{{username}}``).
+    """
+    try:
+        words = shlex.split(template)
+    except ValueError as e:
+        raise GPUPoolRefused(f"Slurm command template {template!r} cannot be split into words: {e}",
+                             reason=SpawnFailure.CONFIG, status_code=500) from None
+    try:
+        return [format_template(word, **values) for word in words]
+    except (KeyError, IndexError, ValueError) as e:
+        raise GPUPoolRefused(f"Slurm command template {template!r}: cannot fill in {e} (a placeholder must be "
+                             "one word, e.g. {username})", reason=SpawnFailure.CONFIG, status_code=500) from None
 
 
 class GPUPoolSlurmSpawner(GPUPoolSpawner, SlurmSpawner):
@@ -170,9 +197,13 @@ echo "jupyterhub-singleuser ended gracefully"
         clean["cmd"] = subvars["cmd"]
         return await super()._get_batch_script(**clean)
 
-    async def run_command(self, cmd: str, input: str | None = None, env: dict[str, str] | None = None) -> str:
-        """Run ``cmd`` without a shell (split with shlex), with the Slurm environment."""
-        argv = shlex.split(cmd)
+    def slurm_argv(self, command: str, **extra: Any) -> list[str]:
+        """``exec_prefix`` + ``command`` as argv, the ``req_*`` values (and ``extra``) filled into single words."""
+        values = {**self.get_req_subvars(), **extra}
+        return command_argv(self.exec_prefix, values) + command_argv(command, values)
+
+    async def run_argv(self, argv: list[str], input: str | None = None, env: dict[str, str] | None = None) -> str:
+        """Run ``argv`` without a shell, with the Slurm environment; RuntimeError(stderr) on failure."""
         full_env = dict(os.environ if env is None else env)
         full_env.update(self.slurm_env)
         proc = await asyncio.create_subprocess_exec(
@@ -185,6 +216,51 @@ echo "jupyterhub-singleuser ended gracefully"
             self.log.error("%s exited with %s: %s", argv[0], proc.returncode, message)
             raise RuntimeError(message or f"{argv[0]} exited with status {proc.returncode}")
         return out.decode(errors="replace").strip()
+
+    async def run_command(self, cmd: str, input: str | None = None, env: dict[str, str] | None = None) -> str:
+        """batchspawner's seam for a command *string*: this spawner builds argv itself
+        (:meth:`slurm_argv`); a string can no longer be split safely, so none is run."""
+        raise RuntimeError("GPUPoolSlurmSpawner runs commands as argv lists (slurm_argv/run_argv), never as "
+                           f"a command string: {cmd[:100]!r}")
+
+    # batchspawner's three commands, as argv (its versions join the filled-in templates into one string)
+
+    async def submit_batch_script(self) -> str:
+        argv = self.slurm_argv(self.batch_submit_cmd)
+        script = await self._get_batch_script(cmd=self.cmd_formatted_for_batch())
+        self.log.info("Submitting the server of %s: %s", self._log_name, argv)
+        self.log.debug("Batch script:\n%s", script)
+        out = await self.run_argv(argv, input=script, env=self.get_env())
+        try:
+            self.job_id = self.parse_job_id(out)
+        except Exception:
+            self.log.error("Job submission of %s failed: %s", self._log_name, out)
+            self.job_id = ""
+        return self.job_id
+
+    async def query_job_status(self) -> JobStatus:
+        if not self.job_id:
+            self.job_status = ""
+            return JobStatus.NOTFOUND
+        try:
+            self.job_status = await self.run_argv(self.slurm_argv(self.batch_query_cmd, job_id=self.job_id))
+        except RuntimeError as e:  # squeue's stderr: the state_unknown_re patterns read it
+            self.job_status = e.args[0] if e.args else ""
+        except Exception:
+            self.log.exception("Error querying job %s", self.job_id)
+            self.job_status = ""
+        if self.state_isrunning():
+            return JobStatus.RUNNING
+        if self.state_ispending():
+            return JobStatus.PENDING
+        if self.state_isunknown():
+            return JobStatus.UNKNOWN
+        return JobStatus.NOTFOUND
+
+    async def cancel_batch_job(self) -> None:
+        argv = self.slurm_argv(self.batch_cancel_cmd, job_id=self.job_id)
+        self.log.info("Cancelling job %s: %s", self.job_id, argv)
+        await self.run_argv(argv)
 
     def user_env(self, env: dict[str, str]) -> dict[str, str]:
         """USER/HOME/SHELL of the user's Unix account; a hub user without one keeps req_homedir."""

@@ -125,7 +125,8 @@ def test_18_5_to_18_7_culled_user_sees_it_and_gets_no_gpu_again(notice_hub, brow
         set_balance("50")
         expect(item).not_to_contain_text("kernels stopped", timeout=15_000)
         env = kernel_env(hub, "alice", alice)
-        assert env["CUDA_VISIBLE_DEVICES"] == "" and "took this server's GPUs back" in env["GPUPOOL_GPUS_REVOKED"]
+        assert env["CUDA_VISIBLE_DEVICES"] == "" and env["NVIDIA_VISIBLE_DEVICES"] == "none"
+        assert "took this server's GPUs back" in env["GPUPOOL_GPUS_REVOKED"]
     except Exception:
         print("--- browser console ---\n" + "\n".join(getattr(page, "gpupool_console", [])))
         print(f"--- hub log ---\n{hub.log_tail(60)}")

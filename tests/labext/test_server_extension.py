@@ -177,3 +177,38 @@ def test_installed_and_enabled_without_a_separate_step():
     srv = subprocess.run([jupyter, "server", "extension", "list"], capture_output=True, text=True, timeout=120)
     listing = srv.stdout + srv.stderr
     assert any(SERVER_EXTENSION in ln and "enabled" in ln for ln in listing.splitlines()), listing
+
+
+def test_a_kernel_started_after_the_gpus_were_taken_back_has_no_device_variable_left(standin, tmp_path):
+    """Issue 27.2: the revoked kernel gets none of the server's device selections, not only CUDA's."""
+    import urllib.request
+
+    from gpupool_hub.devices import DEVICE_SELECTION_VARS
+    from tests.fixtures.hub import wait_for
+    from tests.spawner.conftest import proc_environ
+
+    standin.set_me(allocations=[])  # the pool no longer lists this server's allocation
+    env = {"GPUPOOL_API_URL": standin.api_url, "JUPYTERHUB_API_TOKEN": SERVER_TOKEN, "GPUPOOL_API_TIMEOUT": "1",
+           "GPUPOOL_ALLOCATION": "a-taken-back"}
+    env.update({name: "GPU-2f6c" for name in DEVICE_SELECTION_VARS})  # what the server was spawned with
+    with JupyterProcess(tmp_path, env=env, enable_extension=True, base_url="/user/alice/") as server:
+        req = urllib.request.Request(server.url + "api/kernels", data=b'{"name": "python3"}', method="POST",
+                                     headers={"Authorization": f"token {server.token}",
+                                              "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as resp:  # noqa: S310 (loopback)
+            kernel = json.loads(resp.read())["id"]
+        pid = wait_for(lambda: next((int(p.name) for p in Path("/proc").glob("[0-9]*")
+                                     if _cmdline_has(p, f"kernel-{kernel}.json")), None), 30, "the kernel's process")
+        kernel_env = proc_environ(pid)
+        status, _ = server.get(f"api/kernels/{kernel}")
+        assert status == 200
+    assert {name: kernel_env.get(name) for name in DEVICE_SELECTION_VARS} == dict(DEVICE_SELECTION_VARS)
+    assert kernel_env["CUDA_VISIBLE_DEVICES"] == "" and kernel_env["NVIDIA_VISIBLE_DEVICES"] == "none"
+    assert "took this server's GPUs back" in kernel_env["GPUPOOL_GPUS_REVOKED"]
+
+
+def _cmdline_has(proc: Path, needle: str) -> bool:
+    try:
+        return needle.encode() in (proc / "cmdline").read_bytes()
+    except OSError:
+        return False

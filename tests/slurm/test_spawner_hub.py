@@ -47,8 +47,13 @@ c.GPUPool.inventory = "slurm"
 c.GPUPool.slurm_gpu_models = {MODELS!r}
 c.GPUPool.slurm_conf = {str(cluster.conf)!r}
 c.GPUPool.slurm_refresh_interval = 1
+# the test cluster runs without cgroups (task/none, proctrack/linuxproc: no cgroup delegation in this
+# container), so ConstrainDevices=yes cannot work here: the hub accepts hiding by environment only
+c.GPUPool.slurm_allow_env_only_gpu_hiding = True
 c.GPUPoolSpawner.profiles = {PROFILES!r}
-c.GPUPoolSlurmSpawner.exec_prefix = ""
+# the tests run as root, without accounts for the hub users: no sudo, but the username still goes
+# through the command line as one argument (issue 27.10: "x -u root" and "o'neil" must stay one word)
+c.GPUPoolSlurmSpawner.exec_prefix = "env GPUPOOL_SUBMITTED_FOR={{username}}"
 c.GPUPoolSlurmSpawner.req_srun = ""
 c.GPUPoolSlurmSpawner.req_homedir = {str(home)!r}
 c.GPUPoolSlurmSpawner.batchspawner_singleuser_cmd = {str(singleuser)!r}
@@ -205,3 +210,13 @@ def test_hub_restart_keeps_the_server_its_job_and_its_gpus(hub, slurm):
     stop_server(hub, "rita")
     wait_for(lambda: not slurm.job_ids(), 30, "stopping the server to scancel its job")
     wait_for(lambda: not allocations(hub), 30, "the allocation to be released")
+
+
+def test_a_username_with_a_quote_and_spaces_spawns_cleanly(hub, slurm):
+    """Issue 27.10: "o'neil" crashed the spawn (shlex.split of the filled-in command)."""
+    for name in ("o'neil", "x -u root"):
+        ok, message = wait_spawned(hub, name, "", spawn(hub, name, {"profile": "cpu"}))
+        assert ok, f"{name!r} did not start: {message}\n{hub.log_tail(30)}"
+        [job_id] = slurm.job_ids()
+        stop_server(hub, name)
+        wait_for(lambda: not slurm.job_ids(), 30, f"the job of {name!r} to leave the queue")

@@ -122,6 +122,8 @@ class Service:
             c.GPUPool.slurm_gpu_models = {MODELS!r}
             c.GPUPool.slurm_conf = {str(cluster.conf)!r}
             c.GPUPool.slurm_refresh_interval = 3600
+            # the test cluster has no cgroups (task/none): ConstrainDevices cannot run in this container
+            c.GPUPool.slurm_allow_env_only_gpu_hiding = True
             c.GPUPool.db_url = "sqlite:///{db}"
             c.GPUPoolService.usage_preset = "slurm"
             c.GPUPoolService.debit_interval = {INTERVAL}
