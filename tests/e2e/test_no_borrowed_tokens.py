@@ -9,7 +9,8 @@ four ways the pool takes GPUs back (a kernel cull at a negative balance under
 pressure, an idle reclaim, a fair-share reclaim, a memory stop by the node
 agent) it may see nothing but a token of its own user with
 ``access:servers!server=<user>/<name>`` (the cull's; it expires within minutes
-and is deleted after use) or the server's own token.
+and is deleted after use; JupyterHub lets every token read its owner's own
+name and groups) or the server's own token.
 
 Then the tokens themselves, in a hub from the example configuration: the
 spawner's secret is not the service's token and no hub token at all, and the
@@ -33,6 +34,7 @@ import pytest
 import requests
 
 from tests.agent.conftest import gpu, make_nvml, procs, scripts_dir, test_users  # noqa: F401  (fixtures)
+from tests.fairshare.conftest import team_hub_config
 from tests.fixtures.hub import Hub, require_hub_binaries, wait_for
 
 from .conftest import REPO, shut_down
@@ -43,7 +45,6 @@ RECORDER = Path(__file__).with_name("recording_server.py")
 AGENT_TOKEN = "agent-secret-node-a-0123456789"
 GIB = 1 << 30
 A100 = "NVIDIA A100-SXM4-80GB"
-H100 = "NVIDIA H100 80GB HBM3"
 MEMORY_USER = "gpupool-t1"  # a Unix account (tests/agent/conftest.py): the agent finds processes by owner
 
 
@@ -87,15 +88,7 @@ c.GPUPoolService.idle_interval = 0.5
 c.GPUPoolService.queue_interval = 0.5
 c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0.5}}
 """,
-    "fairshare": f"""
-c.GPUPool.nodes = {json.dumps(node(H100, 2))}
-c.GPUPool.prices = {{"H100": 1}}
-c.GPUPool.teams = {{"vision": {{"gpus": 1}}, "nlp": {{"gpus": 1}}}}
-c.GPUPool.preempt_grace = 1
-c.GPUPool.preempt_min_runtime = 0
-c.GPUPoolSpawner.profiles = [{{"slug": "gpu", "display_name": "H100", "gpus": 1, "max_gpus": 2, "models": ["H100"]}}]
-c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0}}
-""",
+    "fairshare": team_hub_config(1),  # 4 nodes x 10 H100, teams vision and nlp of 20 GPUs each
     "memory": f"""
 c.GPUPool.nodes = {json.dumps(node(A100, 1))}
 c.GPUPool.prices = {{"A100": 3}}
@@ -116,6 +109,11 @@ def kind_hub(request, tmp_path):
 
 
 # ---------------------------------------------------------------- helpers
+
+
+def identify_scopes(user: str) -> set[str]:
+    """What JupyterHub adds to every token of ``user``: reading her own name and groups."""
+    return {f"read:users:name!user={user}", f"read:users:groups!user={user}"}
 
 
 def q(name: str) -> str:
@@ -167,8 +165,10 @@ def cull(hub: Hub) -> str:
     set_balance(hub, "alice", "-2")
     [first] = wait_for(lambda: seen(hub, "alice"), 30, "the cull's first call to alice's server")
     # while the server holds the call, the token is alive: it expires within minutes
-    assert first["path"] == "/user/alice/api/kernels" and first["whoami"].get("token_id"), first
+    assert first["path"] == "/user/alice/api/kernels", first
+    assert (first["whoami"].get("kind"), first["whoami"].get("name")) == ("user", "alice"), first["whoami"]
     model = hub.hub_request("GET", f"/users/alice/tokens/{first['whoami']['token_id']}").json()
+    assert set(model["scopes"]) == {"access:servers!server=alice/", *identify_scopes("alice")}, model
     expires = datetime.fromisoformat(model["expires_at"].replace("Z", "+00:00"))
     assert expires - datetime.now(timezone.utc) <= timedelta(minutes=5), model
     (hub.workdir / "home" / "alice" / "release").touch()
@@ -195,11 +195,13 @@ def idle(hub: Hub) -> str:
 
 
 def fairshare(hub: Hub) -> str:
-    start_server(hub, "a0", {"profile": "gpu", "gpus": 2}, ["vision"])  # one GPU borrowed from nlp
-    start_server(hub, "b0", {"profile": "gpu", "gpus": 1}, ["nlp"])     # nlp takes it back
-    wait_for(lambda: audited(hub, "a0", "preempt"), 60, "a0's server preempted for b0")
-    assert not running(hub, "a0")
-    return "a0"
+    vision = [f"a{i}" for i in range(4)]
+    for user in vision:  # 32 GPUs for a team of 20: the last two servers run on nlp's GPUs
+        start_server(hub, user, {"profile": "h100", "gpus": 8}, ["vision"])
+    start_server(hub, "b0", {"profile": "h100", "gpus": 8}, ["nlp"])  # nlp takes its GPUs back
+    [victim] = wait_for(lambda: [u for u in vision if audited(hub, u, "preempt")], 60, "a vision server preempted")
+    assert not running(hub, victim)
+    return victim
 
 
 def memory(hub: Hub, procs, make_nvml) -> str:  # noqa: F811
@@ -240,7 +242,8 @@ def test_a_users_server_sees_no_token_beyond_itself(kind_hub, request):
             continue  # the server's own token, which the hub gave it
         who = r["whoami"]
         assert who.get("kind") == "user" and who.get("name") == user, f"{kind}: a token of someone else: {who}"
-        assert set(who["scopes"]) <= {f"access:servers!server={user}/"}, f"{kind}: {r['method']} {r['path']}: {who}"
+        allowed = {f"access:servers!server={user}/", *identify_scopes(user)}
+        assert set(who["scopes"]) <= allowed, f"{kind}: {r['method']} {r['path']}: {who}"
 
 
 # ------------------------------------------------------------ the tokens
