@@ -29,9 +29,9 @@ c = get_config()  # noqa: F821  (provided by JupyterHub's config loader)
 # after it. GPUPOOL_CONFIG_FILE overrides it (e.g. a file just for the service).
 CONFIG_FILE = hub_config_file(fallback=__file__)
 
-# One secret shared by the hub's spawner and the service: the service's API
-# token. Set GPUPOOL_API_TOKEN in production so it survives restarts; random
-# per start is fine too, since the hub restarts its managed services with it.
+# The service's own hub API token, known to the hub and the service only (the
+# spawner has a secret of its own, below). Random per start is fine, since the
+# hub restarts its managed services with it; GPUPOOL_API_TOKEN fixes it.
 GPUPOOL_API_TOKEN = os.environ.get("GPUPOOL_API_TOKEN") or secrets.token_hex(32)
 
 # ----------------------------------------------------------------- the hub
@@ -66,7 +66,7 @@ c.JupyterHub.services = [
         "name": "gpupool",
         "url": "http://127.0.0.1:10101",                   # where the service listens (loopback)
         "command": [sys.executable, "-m", "gpupool_hub.service", "--config", CONFIG_FILE],
-        "api_token": GPUPOOL_API_TOKEN,                  # the spawner authenticates with this token
+        "api_token": GPUPOOL_API_TOKEN,                  # the service's hub token (role gpupool-service)
         # Its pages ("My GPU usage", admin pages) in the hub's Services menu, logged in
         # through the hub's OAuth without an extra "authorize" page; their login tokens
         # may carry the admin scope, for users who hold it (docs/pages.md).
@@ -79,18 +79,29 @@ c.JupyterHub.services = [
     },
 ]
 
+# The spawner's own secret for the service, which is no hub token: the hub and
+# the service both read it from this file next to the configuration (created
+# with a random secret, mode 0600, on first start; or set
+# c.GPUPoolService.spawner_token from a secrets store instead). Never pass it,
+# or any secret, in the service's "environment": the hub stores that in its
+# database.
+c.GPUPoolService.spawner_token_file = os.path.join(os.path.dirname(CONFIG_FILE), "gpupool_spawner_token")
+
 # Admin endpoints (grants, every balance, the pool map) need this scope.
 c.JupyterHub.custom_scopes = {
     "custom:gpupool:admin": {"description": "Administer the gpupool: balances, grants, the pool map."},
 }
 c.JupyterHub.load_roles = [
     {
-        # What the service itself may do at the hub: list users and their groups
-        # (credit rules per group), see servers (reconcile), stop servers and
-        # reach their Jupyter API (culling).
+        # What the service itself does at the hub, and nothing more (docs/admin-guide.md,
+        # "Tokens and scopes"): list users and their groups (credits per group), read
+        # servers and their state (reconcile), stop servers (floor, idle and fair-share
+        # reclaims), and mint a user a token for their own server alone, expiring in
+        # minutes, to shut down its kernels (the cull). It never sends its own token
+        # to a user's server, and holds no access:servers.
         "name": "gpupool-service",
         "scopes": ["list:users", "read:users", "read:users:groups", "read:servers",
-                   "admin:server_state", "admin:servers", "access:servers"],
+                   "admin:server_state", "delete:servers", "tokens"],
         "services": ["gpupool"],
     },
     {

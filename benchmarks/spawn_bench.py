@@ -67,8 +67,10 @@ def start_service(workdir: Path, token: str) -> tuple[subprocess.Popen, str]:
         f"c.GPUPool.db_url = 'sqlite:///{workdir}/gpupool.sqlite'\n"
         "c.GPUPool.initial_grant = 100000\n"
         "c.GPUPoolService.run_jobs = False\n"
+        f"c.GPUPoolService.spawner_token = {token!r}\n"  # the spawner's secret; the hub token below differs
     )
-    env = {**os.environ, "JUPYTERHUB_SERVICE_URL": f"http://127.0.0.1:{port}", "JUPYTERHUB_API_TOKEN": token,
+    env = {**os.environ, "JUPYTERHUB_SERVICE_URL": f"http://127.0.0.1:{port}",
+           "JUPYTERHUB_API_TOKEN": secrets.token_hex(16),
            "JUPYTERHUB_SERVICE_PREFIX": "/services/gpupool/",
            "JUPYTERHUB_API_URL": f"http://127.0.0.1:{free_port()}/hub/api"}
     proc = subprocess.Popen([sys.executable, "-m", "gpupool_hub.service", "--config", str(config)],

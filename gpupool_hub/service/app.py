@@ -24,6 +24,7 @@ from .. import __version__
 from ..config import GPUPool
 from ..ledger import Ledger
 from ..profiles import Profile, parse_profiles
+from ..spawnertoken import SpawnerTokenError, resolve_spawner_token
 from ..usage import UsageSource
 from .configfile import CONFIG_FILE_ENV
 from .context import ServiceContext
@@ -99,6 +100,20 @@ class GPUPoolService(Application):
     @default("api_token")
     def _api_token(self) -> str:
         return os.environ.get("JUPYTERHUB_API_TOKEN", "")
+
+    spawner_token = Unicode(
+        help="""The secret the hub's spawner sends to this service (at least 16 characters). Not a
+        hub token, and never the service's api_token: a user who learnt one must not hold the
+        other. The spawner reads the same setting from the same file. Empty (default): the
+        secret in spawner_token_file.""",
+    ).tag(config=True)
+    spawner_token_file = Unicode(
+        help="""File holding the spawner's secret when spawner_token is empty (an absolute path;
+        the example configuration puts it next to itself). Created with a random secret, mode
+        0600, if missing; refused if other users may read it. If the service runs as a Unix user
+        of its own, let that user read it (group-readable is fine). With neither set, the
+        service does not start if the same file configures a gpupool spawner.""",
+    ).tag(config=True)
 
     admin_scope = Unicode(
         "custom:gpupool:admin",
@@ -199,6 +214,7 @@ class GPUPoolService(Application):
         else:
             log.warning("gpupool: no configuration file (%s not found); running with the defaults", path)
         profiles = self._check_profiles()
+        self.spawner_secret = self._spawner_secret()
         self.settings_ = GPUPool(parent=self)
         try:
             db_url = ledger_url(self.settings_)
@@ -275,6 +291,44 @@ class GPUPoolService(Application):
             self.log.critical("Invalid spawner profiles in %s: %s", self.config_file, e)
             raise SystemExit(f"gpupool: invalid c.GPUPoolSpawner.profiles: {e}") from None
 
+    def _spawner_secret(self) -> str:
+        """The spawner's secret (``gpupool_hub/spawnertoken.py``); a setting that cannot work stops the
+        service here, with what to set, rather than refusing every spawn later."""
+        try:
+            secret = resolve_spawner_token(self.spawner_token, self.spawner_token_file)
+        except SpawnerTokenError as e:
+            self.log.critical("%s", e)
+            raise SystemExit(f"gpupool: {e}") from None
+        # the spawner's own setting, if the file sets one (an old configuration passed the service's token)
+        spawner_side = self.config.get("GPUPoolSpawner", {}).get("gpupool_api_token")
+        problem = None
+        if self.api_token and self.api_token in (secret, spawner_side):
+            problem = ("the spawner's token is the service's own hub api_token (one token for both, as older "
+                       "configurations had it): give the spawner a secret of its own: remove "
+                       "c.GPUPoolSpawner.gpupool_api_token and let both use c.GPUPoolService.spawner_token "
+                       "or spawner_token_file")
+        elif isinstance(spawner_side, str) and spawner_side and spawner_side != secret:
+            problem = ("c.GPUPoolSpawner.gpupool_api_token differs from the service's spawner token: "
+                       "set only c.GPUPoolService.spawner_token (or spawner_token_file), which both read")
+        if not secret and self._configures_gpupool_spawner():
+            problem = ("no token for the hub's spawner: set c.GPUPoolService.spawner_token_file (a file only the "
+                       "hub's user may read, created if missing) or c.GPUPoolService.spawner_token; the spawner "
+                       "no longer uses the service's api_token")
+        if problem:
+            self.log.critical("%s (docs/spawner.md, 'Tokens')", problem)
+            raise SystemExit(f"gpupool: {problem}")
+        if not secret:
+            self.log.warning("No spawner token (c.GPUPoolService.spawner_token or spawner_token_file): "
+                             "no spawner can allocate GPUs from this service")
+        return secret
+
+    def _configures_gpupool_spawner(self) -> bool:
+        """Whether the configuration runs the hub with a gpupool spawner (then it needs the spawner token)."""
+        spawner_class = self.config.get("JupyterHub", {}).get("spawner_class", "")
+        name = spawner_class if isinstance(spawner_class, str) else getattr(spawner_class, "__module__", "")
+        return "gpupool" in name or any(section.startswith("GPUPool") and section.endswith("Spawner")
+                                        for section in self.config)
+
     def make_usage_source(self) -> UsageSource:
         """The debit job's usage source; a setting that cannot work stops the service here."""
         try:
@@ -287,7 +341,7 @@ class GPUPoolService(Application):
         access = {f"access:services!service={os.environ.get('JUPYTERHUB_SERVICE_NAME', 'gpupool')}", "access:services"}
         return ServiceContext(
             manager=self.manager, hub_auth=HubAuth(api_token=self.api_token, api_url=self.hub_api_url, cache_max_age=60),
-            hub=self.hub, metrics=self.metrics, prefix=self.prefix, spawner_token=self.api_token,
+            hub=self.hub, metrics=self.metrics, prefix=self.prefix, spawner_token=self.spawner_secret,
             admin_scope=self.admin_scope, access_scopes=access, max_grant=self.max_grant,
             agent_tokens=dict(self.agent_tokens), agent_dry_run=self.agent_dry_run,
             groups=self.groups, reconcile_report=self.reconciler.report, page_auth=self.make_page_auth(),

@@ -6,9 +6,10 @@ service's cull job:
 - balance below zero **and** the pool under pressure → a warning first
   (visible in ``GET me`` and the lab widget, with a deadline), then, after a
   grace period, the user's kernels on their GPU servers are shut down through
-  the Jupyter Server REST API (reached via the hub's proxy with the service's
-  ``access:servers`` token) and the GPUs go back to the pool. Notebooks and
-  files are untouched: only kernel processes end.
+  the Jupyter Server REST API (reached via the hub's proxy with a token the
+  hub mints for that one server, expiring in minutes: ``service/userserver.py``)
+  and the GPUs go back to the pool. Notebooks and files are untouched: only
+  kernel processes end.
 - balance at or below the floor → the GPU server is stopped through the hub
   API, pressure or not, and its GPUs released.
 

@@ -3,9 +3,10 @@
 Authentication is JupyterHub's: a request carries a hub token (``Authorization:
 token …``) that the hub resolves to a user or service with scopes. A user sees
 only their own account; admin endpoints need the admin scope (default
-``custom:gpupool:admin``); the spawner, inside the hub, uses the service's own
-API token. Every error is JSON ``{"status": N, "message": "…"}``, never a 500
-for bad input; unknown paths are a JSON 404 too.
+``custom:gpupool:admin``); the spawner, inside the hub, sends a secret of its
+own (``c.GPUPoolService.spawner_token``), which is no hub token. Every error
+is JSON ``{"status": N, "message": "…"}``, never a 500 for bad input; unknown
+paths are a JSON 404 too.
 
 Path segments (user, node, allocation names) are URL-decoded once, by tornado.
 Request bodies are streamed: the token is checked before any of the body is
@@ -205,6 +206,11 @@ class APIHandler(QueryArgs):
         if spawner_token and hmac.compare_digest(token.encode(), spawner_token.encode()):
             self.identity = {"kind": "spawner", "name": "hub", "scopes": [], "groups": []}
             return
+        hub = self.context.hub
+        if hub is not None and hub.token and hmac.compare_digest(token.encode(), hub.token.encode()):
+            # an old configuration's spawner, sending the service's own hub token
+            raise web.HTTPError(403, "this is the gpupool service's own hub token, which no caller may use; the "
+                                     "spawner sends c.GPUPoolService.spawner_token (docs/spawner.md, 'Tokens')")
         try:
             model = await self.context.hub_auth.user_for_token(token, sync=False)  # type: ignore[union-attr]
         except Exception as e:  # hub down or confused: not the caller's fault, not a 500 either

@@ -28,8 +28,9 @@ from traitlets import Bool, Float, List, Unicode, default, observe, validate
 
 from ..profiles import InvalidOptions, Profile, choose_profile, default_profile, parse_profiles
 from ..reasons import RefusalReason
+from ..spawnertoken import SpawnerTokenError, spawner_token_from_config
 from .client import (
-    DEFAULT_API_URL, GPUPoolClient, ServiceError, ServiceUnavailable, api_token_from_config, api_url_from_config,
+    DEFAULT_API_URL, GPUPoolClient, ServiceError, ServiceUnavailable, api_url_from_config,
     unreachable_refusal,
 )
 from .errors import GPUPoolRefused, SpawnFailure, invalid_options
@@ -94,11 +95,12 @@ class GPUPoolSpawner(GPUPoolReleases):
     ).tag(config=True)
 
     gpupool_api_token = Unicode(
-        help="""Token the spawner sends to the gpupool service (``Authorization: token …``).
+        help="""The secret the spawner sends to the gpupool service (``Authorization: token …``).
 
-        It must be the service's own ``api_token`` from its c.JupyterHub.services entry
-        (the example configuration sets both from one variable). Default: env
-        ``GPUPOOL_API_TOKEN``, else that services entry's ``api_token``.""",
+        Its own secret, not a hub token, and never the service's ``api_token`` (the
+        service refuses to start then). Leave it unset: the default is the service's
+        c.GPUPoolService.spawner_token from the same configuration, else the secret in
+        c.GPUPoolService.spawner_token_file (docs/spawner.md, "Tokens").""",
     ).tag(config=True)
 
     cpu_only_fail_open = Bool(
@@ -165,7 +167,11 @@ class GPUPoolSpawner(GPUPoolReleases):
 
     @default("gpupool_api_token")
     def _default_api_token(self) -> str:
-        return api_token_from_config(self.config, self.gpupool_service_name)
+        try:
+            return spawner_token_from_config(self.config)
+        except SpawnerTokenError as e:  # the service then answers 401, and the spawn fails saying so
+            self.log.error("No token for the gpupool service: %s", e)
+            return ""
 
     @default("options_form")
     def _gpupool_options_form_default(self) -> Any:

@@ -28,7 +28,7 @@ from .errors import GPUPoolRefused, SpawnFailure
 
 __all__ = [
     "DEFAULT_API_URL", "GPUPoolClient", "ServiceError", "ServiceUnavailable", "allocation_refusal",
-    "api_token_from_config", "api_url_from_config",
+    "api_url_from_config",
 ]
 
 DEFAULT_API_URL = "http://127.0.0.1:10101/services/gpupool/api/v1"
@@ -76,15 +76,6 @@ def api_url_from_config(config: Any, service_name: str) -> str:
         prefix = "/" + "/".join(p for p in (base_url.strip("/"), "services", service_name) if p)
         return str(entry["url"]).rstrip("/") + prefix + "/api/v1"
     return os.environ.get("GPUPOOL_API_URL") or DEFAULT_API_URL
-
-
-def api_token_from_config(config: Any, service_name: str) -> str:
-    """Env ``GPUPOOL_API_TOKEN``, else the service's ``api_token`` from its services entry."""
-    env = os.environ.get("GPUPOOL_API_TOKEN")
-    if env:
-        return env
-    entry = _services_entry(config, service_name)
-    return str(entry.get("api_token") or "") if entry else ""
 
 
 # ------------------------------------------------------------------ refusals
@@ -212,8 +203,9 @@ class GPUPoolClient:
         if status == 201 and isinstance(data, dict) and data.get("allocated"):
             return data["allocation"]
         if status in (401, 403):
-            self.log.error("gpupool service rejected the spawner's token (%s): %s; check "
-                           "c.GPUPoolSpawner.gpupool_api_token", status, _message(data))
+            self.log.error("gpupool service rejected the spawner's token (%s): %s; the hub and the service must "
+                           "read the same c.GPUPoolService.spawner_token (or spawner_token_file), and "
+                           "c.GPUPoolSpawner.gpupool_api_token is best left unset", status, _message(data))
         elif status != 409 and status != 400:
             self.log.error("gpupool service answered %s to POST /allocations: %s", status, _message(data))
         raise allocation_refusal(status, data, what)

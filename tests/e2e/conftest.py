@@ -89,7 +89,7 @@ def stop_server(hub: Hub, name: str, timeout: float = 30) -> None:
 def server_pids(hub: Hub) -> list[int]:
     """Pids of the running single-user servers (SimpleLocalProcessSpawner keeps them in state)."""
     r = requests.get(f"{hub.api}/users", params={"state": "active"},
-                     headers={"Authorization": f"token {hub.spawner_token}"}, timeout=30)
+                     headers={"Authorization": f"token {hub.service_token}"}, timeout=30)
     if r.status_code != 200:
         return []
     return [srv["state"]["pid"] for user in r.json() for srv in user.get("servers", {}).values()
@@ -221,9 +221,11 @@ class ExampleHub(Hub):
     ``cleanup_servers`` (as the demo does), the debit intervals and the
     authenticator (DummyAuthenticator: tests log in by name); and it adds a
     "tester" service whose token drives the hub API. The service finds the
-    wrapper by itself (the example passes the hub's own ``-f`` to it), and
-    ``GPUPOOL_API_TOKEN`` fixes the spawner/service secret so the test can call
-    the service as the spawner does. With ``server_cmd`` the single-user
+    wrapper by itself (the example passes the hub's own ``-f`` to it).
+    ``GPUPOOL_API_TOKEN`` fixes the service's hub token, and the spawner's
+    secret is put where the example's hub and service look for it
+    (``gpupool_spawner_token`` in the hub's working directory, mode 0600), so
+    the test can call the hub as the service and the service as the spawner. With ``server_cmd`` the single-user
     servers run that command (e.g. the probe server for Unix users) instead of
     ``jupyterhub-singleuser``; ``extra`` is appended to the wrapper.
     """
@@ -235,7 +237,10 @@ class ExampleHub(Hub):
         self.debit_check_interval = debit_check_interval
         self.server_cmd = server_cmd
         self.extra = extra
-        self.env = {"GPUPOOL_API_TOKEN": self.spawner_token}
+        self.env = {"GPUPOOL_API_TOKEN": self.service_token}
+        secret = workdir / "gpupool_spawner_token"
+        secret.touch(mode=0o600)
+        secret.write_text(self.spawner_token + "\n")
 
     def write_config(self) -> None:
         w = self.workdir

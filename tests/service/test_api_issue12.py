@@ -274,7 +274,7 @@ def test_12_12b_admins_grant_to_hub_users_who_never_logged_in(hub):
     for name in names:
         assert hub.hub_request("GET", f"/users/{q(name)}").json()["last_activity"] is None  # never logged in
         # what the service asks the hub, with its own token
-        r = requests.get(f"{hub.api}/users/{q(name)}", headers={"Authorization": f"token {hub.spawner_token}"},
+        r = requests.get(f"{hub.api}/users/{q(name)}", headers={"Authorization": f"token {hub.service_token}"},
                          timeout=30)
         assert r.status_code == 200, r.text
         r = admin(hub, "POST", f"/users/{q(name)}/grant", json={"amount": "5", "reason": "welcome"})

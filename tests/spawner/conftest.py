@@ -132,7 +132,7 @@ def spawn(hub, user: str, options: dict[str, Any] | None, server: str = "") -> r
 
 def user_model(hub, user: str) -> dict[str, Any]:
     """The hub's user model as the gpupool service sees it (its role may read server state)."""
-    r = requests.get(f"{hub.api}/users/{q(user)}", headers={"Authorization": f"token {hub.spawner_token}"},
+    r = requests.get(f"{hub.api}/users/{q(user)}", headers={"Authorization": f"token {hub.service_token}"},
                      timeout=30)
     r.raise_for_status()
     return r.json()

@@ -18,6 +18,7 @@ from gpupool_hub.spawner import (
     gpupool_options_from_form,
     parse_profiles,
 )
+from gpupool_hub.spawnertoken import SpawnerTokenError, spawner_token_from_config
 
 PROFILES = [
     {"slug": "cpu", "display_name": "CPU", "cpu": 2, "memory": "4G", "default": True},
@@ -105,21 +106,40 @@ def test_form_data_becomes_user_options():
     assert make().options_from_query({"profile": "2x3090"}) == {"profile": "2x3090"}
 
 
-def test_api_url_and_token_come_from_the_services_entry(monkeypatch):
-    monkeypatch.delenv("GPUPOOL_API_TOKEN", raising=False)
+def test_api_url_comes_from_the_services_entry_the_token_never(monkeypatch, tmp_path):
+    monkeypatch.setenv("GPUPOOL_API_TOKEN", "from-env")  # the service's hub token (the example's variable)
     monkeypatch.delenv("GPUPOOL_API_URL", raising=False)
     c = Config()
     c.JupyterHub.base_url = "/jh/"
-    c.JupyterHub.services = [{"name": "gpupool", "url": "http://10.0.0.5:10101", "api_token": "s3cret"}]
+    c.JupyterHub.services = [{"name": "gpupool", "url": "http://10.0.0.5:10101", "api_token": "s3cret-hub-token"}]
     s = GPUPoolLocalProcessSpawner(config=c, user=SimpleNamespace(name="a"))
     assert s.gpupool_api_url == "http://10.0.0.5:10101/jh/services/gpupool/api/v1"
-    assert s.gpupool_api_token == "s3cret" and s.gpupool_server_api_url == s.gpupool_api_url
-    monkeypatch.setenv("GPUPOOL_API_TOKEN", "from-env")
+    assert s.gpupool_server_api_url == s.gpupool_api_url
+    # the service's hub token is not the spawner's: with no spawner token set, none
+    assert s.gpupool_api_token == ""
+    c.GPUPoolService.spawner_token = "the-spawners-own-secret"
+    assert GPUPoolLocalProcessSpawner(config=c).gpupool_api_token == "the-spawners-own-secret"
     monkeypatch.setenv("GPUPOOL_API_URL", "http://elsewhere/api/v1")
     bare = GPUPoolLocalProcessSpawner(config=Config(), user=SimpleNamespace(name="a"))
-    assert bare.gpupool_api_url == "http://elsewhere/api/v1" and bare.gpupool_api_token == "from-env"
+    assert bare.gpupool_api_url == "http://elsewhere/api/v1" and bare.gpupool_api_token == ""
     monkeypatch.delenv("GPUPOOL_API_URL")
     assert GPUPoolLocalProcessSpawner(config=Config()).gpupool_api_url == "http://127.0.0.1:10101/services/gpupool/api/v1"
+
+
+def test_the_spawner_and_the_service_share_one_secret_file(tmp_path):
+    """The file is made once (0600) by whoever reads it first; the other reads the same secret."""
+    c = Config()
+    c.GPUPoolService.spawner_token_file = str(tmp_path / "gpupool_spawner_token")
+    token = GPUPoolLocalProcessSpawner(config=c).gpupool_api_token
+    assert len(token) == 64 and (tmp_path / "gpupool_spawner_token").stat().st_mode & 0o777 == 0o600
+    assert spawner_token_from_config(c) == token
+    (tmp_path / "gpupool_spawner_token").chmod(0o644)
+    with pytest.raises(SpawnerTokenError, match="chmod 600"):
+        spawner_token_from_config(c)
+    (tmp_path / "gpupool_spawner_token").chmod(0o600)
+    (tmp_path / "gpupool_spawner_token").write_text("short\n")
+    with pytest.raises(SpawnerTokenError, match="no secret of at least 16"):
+        spawner_token_from_config(c)
 
 
 # ------------------------------------------------------- service unreachable

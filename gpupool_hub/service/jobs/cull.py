@@ -8,16 +8,17 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any
-from urllib.parse import quote, urlencode
+from urllib.parse import urlencode
 
 from tornado.httpclient import AsyncHTTPClient
 
 from ...ledger import AuditEvent
 from ...reasons import AuditAction
-from ..cull import Culler, Decision, UserState, decide, pressure, server_api_url
+from ..cull import Culler, Decision, UserState, decide, pressure
 from ..enforcement import CullWarning
 from ..hubapi import HubClient, HubError
 from ..manager import PoolManager
+from ..userserver import UserServerAPI
 
 log = logging.getLogger("gpupool.cull")
 
@@ -52,6 +53,7 @@ class CullJob:
         self.culler = culler
         self.groups = groups
         self.utilization = utilization
+        self.servers = UserServerAPI(hub, culler.hub_public_url)
 
     async def __call__(self) -> None:
         now = datetime.now(timezone.utc)
@@ -143,11 +145,6 @@ class CullJob:
         return any(r.server == server for r in records)
 
     async def shutdown_kernels(self, user: str, server: str) -> list[str]:
-        """Shut down every kernel of the server; notebooks and files stay as they are."""
-        api = server_api_url(self.culler.hub_public_url, user, server)
-        kernels = await self.hub.request("GET", "", url=api + "kernels", allow_404=True) or []
-        done = []
-        for kernel in kernels:
-            await self.hub.request("DELETE", "", url=api + f"kernels/{quote(kernel['id'], safe='')}", allow_404=True)
-            done.append(kernel["id"])
-        return done
+        """Shut down every kernel of the server (with a token for that server alone, never the
+        service's own); notebooks and files stay as they are."""
+        return await self.servers.shutdown_kernels(user, server)
