@@ -12,8 +12,7 @@ from tornado import web
 from ..ledger import AllocationRecord, AuditEvent
 from ..reasons import AuditAction
 from .agents import AgentHandler
-from .handlers import INT64_MAX
-from .memory_api import _checked
+from .memory_api import _checked, checked_pids_and_dry_run
 
 MAX_REPORT_BYTES = 256 * 1024
 
@@ -44,17 +43,8 @@ class BoundaryHandler(AgentHandler):
         body = self.json_body()
         warnings = _checked(body.get("warnings"), _WARNING_FIELDS, "warnings")
         actions = _checked(body.get("actions", []), _ACTION_FIELDS, "actions")
-        if not all(len(w["pids"]) <= 1024 and all(
-                isinstance(p, int) and not isinstance(p, bool) and 0 < p <= INT64_MAX for p in w["pids"])
-                for w in warnings):
-            raise web.HTTPError(400, "warnings[].pids must be a list of at most 1024 process ids")
-        if not isinstance(body.get("dry_run", False), bool):
-            raise web.HTTPError(400, "dry_run must be true or false")
-        dry = body.get("dry_run", False) or self.context.agent_dry_run
-        known = {g.uuid for ns in self.manager.pool.nodes if ns.name == self.node for g in ns.node.gpus}
-        unknown = sorted({x["gpu_uuid"] for x in warnings + actions} - known)
-        if unknown:
-            raise web.HTTPError(400, f"GPU(s) {unknown[:5]} are not in node {self.node!r} of the pool")
+        dry = checked_pids_and_dry_run(body, warnings) or self.context.agent_dry_run
+        self.check_own_devices({x["gpu_uuid"] for x in warnings + actions})
         self.touch()
         now = datetime.now(timezone.utc)
         events = [AuditEvent(now, w["user"], "", AuditAction.GPU_OUT_OF_BOUNDS.value,

@@ -24,6 +24,18 @@ _ACTION_FIELDS = {"user": str, "server": str, "gpu_uuid": str, "pid": int, "memo
                   "detail": str}
 
 
+def checked_pids_and_dry_run(body: dict[str, Any], warnings: list[dict[str, Any]]) -> bool:
+    """The rules a field table cannot say, shared by the memory and boundary reports:
+    bounded lists of real process ids, and a boolean ``dry_run`` (returned)."""
+    if not all(isinstance(w["pids"], list) and len(w["pids"]) <= 1024 and all(
+            isinstance(p, int) and not isinstance(p, bool) and 0 < p <= INT64_MAX for p in w["pids"])
+            for w in warnings):
+        raise web.HTTPError(400, "warnings[].pids must be a list of at most 1024 process ids")
+    if not isinstance(body.get("dry_run", False), bool):
+        raise web.HTTPError(400, "dry_run must be true or false")
+    return bool(body.get("dry_run", False))
+
+
 def _checked(items: Any, fields: dict[str, type], what: str) -> list[dict[str, Any]]:
     """Each item has every field, of its type; texts as any request text, counts not negative."""
     if not isinstance(items, list):
@@ -56,13 +68,7 @@ class MemoryHandler(AgentHandler):
         body = self.json_body()
         warnings = _checked(body.get("warnings"), _WARNING_FIELDS, "warnings")
         actions = _checked(body.get("actions", []), _ACTION_FIELDS, "actions")
-        if not all(isinstance(w["pids"], list) and len(w["pids"]) <= 1024 and all(
-                isinstance(p, int) and not isinstance(p, bool) and 0 < p <= INT64_MAX for p in w["pids"])
-                for w in warnings):
-            raise web.HTTPError(400, "warnings[].pids must be a list of at most 1024 process ids")
-        if not isinstance(body.get("dry_run", False), bool):
-            raise web.HTTPError(400, "dry_run must be true or false")
-        dry = body.get("dry_run", False) or self.context.agent_dry_run
+        dry = checked_pids_and_dry_run(body, warnings) or self.context.agent_dry_run
         self.check_own_devices({x["gpu_uuid"] for x in warnings + actions})
         self.touch()
         new = self.manager.memory.report(self.node, warnings, dry)
