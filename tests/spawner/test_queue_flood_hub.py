@@ -22,11 +22,9 @@ import pytest
 from tests.fixtures.hub import wait_for
 
 from .conftest import allocations, spawn, spawner_hub, start_ok, user_model
+from .test_queue_hub import ONE_GPU, queue
 
 pytestmark = pytest.mark.integration
-
-ONE_GPU = [{"name": "node-a", "cpu_milli": 64000, "memory_mib": 262144,
-            "gpus": [{"index": 0, "uuid": "GPU-solo-0", "model": "NVIDIA GeForce RTX 3090"}]}]
 
 EXTRA = f"""
 c.GPUPool.queue_enabled = True
@@ -45,9 +43,7 @@ def hub(tmp_path_factory):
 
 
 def waiting(hub):
-    r = hub.service("GET", "/queue", hub.tester_token)
-    assert r.status_code == 200, r.text
-    return r.json()["waiting"]
+    return queue(hub)["waiting"]
 
 
 def ready(hub, user, server=""):
