@@ -188,14 +188,9 @@ class GPUPoolSpawner(GPUPoolReleases):
         return QUEUE_PENDING if state == "spawn" and self._gpupool_queued else state
 
     def options_from_query(self, query_data: dict[str, Any]) -> dict[str, Any]:
-        """``/hub/spawn?profile=cpu`` starts a free CPU-only profile like the form; a profile that
-        costs tokens is never started by a GET.
-
-        The browser sends the hub's cookie on a cross-site navigation, so any page
-        could otherwise start a paid server with a link. Raising makes JupyterHub
-        render the options form instead, with the linked choice preselected; the
-        form's POST carries the xsrf token. Values arrive as lists of strings.
-        """
+        """A link (``/hub/spawn?profile=cpu``) starts only a free CPU-only profile: the browser sends
+        the hub's cookie on a cross-site GET too. For a paid one, raising makes JupyterHub render
+        the form, the link's choice preselected; its POST carries the xsrf token (docs/spawner.md)."""
         options = gpupool_options_from_form({k: v if isinstance(v, list) else [v] for k, v in query_data.items()})
         profile, _ = self.select_profile(options)  # an invalid choice: the form with the error
         if profile is not None and profile.needs_gpu:
