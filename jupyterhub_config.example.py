@@ -54,6 +54,10 @@ c.Authenticator.admin_users = {"admin"}                  # hub admins (also gpup
 c.JupyterHub.spawner_class = "gpupool-localprocess"
 c.Spawner.default_url = "/lab"                           # open JupyterLab, where the balance widget lives
 c.JupyterHub.allow_named_servers = True                  # each named server holds its own GPUs
+# At most 5 named servers per user (stopped ones count until deleted); without a
+# limit one user can create hundreds. Waiting for GPUs is capped separately
+# (c.GPUPool.max_waiting_per_user, 2 by default).
+c.JupyterHub.named_server_limit_per_user = 5
 c.JupyterHub.cleanup_servers = False                     # a hub restart keeps servers and their GPUs
 
 # --------------------------------------------------- the gpupool service

@@ -11,7 +11,7 @@ from decimal import Decimal
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from traitlets import Bool, Dict, Float, List, TraitError, TraitType, Unicode, default, validate
+from traitlets import Bool, Dict, Float, Integer, List, TraitError, TraitType, Unicode, default, validate
 from traitlets.config import Configurable
 
 from .credits import CreditRules, rules_for_groups
@@ -234,6 +234,11 @@ class GPUPool(Configurable):
         60, help="""Seconds without a retry from the waiting spawner (it retries every few seconds)
         after which its place is given up: the user left or cancelled.""",
     ).tag(config=True)
+    max_waiting_per_user = Integer(
+        2, help="""How many servers one user may have waiting in the queue at once (1-1000). A spawn
+        past it is refused at once (``queue_limit``), naming the servers that wait; so is one
+        user's flood of named servers, which would otherwise fill the queue.""",
+    ).tag(config=True)
     expected_session_hours = Float(
         4, help="Typical length of a GPU session, for wait estimates when nothing better is known.",
     ).tag(config=True)
@@ -272,6 +277,12 @@ class GPUPool(Configurable):
         name = proposal["trait"].name
         if not 0 <= proposal["value"] <= 86400:
             raise TraitError(f"c.GPUPool.{name} must be between 0 and 86400 seconds, got {proposal['value']!r}")
+        return proposal["value"]
+
+    @validate("max_waiting_per_user")
+    def _check_max_waiting(self, proposal: Any) -> int:
+        if not 1 <= proposal["value"] <= 1000:
+            raise TraitError(f"c.GPUPool.max_waiting_per_user must be from 1 to 1000, got {proposal['value']!r}")
         return proposal["value"]
 
     @validate("prices")

@@ -31,6 +31,7 @@ class RefusalReason(str, Enum):
     MODEL_UNAVAILABLE = ("model_unavailable", 400, "GPU model unavailable", False)
     RECLAIMING = ("reclaiming", 503, "Waiting for borrowed GPUs to be reclaimed", True)
     QUEUED = ("queued", 503, "Waiting for a GPU", True)
+    QUEUE_LIMIT = ("queue_limit", 429, "Too many servers waiting", False)  # c.GPUPool.max_waiting_per_user
 
     @classmethod
     def parse(cls, value: object) -> "RefusalReason | None":

@@ -1,8 +1,10 @@
 """The wait queue's rules: fair order, dispatch with a reservation for the head,
 and estimates of when each waiter starts. Pure: no I/O, no clock of its own.
 
-Order: teams under their quota before borrowers, then first come, first served
-(:func:`fair_order`). When GPUs free up, :func:`dispatch` places waiters in
+Order: teams under their quota before borrowers; within each class, round-robin
+across users (a user's second server, waiting or running, comes after everyone
+else's first), then first come, first served (:func:`fair_order`). So one
+user's many servers never push another user back by more than one place. When GPUs free up, :func:`dispatch` places waiters in
 that order. The first waiter that does not fit is the *head*: it gets a
 reserved node (the node where it will fit soonest, kept until it starts), and
 later, smaller waiters may go ahead only on other nodes — Slurm's backfill
@@ -72,8 +74,29 @@ class Dispatch:
     reservation: tuple[str, str] | None  # (waiter id, node)
 
 
-def fair_order(waiters: Iterable[Waiter]) -> list[Waiter]:
-    return sorted(waiters, key=lambda w: w.order_key)
+def fair_order(waiters: Iterable[Waiter], head: str | None = None,
+               running: Mapping[str, int] | None = None) -> list[Waiter]:
+    """Priority class, then round by round across users, then arrival.
+
+    A waiter's round is how many GPU servers its user already has ahead of it:
+    those running (``running``, per user: held allocations and reserved GPUs)
+    plus the user's waiters in the same class that arrived before it. So a
+    user's second server comes after everyone else's first, whether that first
+    one still waits or already runs: a freed GPU never goes to the user it
+    just went to while someone with none waits in the same class.
+
+    ``head`` (the id holding a reserved node) goes first in its class: a later
+    user's first waiter must not take its place and move the reservation, or
+    a big request that is some user's second could starve.
+    """
+    running = running or {}
+    rounds: dict[tuple[int, str], int] = {}
+    keyed = []
+    for w in sorted(waiters, key=lambda w: w.order_key):
+        turn = rounds.get((w.priority, w.user), running.get(w.user, 0))
+        rounds[(w.priority, w.user)] = turn + 1
+        keyed.append(((w.priority, -1 if w.id == head else turn, w.since, w.id), w))
+    return [w for _, w in sorted(keyed, key=lambda kw: kw[0])]
 
 
 def reserve_node(pool: Pool, req: Request) -> str | None:
@@ -173,9 +196,18 @@ def estimate_starts(ordered: Sequence[Waiter], free_milli: Mapping[str, int],
     return out
 
 
+def _nth(position: int) -> str:
+    return {1: "1st", 2: "2nd", 3: "3rd"}.get(position, f"{position}th")
+
+
+def wait_place(position: int) -> str:
+    """"2nd in the queue"; 0 is a waiter whose GPUs are already reserved."""
+    return f"{_nth(position)} in the queue" if position else "GPUs reserved, starting"
+
+
 def wait_text(position: int, eta: datetime | None, now: datetime) -> str:
     """"you are 2nd, about 20 minutes" — what the progress page says."""
-    nth = {1: "1st", 2: "2nd", 3: "3rd"}.get(position, f"{position}th")
+    nth = _nth(position)
     if eta is None:
         return f"You are {nth} in the queue; no estimate yet (no GPU of this kind is expected to free up soon)."
     minutes = max(0, round((eta - now) / timedelta(minutes=1)))

@@ -38,6 +38,8 @@ def test_amounts_are_exact_decimals():
         ("group_credits", {"faculty": {"monthly": "x"}}, "faculty"),
         ("group_credits", {"faculty": 7}, "faculty"),
         ("credit_timezone", "Mars/Olympus", "Mars/Olympus"),
+        ("max_waiting_per_user", 0, "c.GPUPool.max_waiting_per_user"),
+        ("max_waiting_per_user", "two", "max_waiting_per_user"),
     ],
 )
 def test_bad_config_fails_at_start_naming_key_and_value(key, value, needle):

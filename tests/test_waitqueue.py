@@ -4,6 +4,8 @@ head (no starvation), and start estimates."""
 from __future__ import annotations
 
 import random
+
+import pytest
 from datetime import datetime, timedelta, timezone
 
 from gpupool_hub.placement import Pool, Request
@@ -35,6 +37,58 @@ def fill(pool: Pool, n: int, prefix: str = "held") -> list[str]:
 def test_teams_under_quota_first_then_first_come_first_served():
     w = [waiter(0), waiter(1, priority=UNDER_QUOTA), waiter(2), waiter(3, priority=UNDER_QUOTA)]
     assert [x.id for x in fair_order(w)] == ["w1", "w3", "w0", "w2"]
+
+
+def arrivals(*specs: str) -> list[Waiter]:
+    """Waiters from "a1", "b2~" ... in arrival order: the letter is the user, "~" marks a
+    team within its quota (UNDER_QUOTA)."""
+    return [Waiter(spec.rstrip("~"), f"user-{spec[0]}", spec.rstrip("~"), Request(gpus=1),
+                   T0 + timedelta(minutes=i), UNDER_QUOTA if spec.endswith("~") else BORROWER)
+            for i, spec in enumerate(specs)]
+
+
+@pytest.mark.parametrize("specs, head, running, expected", [
+    # one waiter per user: first come, first served as before
+    (["a1", "b1", "c1"], None, None, ["a1", "b1", "c1"]),
+    # one user's flood: the next user waits 2nd, not behind all of it
+    (["a1", "a2", "a3", "a4", "b1"], None, None, ["a1", "b1", "a2", "a3", "a4"]),
+    # round by round: every user's first, then every user's second, ...
+    (["a1", "a2", "b1", "b2", "a3", "c1"], None, None, ["a1", "b1", "c1", "a2", "b2", "a3"]),
+    # a newcomer's first waiter goes ahead of earlier users' seconds
+    (["a1", "b1", "a2", "b2", "c1"], None, None, ["a1", "b1", "c1", "a2", "b2"]),
+    # teams within their quota still come first; rounds are counted per class
+    (["a1", "a2~", "b1", "b2~", "a3~"], None, None, ["a2", "b2", "a3", "a1", "b1"]),
+    # the head holding a reserved node keeps its place at the front of its class
+    (["a1", "a2", "b1"], "a2", None, ["a2", "a1", "b1"]),
+    (["a1~", "b1", "b2"], "b2", None, ["a1", "b2", "b1"]),
+    # a user whose first server already runs: the waiter is that user's second
+    (["a1", "b1", "c1"], None, {"user-a": 1}, ["b1", "c1", "a1"]),
+    (["a1", "a2", "b1"], None, {"user-b": 2}, ["a1", "a2", "b1"]),
+    (["a1~", "b1"], None, {"user-a": 3}, ["a1", "b1"]),  # the class still comes first
+])
+def test_round_robin_across_users_within_a_priority_class(specs, head, running, expected):
+    waiters = arrivals(*specs)
+    assert [w.id for w in fair_order(waiters, head, running)] == expected
+    assert [w.id for w in fair_order(reversed(waiters), head, running)] == expected  # arrival decides, not input order
+
+
+def test_twenty_waiters_of_one_user_put_the_next_user_second():
+    waiters = arrivals(*[f"a{i}" for i in range(20)], "b0")
+    assert [w.id for w in fair_order(waiters)].index("b0") == 1
+
+
+def test_freed_gpus_go_round_robin_and_estimates_follow_that_order():
+    pool = Pool(nodes(1, 2))
+    held = fill(pool, 2)
+    queue = fair_order(arrivals("a1", "a2", "a3", "b1"))
+    releases = [ExpectedRelease("n0", 1000, "nvidia geforce rtx 3090", T0 + timedelta(minutes=m)) for m in (10, 20)]
+    est = estimate_starts(queue, {}, releases, T0)
+    assert est == {"a1": T0 + timedelta(minutes=10), "b1": T0 + timedelta(minutes=20), "a2": None, "a3": None}
+    pool.release(held[0])
+    assert [w.id for w, _ in dispatch(pool, queue, lambda w: w.id).placed] == ["a1"]
+    queue = fair_order((w for w in queue if w.id != "a1"), running={"user-a": 1})  # a1 runs now
+    pool.release(held[1])
+    assert [w.id for w, _ in dispatch(pool, queue, lambda w: w.id).placed] == ["b1"]
 
 
 def test_three_users_for_one_gpu_get_it_in_order():

@@ -12,6 +12,9 @@ once only where dispatch's backfill rule lets them.
 
 Entries are stored in the ledger database (``gpupool_queue``), so a restart
 loses nobody's place; reservations are made again by the first dispatch.
+A user holds at most ``max_waiting_per_user`` entries: a spawn past that is
+refused at once (``QUEUE_LIMIT``), so nobody fills the queue, and the rules'
+round-robin order puts a user's second entry after everyone else's first.
 An entry ends when it is claimed, when its spawner stops retrying
 (``queue_poll_timeout``), when the spawn is cancelled (``leave``), and after
 ``max_wait``.
@@ -21,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -34,7 +37,7 @@ from ..placement.state import Placement
 from ..reasons import RefusalReason
 from ..timefmt import iso
 from ..waitqueue import (
-    BORROWER, ExpectedRelease, Waiter, dispatch, estimate_starts, fair_order, reserve_node, wait_text,
+    BORROWER, ExpectedRelease, Waiter, dispatch, estimate_starts, fair_order, reserve_node, wait_place, wait_text,
 )
 from .errors import Refused
 from .inventory import PoolInventory
@@ -99,6 +102,9 @@ class WaitQueue:
         # (user, server) whose place was given up by a cancel: their spawner's next retry ends
         self.cancelled: dict[tuple[str, str], datetime] = {}
         self.reservation: tuple[str, str] | None = None  # (head entry id, node held for it)
+        # GPU servers each user holds (ledger allocations), counted at each dispatch: a user's
+        # running servers take earlier rounds of the round-robin order (waitqueue.fair_order)
+        self.held_by_user: dict[str, int] = {}
         # when held allocations are expected to end, beyond the defaults (idle reclaim deadlines)
         self.expected_ends: Callable[[], dict[str, datetime]] = dict
         self._estimates: tuple[float, dict[str, datetime | None]] | None = None
@@ -135,6 +141,7 @@ class WaitQueue:
              priority: int = BORROWER) -> tuple[str, Placement]:
         """Queue (user, server) behind everyone waiting, then dispatch: its (id, placement)
         if backfill lets it start now, else ``Refused(QUEUED)`` with its position."""
+        self.check_limit(user, server)
         now = self.clock()
         w = Waiter(id=uuid.uuid4().hex, user=user, server=server, request=req, since=now,
                    priority=priority)
@@ -147,6 +154,23 @@ class WaitQueue:
             return self.claim(entry)
         log.info("%s/%s queued for %s (%d waiting)", user, server or "-", req.describe(), len(self.entries))
         raise self.refusal(entry)
+
+    def check_limit(self, user: str, server: str) -> None:
+        """``Refused(QUEUE_LIMIT)`` when ``user`` already holds ``max_waiting_per_user`` places
+        (for other servers): refused at once, never queued, naming the servers that wait."""
+        mine = sorted((e for e in self.entries.values() if e.waiter.user == user and e.waiter.server != server),
+                      key=lambda e: e.waiter.since)
+        limit = self.settings.max_waiting_per_user
+        if len(mine) < limit:
+            return
+        places = [(e.waiter.server, self.position(e)) for e in mine]
+        listed = ", ".join(f"{server or 'default'!r} ({wait_place(p)})" for server, p in places)
+        noun = "server" if len(mine) == 1 else "servers"
+        raise Refused(RefusalReason.QUEUE_LIMIT,
+                      f"You already wait for {len(mine)} {noun}: {listed}. Each user may wait for at most {limit} "
+                      "at a time; stop one of them, or start this one once one of them has started.",
+                      details={"max_waiting_per_user": limit,
+                               "waiting": [{"server": server, "position": p} for server, p in places]})
 
     def poll(self, entry: Entry, req: Request) -> tuple[str, Placement] | None:
         """A retry of a queued (user, server): its reservation if dispatch placed it, else
@@ -170,6 +194,8 @@ class WaitQueue:
         assert entry.placement is not None
         self.entries.pop(entry.key, None)
         self.ledger.queue_remove(entry.waiter.id)
+        user = entry.waiter.user  # admission records it now: held from here on (a new dict: readers copy)
+        self.held_by_user = {**self.held_by_user, user: self.held_by_user.get(user, 0) + 1}
         return entry.waiter.id, entry.placement
 
     def remove(self, entry: Entry, why: str) -> None:
@@ -218,7 +244,12 @@ class WaitQueue:
             self.reservation = None
             return []
         by_id = {e.waiter.id: e for e in waiting}
-        d = dispatch(self.pool, fair_order(e.waiter for e in waiting), lambda w: w.id, self.reservation)
+        held: dict[str, int] = {}
+        for record in self.ledger.active_allocations():
+            held[record.user] = held.get(record.user, 0) + 1
+        self.held_by_user = held
+        order = fair_order((e.waiter for e in waiting), self._head(), self._running(self.entries.values()))
+        d = dispatch(self.pool, order, lambda w: w.id, self.reservation)
         self.reservation = d.reservation
         placed = []
         for w, placement in d.placed:
@@ -232,8 +263,22 @@ class WaitQueue:
 
     # ---------------------------------------------------- positions, estimates
 
+    def _head(self) -> str | None:
+        """The entry id holding the reserved node (it stays first, see ``fair_order``)."""
+        held = self.reservation  # one read: the writer thread may replace it
+        return held[0] if held is not None else None
+
+    def _running(self, entries: Iterable[Entry]) -> dict[str, int]:
+        """GPU servers per user ahead of their waiters: held ones and those with reserved GPUs."""
+        out = dict(self.held_by_user)
+        for e in entries:
+            if e.placement is not None:
+                out[e.waiter.user] = out.get(e.waiter.user, 0) + 1
+        return out
+
     def ordered(self) -> list[Waiter]:
-        return fair_order(e.waiter for e in self.entries.values() if e.placement is None)
+        entries = list(self.entries.values())
+        return fair_order((e.waiter for e in entries if e.placement is None), self._head(), self._running(entries))
 
     def position(self, entry: Entry) -> int:
         if entry.placement is not None:
@@ -369,7 +414,8 @@ class WaitQueue:
         mine = [e for e in entries if e.waiter.user == user]
         if not mine:
             return []
-        order = [w.id for w in fair_order(e.waiter for e in entries if e.placement is None)]
+        order = [w.id for w in fair_order((e.waiter for e in entries if e.placement is None), self._head(),
+                                          self._running(entries))]
         cached = self._estimates
         estimates = cached[1] if cached is not None else {}
         # the GPU part of the description ("2 GPUs (rtx 3090)"): what the widget shows

@@ -33,8 +33,10 @@ from .client import (
     DEFAULT_API_URL, GPUPoolClient, ServiceError, ServiceUnavailable, api_url_from_config,
     unreachable_refusal,
 )
-from .errors import GPUPoolRefused, SpawnFailure, invalid_options
-from .waiting import gave_up_waiting, queue_wait_limit, service_away, start_timeout_for_reclaims
+from .errors import GPUPoolRefused, SpawnFailure, confirm_by_post, invalid_options
+from .waiting import (
+    QUEUE_PENDING, gave_up_waiting, hub_answered_at, queue_wait_limit, service_away, start_timeout_for_reclaims,
+)
 from .form import gpupool_options_from_form, render_form
 from .memory_hints import share_memory_env
 from .logs import install_refusal_log_filter, is_normal_refusal, refusal_filter
@@ -134,6 +136,8 @@ class GPUPoolSpawner(GPUPoolReleases):
     # --------------------------------------------------------------- state
 
     gpupool_profile: Profile | None = None
+    _gpupool_queued = False  # waiting in the pool's queue, and the hub has answered the start request
+    _gpupool_form_choice: dict[str, Any] | None = None  # options of a GET the form shows instead of starting
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -181,11 +185,24 @@ class GPUPoolSpawner(GPUPoolReleases):
     def _gpupool_options_from_form_default(self) -> Any:
         return gpupool_options_from_form
 
+    @property
+    def pending(self) -> str | None:  # type: ignore[override]
+        """JupyterHub's pending event, but ``"queue"`` while this spawn waits in the pool's queue:
+        the hub counts only ``"spawn"`` against ``concurrent_spawn_limit``, and a server waiting
+        an hour for a GPU must not lock everyone else out of starting (see waiting.hub_answered_at)."""
+        state = super().pending
+        return QUEUE_PENDING if state == "spawn" and self._gpupool_queued else state
+
     def options_from_query(self, query_data: dict[str, Any]) -> dict[str, Any]:
-        """``/hub/spawn?profile=2x3090`` works like the form (values arrive as lists of strings)."""
-        return gpupool_options_from_form(
-            {k: v if isinstance(v, list) else [v] for k, v in query_data.items()}
-        )
+        """A link (``/hub/spawn?profile=cpu``) starts only a free CPU-only profile: the browser sends
+        the hub's cookie on a cross-site GET too. For a paid one, raising makes JupyterHub render
+        the form, the link's choice preselected; its POST carries the xsrf token (docs/spawner.md)."""
+        options = gpupool_options_from_form({k: v if isinstance(v, list) else [v] for k, v in query_data.items()})
+        profile, _ = self.select_profile(options)  # an invalid choice: the form with the error
+        if profile is not None and profile.needs_gpu:
+            self._gpupool_form_choice = options  # the form rendered next (same request) preselects it
+            raise confirm_by_post()
+        return options
 
     # ------------------------------------------------------------ profiles
 
@@ -258,12 +275,15 @@ class GPUPoolSpawner(GPUPoolReleases):
         place in the wait queue), say so on the progress page and retry.
 
         A spawn that ends while it waits for a reclaim cancels that reclaim, so no
-        borrowed server is stopped for nobody; a spawn whose retries stop loses its
+        borrowed server is stopped for nobody; one the hub cancels (the user stopped
+        it) gives up its place in the queue at once, so that it no longer counts
+        against ``max_waiting_per_user``; a spawn whose retries stop loses its
         place in the queue (the service drops it) and says where it was. The wait
         ends, with a message, before the hub's ``start_timeout`` would."""
         loop = asyncio.get_event_loop()
         started = loop.time()
         hub_gives_up = started + max(self.start_timeout - START_MARGIN, 0)
+        answered = hub_answered_at(getattr(self, "handler", None), started)
         queued: GPUPoolRefused | None = None  # the last place in the queue this spawn was told
         waited_for_reclaim = False
         self._gpupool_waiting = True
@@ -291,13 +311,16 @@ class GPUPoolSpawner(GPUPoolReleases):
                     wait = min(max(delay, 0.5), 10.0, max(give_up - loop.time(), 0.5))
                     title = e.refusal.title if e.refusal else "Waiting"
                     self._gpupool_progress.add(20, f"{title}: {e.message}")
+                    self._gpupool_queued = queued is not None and loop.time() >= answered
                     await asyncio.sleep(wait)
-        except BaseException:
+        except BaseException as e:
             if waited_for_reclaim:
                 await self._gpupool_cancel_reclaim()
+            if queued is not None and isinstance(e, asyncio.CancelledError):
+                await self.gpupool_leave_queue()  # the hub stopped the pending spawn: the place is free now
             raise
         finally:
-            self._gpupool_waiting = False
+            self._gpupool_waiting = self._gpupool_queued = False
 
     async def gpupool_leave_queue(self) -> None:
         """Give up this server's place in the pool's wait queue (the spawn was cancelled)."""
@@ -444,8 +467,9 @@ class GPUPoolSpawner(GPUPoolReleases):
 
     async def _render_gpupool_form(self, spawner: Spawner | None = None) -> str:
         """The form, with the user's balance and the pool's prices asked for at the same time."""
+        linked, self._gpupool_form_choice = self._gpupool_form_choice, None  # for this rendering only
         account, catalog = await asyncio.gather(self.gpupool_account(), self.gpupool_catalog())
-        return render_form(self, account, catalog)
+        return render_form(self, account, catalog, linked)
 
 
 def _retry_delay(retry_at: str | None) -> float:

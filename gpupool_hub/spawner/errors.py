@@ -18,7 +18,7 @@ from tornado import web
 
 from ..reasons import RefusalReason
 
-__all__ = ["GPUPoolRefused", "SpawnFailure", "invalid_options"]
+__all__ = ["GPUPoolRefused", "SpawnFailure", "confirm_by_post", "invalid_options"]
 
 
 class SpawnFailure(str, Enum):
@@ -70,4 +70,17 @@ def invalid_options(message: str) -> web.HTTPError:
     err = web.HTTPError(400, "%s", text)
     err.jupyterhub_message = text  # type: ignore[attr-defined]
     err.gpupool_normal_refusal = True  # type: ignore[attr-defined]  # the user's mistake: logged as INFO (logs.py)
+    return err
+
+
+
+def confirm_by_post() -> web.HTTPError:
+    """Raised by ``options_from_query`` for a profile that costs tokens: JupyterHub then renders
+    the options form (status 200) instead of starting anything, so a link or a cross-site GET
+    never spends a user's tokens; the form's POST carries the xsrf token. The form itself says
+    why (``linked`` in form.render_form): JupyterHub 6.1's spawn page drops an HTML message and
+    would put "Error:" before a text one, and nothing went wrong."""
+    err = web.HTTPError(200, "a profile that costs tokens is started by the form's POST, not by a link")
+    err.jupyterhub_message = ""  # type: ignore[attr-defined]  # no error box above the form
+    err.gpupool_normal_refusal = True  # type: ignore[attr-defined]  # logged as INFO (logs.py)
     return err

@@ -169,10 +169,12 @@ class ProfileChoice:
     needs: str | None  # tokens above the floor a start needs, when the balance does not have them
     gpu_counts: tuple[int, ...]  # choices of an adjustable profile
     free: str  # "3 of 4 GPUs free", or "" when not known or not meaningful
+    gpus_selected: int = 0  # the GPU count chosen in advance (a link's), 0: the first
 
 
 def _choice(p: Profile, chosen: Profile | None, catalog: Mapping[str, Any] | None,
-            balance: Decimal | None, floor: Decimal | None, min_hours: Decimal) -> ProfileChoice:
+            balance: Decimal | None, floor: Decimal | None, min_hours: Decimal,
+            chosen_gpus: int | None = None) -> ProfileChoice:
     prices = profile_prices(p, catalog) if catalog is not None else None
     affordable, needs, hours_text, free_text = True, None, "", ""
     if not p.needs_gpu:
@@ -203,21 +205,24 @@ def _choice(p: Profile, chosen: Profile | None, catalog: Mapping[str, Any] | Non
             free_text = f"{counts[0]} of {counts[1]} GPUs free"
             if counts[0] < p.gpus:  # no room for this profile: how many wait, and for how long
                 free_text = full_text(e for e in _catalog_models(p, catalog) if e.get("price_per_gpu_hour") is not None)
+    checked = chosen is not None and p.slug == chosen.slug
+    counts = tuple(range(p.gpus, p.max_gpus + 1)) if p.adjustable else ()
     return ProfileChoice(
         slug=p.slug, display_name=p.display_name, what=p.describe(), description=p.description,
         price="; ".join(t for t in (price_text, hours_text) if t), affordable=affordable,
-        checked=chosen is not None and p.slug == chosen.slug, needs=needs,
-        gpu_counts=tuple(range(p.gpus, p.max_gpus + 1)) if p.adjustable else (), free=free_text,
+        checked=checked, needs=needs, gpu_counts=counts, free=free_text,
+        gpus_selected=chosen_gpus if checked and chosen_gpus in counts else 0,
     )
 
 
 def form_context(profiles: Sequence[Profile], chosen: Profile | None, account: Mapping[str, Any] | None,
-                 catalog: Mapping[str, Any] | None) -> dict[str, Any]:
+                 catalog: Mapping[str, Any] | None, chosen_gpus: int | None = None) -> dict[str, Any]:
     """What the template shows, from the profiles and the service's answers (None: no answer).
 
     ``account`` is the user's ``GET /users/{name}`` view (balance, floor,
     credits); ``catalog`` is ``GET /models`` (prices, free GPUs,
-    ``min_start_hours``). A profile is affordable when its cheapest price for
+    ``min_start_hours``). ``chosen_gpus``: the GPU count preselected for an
+    adjustable ``chosen`` profile. A profile is affordable when its cheapest price for
     ``min_start_hours`` keeps the balance at or above the floor.
     """
     balance = floor = None
@@ -241,7 +246,7 @@ def form_context(profiles: Sequence[Profile], chosen: Profile | None, account: M
         },
         "prices_known": catalog is not None,
         "min_start_hours": _fmt(min_hours),
-        "profiles": [_choice(p, chosen, catalog, balance, floor, min_hours) for p in profiles],
+        "profiles": [_choice(p, chosen, catalog, balance, floor, min_hours, chosen_gpus) for p in profiles],
     }
 
 
@@ -261,16 +266,26 @@ def template_environment(extra_paths: tuple[str, ...] = ()) -> Environment:
     return Environment(loader=loader, autoescape=True, trim_blocks=True, lstrip_blocks=True)
 
 
-def render_form(spawner: Any, account: Mapping[str, Any] | None, catalog: Mapping[str, Any] | None = None) -> str:
-    """The options form of ``spawner`` (a GPUPoolSpawner) with the service's answers (None: unknown)."""
+def render_form(spawner: Any, account: Mapping[str, Any] | None, catalog: Mapping[str, Any] | None = None,
+                linked: Mapping[str, Any] | None = None) -> str:
+    """The options form of ``spawner`` (a GPUPoolSpawner) with the service's answers (None: unknown).
+
+    ``linked``: the options of a link the form is shown for instead of starting
+    (``options_from_query``); they are preselected, else the last start's profile."""
     profiles = spawner.gpupool_profiles
     chosen = spawner.default_profile()
-    previous = spawner.user_options.get("profile") if isinstance(spawner.user_options, dict) else None
+    wanted = linked or (spawner.user_options if isinstance(spawner.user_options, dict) else {})
+    previous = wanted.get("profile")
     if isinstance(previous, str) and any(p.slug == previous for p in profiles):
         chosen = next(p for p in profiles if p.slug == previous)
+    gpus = wanted.get("gpus") if linked and isinstance(wanted.get("gpus"), int) else None
+    confirm = None
+    if linked and chosen is not None and chosen.needs_gpu:
+        confirm = (f"{chosen.display_name} costs tokens, so a link does not start it. "
+                   "Check the choice below and press Start to start it.")
     env = template_environment(tuple(spawner.form_template_paths))
-    return env.get_template(TEMPLATE).render(form_context(profiles, chosen, account, catalog),
-                                             pages_url=pages_url(spawner))
+    return env.get_template(TEMPLATE).render(form_context(profiles, chosen, account, catalog, gpus),
+                                             pages_url=pages_url(spawner), confirm=confirm)
 
 
 def pages_url(spawner: Any) -> str | None:

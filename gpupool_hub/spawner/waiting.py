@@ -17,6 +17,10 @@ from .errors import GPUPoolRefused
 
 #: seconds before the hub's start_timeout at which a queued spawn stops waiting
 TIMEOUT_MARGIN = 3.0
+#: ``Spawner.pending`` while a spawn waits in the pool's queue (see :func:`hub_answered_at`)
+QUEUE_PENDING = "queue"
+#: seconds past the hub's slow_spawn_timeout by which the request that started a spawn has answered
+ANSWERED_MARGIN = 1.0
 #: start_timeout covers c.GPUPool.preempt_grace plus this much for the server itself to start
 RECLAIM_START_ALLOWANCE = 60.0
 
@@ -36,6 +40,23 @@ def start_timeout_for_reclaims(config: Any, start_timeout: float, log: Any) -> f
     log.warning("Raising start_timeout from %g s to %g s to cover c.GPUPool.preempt_grace (%g s) of reclaims",
                 start_timeout, needed, grace)
     return needed
+
+
+def hub_answered_at(handler: Any, started: float) -> float:
+    """When (event-loop time) the request that started a spawn has surely answered.
+
+    A spawn waiting in the pool's queue reports ``pending == "queue"``, so that
+    JupyterHub does not count it against ``c.JupyterHub.concurrent_spawn_limit``
+    (``count_active_users`` counts only ``spawn`` and ``proxy`` events). It
+    switches only once the starting request has answered: the REST API waits
+    ``slow_spawn_timeout`` (10 s by default) for the spawn and then answers 202
+    if ``pending == "spawn"``, else 201 ("started"), which a waiting server is not.
+    """
+    try:
+        timeout = float(getattr(handler, "slow_spawn_timeout", 10))
+    except (TypeError, ValueError):
+        timeout = 10.0
+    return started + max(timeout, 0.0) + ANSWERED_MARGIN
 
 
 def queue_wait_limit(refusal: GPUPoolRefused, reclaim_wait: float, start_timeout: float) -> float:

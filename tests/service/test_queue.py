@@ -233,3 +233,46 @@ def test_spawn_form_says_full_with_waiters_and_estimate():
                            "largest_whole_block": 1, "waiting": 2, "eta": None}], "min_start_hours": "1"}
     choice = form_context(profiles, profiles[0], None, catalog)["profiles"][0]
     assert choice.free == "full — 2 waiting"
+
+
+def test_one_user_waits_in_at_most_two_places_and_others_are_not_pushed_back(tmp_path):
+    clock = Clock()
+    m = manager(tmp_path, clock=clock)
+    held = admit(m, "alice")
+    for i in range(2):
+        queued(m, "mallory", server=f"s{i}")
+        clock.advance(1)
+    # a third waiting place is refused at once, naming the two that wait; nothing is queued
+    with pytest.raises(Refused) as e:
+        admit(m, "mallory", server="s2")
+    assert e.value.reason is RefusalReason.QUEUE_LIMIT
+    assert e.value.message.startswith("You already wait for 2 servers: 's0' (1st in the queue), 's1' (2nd in the queue)")
+    assert [w.server for w in m.queue.ordered()] == ["s0", "s1"]
+    # her own retries keep their places
+    assert queued(m, "mallory", server="s1").details["position"] == 2
+    # the next user waits 2nd, after mallory's first and before her second
+    assert queued(m, "bob").details["position"] == 2
+    assert queued(m, "mallory", server="s1").details["position"] == 3
+    assert [(w["user"], w["server"], w["position"]) for w in m.queue.report()["waiting"]] == [
+        ("mallory", "s0", 1), ("bob", "", 2), ("mallory", "s1", 3)]
+    assert [w["position"] for w in m.queue.waiting_of("mallory")] == [1, 3]
+    # the freed GPU goes to mallory's first; the next one to bob, not to her second
+    m.admission.release(held.id, "stopped")
+    first = admit(m, "mallory", server="s0")
+    assert queued(m, "bob").details["position"] == 1
+    assert queued(m, "mallory", server="s1").details["position"] == 2
+    m.admission.release(first.id, "stopped")
+    assert admit(m, "bob").user == "bob"
+    # with one place free again, she may queue another server
+    queued(m, "mallory", server="s2")
+
+
+def test_the_waiting_limit_is_configurable(tmp_path):
+    m = manager(tmp_path, max_waiting_per_user=1)
+    admit(m, "alice")
+    queued(m, "bob", server="a")
+    with pytest.raises(Refused) as e:
+        admit(m, "bob", server="b")
+    assert e.value.reason is RefusalReason.QUEUE_LIMIT
+    assert e.value.message.startswith("You already wait for 1 server: 'a' (1st in the queue).")
+    assert e.value.details == {"max_waiting_per_user": 1, "waiting": [{"server": "a", "position": 1}]}

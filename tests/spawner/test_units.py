@@ -103,7 +103,24 @@ def test_form_data_becomes_user_options():
     assert gpupool_options_from_form({"profile": ["a6000"], "gpus--a6000": ["3"]}) == {"profile": "a6000", "gpus": 3}
     assert gpupool_options_from_form({"profile": ["a6000"], "gpus--a6000": ["-3"]}) == {"profile": "a6000", "gpus": "-3"}
     assert gpupool_options_from_form({"profile": ["x"], "gpus--a6000": ["3"]}) == {"profile": "x"}
-    assert make().options_from_query({"profile": "2x3090"}) == {"profile": "2x3090"}
+    assert make().options_from_query({"profile": "cpu"}) == {"profile": "cpu"}  # free: a link may start it
+
+
+def test_a_link_to_a_paid_profile_shows_the_form_with_it_chosen_instead_of_starting():
+    from gpupool_hub.spawner.form import render_form
+    from gpupool_hub.spawner.logs import is_normal_refusal
+
+    s = make(profiles=PROFILES + [{"slug": "a6000", "display_name": "A6000", "gpus": 1, "max_gpus": 4}])
+    with pytest.raises(web.HTTPError) as e:  # JupyterHub renders the form (status 200) instead
+        s.options_from_query({"profile": ["a6000"], "gpus--a6000": ["3"]})
+    assert e.value.status_code == 200 and is_normal_refusal(e.value)
+    page = render_form(s, None, None, s._gpupool_form_choice)
+    assert 'value="a6000" checked' in page and '<option value="3" selected>' in page
+    assert "Confirm the start.</strong> A6000 costs tokens, so a link does not start it." in page
+    assert "Confirm the start" not in render_form(s, None, None)  # the form without a link
+    with pytest.raises(web.HTTPError) as e:  # an unknown profile: the form with the error, nothing started
+        s.options_from_query({"profile": ["nope"]})
+    assert e.value.status_code == 400 and "unknown profile 'nope'" in str(e.value)
 
 
 def test_api_url_comes_from_the_services_entry_the_token_never(monkeypatch, tmp_path):
