@@ -369,3 +369,20 @@ def test_12_3_writes_give_up_within_the_bound_and_reads_do_not_wait(tmp_path):
         holder.communicate("\n", timeout=10)
     assert ledger.post(Posting("alice", "grant", Decimal(2), "during")).created
     assert ledger.balance("alice") == 3 and ledger.verify().ok
+
+
+# ---- the jobs lease (service/lease.py)
+
+def test_a_lease_has_one_holder_until_it_expires_or_its_holder_is_gone(ledger):
+    now = datetime(2026, 11, 24, 12, 0, tzinfo=timezone.utc)
+    assert ledger.claim_lease("jobs", "a", 30, now=now) == "a"
+    assert ledger.claim_lease("jobs", "b", 30, now=now + timedelta(seconds=10)) == "a"
+    assert ledger.claim_lease("jobs", "a", 30, now=now + timedelta(seconds=20)) == "a"  # renewed to 12:00:50
+    assert ledger.claim_lease("jobs", "b", 30, now=now + timedelta(seconds=45)) == "a"
+    assert ledger.claim_lease("jobs", "b", 30, now=now + timedelta(seconds=51)) == "b"  # expired
+    assert ledger.claim_lease("jobs", "a", 30, now=now + timedelta(seconds=52),
+                              holder_gone=lambda h: h == "b") == "a"  # b died
+    ledger.release_lease("jobs", "b")  # not b's any more: nothing happens
+    assert ledger.claim_lease("jobs", "b", 30, now=now + timedelta(seconds=53)) == "a"
+    ledger.release_lease("jobs", "a")
+    assert ledger.claim_lease("jobs", "b", 30, now=now + timedelta(seconds=54)) == "b"

@@ -10,12 +10,14 @@ service entry at its URL.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from urllib.parse import urlparse
 
 from jupyterhub.services.auth import HubAuth, HubOAuth
 from tornado import web
+from tornado.httpserver import HTTPServer
 from tornado.ioloop import IOLoop
 from traitlets import Bool, Dict, Enum, Float, Integer, Unicode, default
 from traitlets.config import Application, catch_config_error
@@ -41,6 +43,8 @@ from .jobs.idle import IdleJob
 from .jobs.queue import QueueJob
 from .jobs.reclaim import ReclaimExecutor
 from .jobs.reconcile import DebitAfterReconcile, ReconcileJob
+from .lease import JobsLease
+from .lifetime import STOP_DEADLINE, exit_with_parent, listen_sockets, on_stop_signals
 from .manager import PoolManager
 from .metrics import ServiceMetrics
 from .usage import UsageConfigError, make_usage_source
@@ -199,6 +203,22 @@ class GPUPoolService(Application):
 
     run_jobs = Bool(True, help="Run the scheduled jobs (turn off for a read-only replica or some tests).").tag(config=True)
 
+    jobs_lease_ttl = Float(
+        30.0,
+        help="""Seconds a service's claim on the periodic jobs lasts without renewal (renewed every third of it).
+
+        Of several services on one ledger only the lease holder debits, culls, reconciles and
+        dispatches the queue; another takes over when the holder stops, at once when the holder
+        was a process of the same host that died, else once its lease expired.""",
+    ).tag(config=True)
+
+    exit_with_hub = Bool(
+        True,
+        help="""Exit when the hub that started this service exits, even by kill -9 (Linux:
+        PR_SET_PDEATHSIG, and a check of the parent PID every second). Only for a hub-managed
+        service (JUPYTERHUB_SERVICE_NAME set); an external service is never stopped this way.""",
+    ).tag(config=True)
+
     @catch_config_error
     def initialize(self, argv: list[str] | None = None) -> None:
         super().initialize(argv)
@@ -247,7 +267,9 @@ class GPUPoolService(Application):
             self.culler.hub_public_url = hub_cfg.get("bind_url") or (
                 f"http://{hub_cfg.get('ip') or '127.0.0.1'}:{hub_cfg.get('port', 8000)}")
         m = self.manager
-        self.jobs = JobRunner(self.metrics)
+        self.lease = JobsLease(self.ledger, self.jobs_lease_ttl)
+        self.jobs = JobRunner(self.metrics, self.lease)
+        self.server: HTTPServer | None = None
         self.reconciler = ReconcileJob(self.hub, self.ledger, m.admission, m.threads, self.reconcile_grace)
         self.reclaimer = ReclaimExecutor(self.hub, m.reclaims, m.threads)
         m.reclaims.on_reclaim = self.reclaimer.schedule
@@ -368,8 +390,10 @@ class GPUPoolService(Application):
         self.log.log(level, "%d %s %s %.1fms", status, handler.request.method, handler.request.path,
                      1000 * handler.request.request_time())
 
-    def start_jobs(self) -> None:
+    async def start_jobs(self) -> None:
         m, jobs = self.manager, self.jobs
+        await m.threads.write(self.lease.renew)  # before the first run: is it ours to run the jobs?
+        jobs.every(self.jobs_lease_ttl / 3, "lease", lambda: m.threads.write(self.lease.renew), leased=False)
         jobs.every(self.replenish_interval, "replenish", ReplenishJob(self.hub, self.groups, m.accounts, m.threads))
         # an interval is charged once the servers were reconciled after it closed (jobs/reconcile.py)
         debit = DebitAfterReconcile(self.reconciler, DebitJob(m.debits, jobs.in_thread), m.debits)
@@ -379,20 +403,42 @@ class GPUPoolService(Application):
         if m.settings.idle_reclaim:
             jobs.every(self.idle_interval, "idle", IdleJob(self.hub, m, self.utilization))
         if self.inventory_source.dynamic:
-            jobs.every(self.inventory_source.refresh_interval, "inventory",
-                       InventoryRefreshJob(self.inventory_source, m.inventory, m.threads, jobs.in_thread))
+            jobs.every(self.inventory_source.refresh_interval, "inventory",  # this service's own pool view
+                       InventoryRefreshJob(self.inventory_source, m.inventory, m.threads, jobs.in_thread),
+                       leased=False)
         if self.culler.enabled:
             probe = UtilizationProbe(self.culler, self.prometheus_url, self.prometheus_token)
             jobs.every(self.culler.interval, "cull", CullJob(self.hub, m, self.culler, self.groups, probe))
 
     def start(self) -> None:
         self.reclaimer.loop = IOLoop.current()  # reclaims are announced from the writer thread
+        on_stop_signals(self.stop)
+        if self.exit_with_hub and os.environ.get("JUPYTERHUB_SERVICE_NAME"):
+            exit_with_parent(self.stop)
         app = make_app(self.context, log_function=self._log_request)
-        app.listen(self.port, address=self.ip, xheaders=True, max_body_size=MAX_BODY_SIZE)
-        self.log.info("gpupool service listening on http://%s:%d%s", self.ip, self.port, self.prefix)
+        self.server = HTTPServer(app, xheaders=True, max_body_size=MAX_BODY_SIZE)
+        self.server.add_sockets(listen_sockets(self.port, self.ip, self.config_file))
+        self.log.info("gpupool service listening on http://%s:%d%s (pid %d)", self.ip, self.port, self.prefix,
+                      os.getpid())
         if self.run_jobs:
             IOLoop.current().add_callback(self.start_jobs)
         IOLoop.current().start()
+
+    def stop(self, why: str) -> None:
+        """Stop taking requests and starting jobs, give the jobs lease up, end the IOLoop
+        (``lifetime.on_stop_signals`` guarantees the exit within its deadline)."""
+        self.log.warning("gpupool service stopping: %s", why)
+        if self.server is not None:
+            self.server.stop()
+        self.jobs.stop()
+        IOLoop.current().add_callback(self._release_and_end)
+
+    async def _release_and_end(self) -> None:
+        try:
+            await asyncio.wait_for(self.manager.threads.write(self.lease.release), STOP_DEADLINE / 2)
+        except Exception as e:  # it expires by itself
+            self.log.warning("gpupool: jobs lease not released (%s); it expires in %.0f s", e, self.jobs_lease_ttl)
+        IOLoop.current().stop()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -402,7 +448,9 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="[%(levelname)1.1s %(asctime)s %(name)s] %(message)s")
     app = GPUPoolService.instance()
     app.initialize(argv)
-    try:
-        app.start()
-    except KeyboardInterrupt:  # the hub stops its managed services with SIGINT: a normal stop
-        log.info("gpupool service stopped")
+    app.start()
+    log.info("gpupool service stopped")
+    # Work still queued on the core's threads is abandoned: each write is one transaction,
+    # and a half-done job is redone by the next service. Do not wait for those threads.
+    logging.shutdown()
+    os._exit(0)

@@ -17,6 +17,7 @@ from typing import Any
 
 from tornado.ioloop import IOLoop
 
+from ..lease import JobsLease
 from ..metrics import ServiceMetrics
 
 log = logging.getLogger("gpupool.jobs")
@@ -29,8 +30,9 @@ class JobRunner:
     debit job's usage queries) goes to one job thread; the core's own calls go to
     its writer and reader threads (``CoreThreads``)."""
 
-    def __init__(self, metrics: ServiceMetrics | None) -> None:
+    def __init__(self, metrics: ServiceMetrics | None, lease: JobsLease | None = None) -> None:
         self.metrics = metrics
+        self.lease = lease
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="gpupool-job")
         self.tasks: list[asyncio.Task[None]] = []
 
@@ -49,13 +51,16 @@ class JobRunner:
             if self.metrics is not None:
                 self.metrics.job_duration.labels(name).observe(time.perf_counter() - started)
 
-    async def _every(self, seconds: float, name: str, job: Job) -> None:
+    async def _every(self, seconds: float, name: str, job: Job, leased: bool) -> None:
         while True:
-            await self.run_once(name, job)
+            if not leased or self.lease is None or self.lease.held:
+                await self.run_once(name, job)
             await asyncio.sleep(seconds)
 
-    def every(self, seconds: float, name: str, job: Job) -> None:
-        self.tasks.append(asyncio.get_event_loop().create_task(self._every(seconds, name, job)))
+    def every(self, seconds: float, name: str, job: Job, *, leased: bool = True) -> None:
+        """Run ``job`` every ``seconds``; a ``leased`` job only while this service holds
+        the jobs lease (``service/lease.py``), so two services never both run it."""
+        self.tasks.append(asyncio.get_event_loop().create_task(self._every(seconds, name, job, leased)))
 
     def stop(self) -> None:
         for task in self.tasks:

@@ -1,0 +1,152 @@
+"""The service lives and dies with its hub.
+
+A hub that dies without stopping its managed services (``kill -9``, the OOM
+killer, a crash) would leave the gpupool service running with parent PID 1:
+still debiting and culling, still holding its port, so that the next hub's
+service cannot start. Two mechanisms, both Linux:
+
+- ``prctl(PR_SET_PDEATHSIG, SIGTERM)``: the kernel sends SIGTERM when the
+  process that started the service exits;
+- a once-a-second check that the parent PID is unchanged, for the cases the
+  signal misses (the parent died before the call; a parent thread, not the
+  process, ended; a platform without ``prctl``).
+
+SIGTERM and SIGINT stop the service within ``STOP_DEADLINE`` seconds: it stops
+accepting requests and starting jobs, gives the jobs lease up, and exits.
+Work in flight is one database transaction at a time, so abandoning it loses
+nothing: an interval not marked done is charged by the next service.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+import psutil
+from tornado.ioloop import IOLoop, PeriodicCallback
+from tornado.netutil import bind_sockets
+
+log = logging.getLogger("gpupool")
+
+#: Seconds from SIGTERM to exit, at most.
+STOP_DEADLINE = 5.0
+_PR_SET_PDEATHSIG = 1
+
+
+def exit_with_parent(on_parent_exit: Callable[[str], None]) -> PeriodicCallback | None:
+    """Arrange for ``on_parent_exit`` (on the IOLoop) once the parent is gone.
+    Returns the watch, or None when the service has no parent to follow (PID 1)."""
+    parent = os.getppid()
+    if parent <= 1:
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+            log.warning("gpupool: prctl(PR_SET_PDEATHSIG) failed (errno %d); watching the parent instead",
+                        ctypes.get_errno())
+    except (OSError, AttributeError):
+        log.info("gpupool: no prctl on this platform; watching the parent process instead")
+
+    def check() -> None:
+        if os.getppid() != parent:
+            watch.stop()
+            on_parent_exit(f"its parent process {parent} (the hub) exited")
+
+    watch = PeriodicCallback(check, 1000)
+    watch.start()
+    check()  # the parent may have died before prctl took effect
+    return watch
+
+
+def on_stop_signals(stop: Callable[[str], None]) -> None:
+    """SIGTERM and SIGINT (the hub stops its services with both) call ``stop`` on the IOLoop,
+    with a hard exit after ``STOP_DEADLINE`` should anything hang."""
+    loop = IOLoop.current()
+
+    def handler(signum: int, _frame: object) -> None:
+        name = signal.Signals(signum).name
+        timer = threading.Timer(STOP_DEADLINE, _hard_exit, (name,))
+        timer.daemon = True
+        timer.start()
+        loop.add_callback_from_signal(stop, name)
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def _hard_exit(why: str) -> None:
+    log.error("gpupool: not stopped %.0f s after %s; exiting now", STOP_DEADLINE, why)
+    logging.shutdown()
+    os._exit(1)
+
+
+def listen_sockets(port: int, address: str, config_file: str) -> list[socket.socket]:
+    """Bind the service's port. An orphaned gpupool service of the same configuration
+    holding it (its hub died) is told to stop and the port taken over; anything else
+    holding it stops this service at once with a message naming that process."""
+    try:
+        return bind_sockets(port, address=address)
+    except OSError as e:
+        if e.errno != errno.EADDRINUSE:
+            raise
+    holder = _listener(port)
+    if holder is None:
+        raise SystemExit(f"gpupool: port {port} on {address} is in use by a process this user cannot see; "
+                         "stop it or give the service another URL in c.JupyterHub.services")
+    described = f"PID {holder.pid} ({' '.join(_cmdline(holder))[:200]})"
+    if not _orphaned_service_of(holder, config_file):
+        raise SystemExit(f"gpupool: port {port} on {address} is in use by {described}; stop it or give "
+                         "the service another URL in c.JupyterHub.services")
+    log.warning("gpupool: port %d is held by an orphaned gpupool service, %s, whose hub is gone; "
+                "stopping it and taking over", port, described)
+    holder.terminate()
+    deadline = time.monotonic() + STOP_DEADLINE + 1
+    while time.monotonic() < deadline:
+        try:
+            return bind_sockets(port, address=address)
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE:
+                raise
+        time.sleep(0.1)
+    holder.kill()
+    time.sleep(0.5)
+    return bind_sockets(port, address=address)
+
+
+def _listener(port: int) -> psutil.Process | None:
+    try:
+        for conn in psutil.net_connections(kind="tcp"):
+            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
+                return psutil.Process(conn.pid)
+    except psutil.Error:
+        return None
+    return None
+
+
+def _cmdline(proc: psutil.Process) -> list[str]:
+    try:
+        return proc.cmdline()
+    except psutil.Error:
+        return []
+
+
+def _orphaned_service_of(proc: psutil.Process, config_file: str) -> bool:
+    """A gpupool service reading the same configuration file, whose parent is gone
+    (adopted by PID 1 or a subreaper that is not a hub)."""
+    cmd = _cmdline(proc)
+    if not any("gpupool_hub.service" in part or part.endswith("gpupool-service") for part in cmd):
+        return False
+    if os.path.abspath(config_file) not in {os.path.abspath(p) for p in cmd if p.endswith(".py")}:
+        return False
+    try:
+        parent = proc.parent()
+        return parent is None or parent.pid == 1 or "jupyterhub" not in " ".join(_cmdline(parent))
+    except psutil.Error:
+        return False
