@@ -23,7 +23,8 @@ import requests
 from gpupool_hub.ledger import Ledger
 from tests.fixtures.hub import free_port, wait_for
 
-TOKEN = "lifetime-test-token"
+TOKEN = "lifetime-test-token"  # the service's (unreachable) hub token
+SPAWNER_TOKEN = "lifetime-spawner-secret-0123456789"  # may read /metrics
 NODES = [{"name": "n1", "cpu_milli": 8000, "memory_mib": 32768, "gpus": {"count": 2, "model": "NVIDIA RTX A6000"}}]
 
 
@@ -52,7 +53,8 @@ class Service:
             return False
 
     def job_runs(self) -> dict[str, float]:
-        r = requests.get(f"http://127.0.0.1:{self.port}/services/gpupool/metrics", headers={"Authorization": f"token {TOKEN}"}, timeout=5)
+        r = requests.get(f"http://127.0.0.1:{self.port}/services/gpupool/metrics",
+                         headers={"Authorization": f"token {SPAWNER_TOKEN}"}, timeout=5)
         r.raise_for_status()
         return {m.group(1): float(m.group(2)) for m in
                 re.finditer(r'^gpupool_job_duration_seconds_count\{job="([^"]+)"\} (\S+)$', r.text, re.M)}
@@ -84,6 +86,7 @@ def services(tmp_path):
         c.GPUPoolService.reconcile_interval = 0.5
         c.GPUPoolService.queue_interval = 0.5
         c.GPUPoolService.jobs_lease_ttl = 3
+        c.GPUPoolService.spawner_token = "{SPAWNER_TOKEN}"
     """))
 
     def start(port: int | None = None, name: str | None = None, **env: str) -> Service:
