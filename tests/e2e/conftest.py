@@ -95,7 +95,8 @@ def shut_down(hub: Hub) -> None:
         if hub.proc is not None and hub.proc.poll() is None:
             hub.record_processes()
             r = hub.hub_request("GET", "/users", params={"state": "active"})
-            for user in r.json() if r.status_code == 200 else []:
+            users = r.json() if r.status_code == 200 else []
+            for user in users if isinstance(users, list) else []:  # not a hub on the port: nothing
                 for server in user.get("servers", {}):
                     path = f"/users/{q(user['name'])}/servers/{q(server)}" if server else \
                         f"/users/{q(user['name'])}/server"
