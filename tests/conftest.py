@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-pytest_plugins = ["tests.fixtures.postgres", "tests.fixtures.hub", "tests.fixtures.prometheus", "tests.fixtures.slurm"]
+pytest_plugins = ["tests.fixtures.processes", "tests.fixtures.postgres", "tests.fixtures.hub", "tests.fixtures.prometheus", "tests.fixtures.slurm"]
 
 REQUIRE_INTEGRATION = os.environ.get("GPUPOOL_REQUIRE_INTEGRATION", "") not in ("", "0")
 

@@ -86,50 +86,17 @@ def stop_server(hub: Hub, name: str, timeout: float = 30) -> None:
     wait_for(stopped, timeout, f"{name}'s server to stop")
 
 
-def server_pids(hub: Hub) -> list[int]:
-    """Pids of the running single-user servers (SimpleLocalProcessSpawner keeps them in state)."""
-    r = requests.get(f"{hub.api}/users", params={"state": "active"},
-                     headers={"Authorization": f"token {hub.service_token}"}, timeout=30)
-    if r.status_code != 200:
-        return []
-    return [srv["state"]["pid"] for user in r.json() for srv in user.get("servers", {}).values()
-            if isinstance(srv.get("state"), dict) and srv["state"].get("pid")]
-
-
-def _children(pid: int) -> dict[int, str]:
-    """pid → start time of the direct children of ``pid`` (the hub's proxy, service and servers)."""
-    found = {}
-    for proc in Path("/proc").glob("[0-9]*"):
-        try:
-            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[1]) == pid:
-            found[int(proc.name)] = fields[19]
-    return found
-
-
-def _kill_if_same(pid: int, started: str) -> None:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        if fields[19] == started:
-            os.kill(pid, signal.SIGKILL)
-    except (OSError, IndexError):
-        pass
-
-
 def shut_down(hub: Hub) -> None:
-    """Stop every server through the hub, then the hub; kill any process of the hub's left over
-    (servers, and the service and proxy of a hub that could not clean up: they run in sessions
-    of their own, so stopping the hub's process group does not reach them)."""
-    pids: list[int] = []
-    children: dict[int, str] = {}
+    """Stop every server through the hub, then the hub; ``Hub.stop`` kills by PID whatever
+    of the hub's is left over (servers, and the service and proxy of a hub that could not
+    clean up: they run in sessions of their own, so stopping the hub's process group does not
+    reach them)."""
     try:
         if hub.proc is not None and hub.proc.poll() is None:
-            children = _children(hub.proc.pid)
-            pids = server_pids(hub)
+            hub.record_processes()
             r = hub.hub_request("GET", "/users", params={"state": "active"})
-            for user in r.json() if r.status_code == 200 else []:
+            users = r.json() if r.status_code == 200 else []
+            for user in users if isinstance(users, list) else []:  # not a hub on the port: nothing
                 for server in user.get("servers", {}):
                     path = f"/users/{q(user['name'])}/servers/{q(server)}" if server else \
                         f"/users/{q(user['name'])}/server"
@@ -138,13 +105,6 @@ def shut_down(hub: Hub) -> None:
         pass
     finally:
         hub.stop()
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        for pid, started in children.items():
-            _kill_if_same(pid, started)
 
 
 # ------------------------------------------------------------ single-user Lab

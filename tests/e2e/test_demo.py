@@ -26,6 +26,7 @@ import pytest
 import requests
 
 from gpupool_hub.ledger import Ledger
+from tests.fixtures import processes
 from tests.fixtures.hub import free_port, require_hub_binaries, wait_for
 
 pytestmark = pytest.mark.integration
@@ -104,6 +105,8 @@ def demo(tmp_path):
                     kill()
                 except OSError:
                     pass
+        # and what an orphan of the demo left in its folder (pytest, their subreaper, keeps them)
+        processes.stop_processes(processes.processes_in(tmp_path).values())
         log.close()
 
 

@@ -18,6 +18,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from tests.fixtures import processes
+
 SERVER_EXTENSION = "gpupool_hub.labext"
 LABEXTENSION = "@gpupool/hub-balance"
 PLUGIN_ID = f"{LABEXTENSION}:plugin"
@@ -143,14 +145,17 @@ class JupyterProcess:
         raise RuntimeError(f"jupyter {self.app} did not answer within {timeout} s:\n{self.log()}")
 
     def stop(self) -> None:
+        """Stop the server, then by PID its kernels (each in a session of its own) if it left any."""
         if self.proc is None or self.proc.poll() is not None:
             return
+        kernels = processes.descendants(self.proc.pid, processes.process_table())
         self.proc.terminate()
         try:
             self.proc.wait(15)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(5)
+        processes.stop_processes(kernels.values())
 
     def __enter__(self) -> JupyterProcess:
         return self.start()

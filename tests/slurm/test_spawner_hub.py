@@ -186,7 +186,7 @@ def test_hub_restart_keeps_the_server_its_job_and_its_gpus(hub, slurm):
     server_pid = server_info(hub, "rita")["pid"]
     old_service = service_pid(hub)
 
-    hub.stop()  # the hub and the service it manages (one process group); the Slurm job is Slurm's
+    hub.stop(keep_servers=True)  # the hub and the service it manages (one process group); the Slurm job is Slurm's
     assert slurm.job_state(job_id) == "RUNNING"
     hub.start()
     assert service_pid(hub) != old_service

@@ -247,7 +247,7 @@ def test_30_concurrent_spawns_on_8_gpus_never_share_a_gpu(hub):
 def test_hub_restart_keeps_running_servers_and_their_allocations(hub):
     info = start_ok(hub, "hana", {"profile": "2x3090"})
     [before] = [a for a in allocations(hub) if a["user"] == "hana"]
-    hub.stop()
+    hub.stop(keep_servers=True)
     hub.start()
     # the server survived (cleanup_servers = False), with its GPUs and its state
     assert server_info(hub, "hana")["pid"] == info["pid"]
