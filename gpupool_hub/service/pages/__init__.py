@@ -39,7 +39,7 @@ STATIC_DIR = str(resources.files(__package__).joinpath("static"))
 
 
 def page_routes(prefix: str) -> list[tuple]:  # type: ignore[type-arg]
-    """Routes to append to the API's (:func:`gpupool_hub.service.handlers.routes`)."""
+    """Routes to append to the API's (:func:`gpupool_hub.service.api.routes`)."""
     p = prefix.rstrip("/")
     name = r"([^/]+)"
     return [

@@ -1,0 +1,298 @@
+"""``nodes/{node}/…``: the endpoints node agents call. ``inventory``: report the node's
+GPUs; ``enforce``: fetch the enforcement list; ``utilization``: GPU utilization, for idle
+reclaim without Prometheus; ``memory``: the memory guard's shares to watch, its warnings and
+stops (rules in ``service/memory.py`` and ``agent/memguard.py``); ``boundary``: who holds
+each GPU, and the processes found out of bounds (rules in ``agent/boundary.py``). New
+warnings and every stop go to the audit log.
+
+Agents are not hub users: each node has its own shared secret
+(``c.GPUPoolService.agent_tokens = {"node-a": "…"}``, passed to the app as the
+``agent_tokens`` setting). A node's token is good for that node's URLs only,
+so a compromised node cannot rewrite another node's inventory, nor claim another
+node's devices (GPU and MIG UUIDs), not even after a restart of the service before
+that node reported again: the service remembers each device's node in the ledger
+database. Admins (hub token with the admin scope) may call them too, to inspect or
+test, and to move a device whose old node is gone.
+
+Reports are kept by the inventory unit (``PoolInventory.reports``; with
+``c.GPUPool.inventory = "agents"`` they are the pool) and the enforcement list
+by the enforcement unit, which the cull job fills. Every call of a node's own
+agent counts as a sign of life of that node.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Iterable
+from datetime import datetime, timezone
+from typing import Any
+
+from tornado import web
+
+from ...inventory.agents import NodeReport
+from ...ledger import AllocationRecord, AuditEvent
+from ...placement.errors import InventoryError
+from ...placement.inventory import load_node
+from ...reasons import AuditAction
+from ...timefmt import iso as _iso
+from ..httpargs import INT64_MAX
+from ..inventory import DeviceOfAnotherNode
+from ..memory import shares_on
+from .base import APIHandler
+from .schema import text_problem
+
+log = logging.getLogger("gpupool.agents")
+
+MAX_INVENTORY_BYTES = 1 << 20
+
+
+class AgentHandler(APIHandler):
+    """Accepts the node's own agent token, or a hub token with the admin scope."""
+
+    node: str
+
+    async def authenticate(self) -> None:
+        # tornado has URL-decoded the path argument once: that is the node's name
+        self.node = self.path_args[0] if self.path_args else ""
+        token = self._token()
+        tokens = self.context.agent_tokens or {}
+        if token is not None:
+            for name, secret in tokens.items():
+                if secret and hmac.compare_digest(token.encode(), str(secret).encode()):
+                    if name != self.node:
+                        raise web.HTTPError(403, f"this agent token belongs to node {name!r}, not {self.node!r}")
+                    self.identity = {"kind": "agent", "name": name, "scopes": [], "groups": []}
+                    return
+            if self.context.hub_auth is None:  # no hub to ask (agent-only deployments, tests)
+                raise web.HTTPError(401, "invalid agent token")
+        await super().authenticate()  # 401 without a token; hub check otherwise
+        if not self.is_admin:
+            raise web.HTTPError(403, f"node endpoints need node {self.node!r}'s agent token or the admin scope")
+
+    @property
+    def is_agent(self) -> bool:
+        return self.identity.get("kind") == "agent"
+
+    def check_own_devices(self, uuids: Iterable[str]) -> None:
+        """403 for a device of another node (reported now or before a restart), 400 for
+        one the pool does not have on this node: an agent speaks for its own GPUs only."""
+        inventory = self.manager.inventory
+        known = {g.uuid for ns in self.manager.pool.nodes if ns.name == self.node for g in ns.node.gpus}
+        unknown = sorted(set(uuids) - known)
+        foreign = {u: owner for u in unknown if (owner := inventory.owner_of(u)) not in (None, self.node)}
+        if foreign:
+            uuid, owner = sorted(foreign.items())[0]
+            raise web.HTTPError(403, f"GPU {uuid} belongs to node {owner!r}, not {self.node!r}")
+        if unknown:
+            raise web.HTTPError(400, f"GPU(s) {unknown[:5]} are not in node {self.node!r} of the pool")
+
+    def touch(self) -> None:
+        """An agent called: the node is alive (an admin's call says nothing about that)."""
+        if self.is_agent:
+            self.manager.inventory.seen(self.node)
+
+
+class InventoryHandler(AgentHandler):
+    max_body_bytes = MAX_INVENTORY_BYTES
+
+    async def put(self, _node: str) -> None:
+        body = self.json_body()
+        name = body.setdefault("name", self.node)
+        if name != self.node:
+            raise web.HTTPError(400, f"inventory names node {name!r} but was sent for {self.node!r}")
+        try:
+            node = load_node(body, "inventory")
+        except InventoryError as e:
+            raise web.HTTPError(400, f"invalid inventory: {e}") from None
+        self.touch()
+        try:  # on the writer thread: with the agents inventory a report may rebuild the pool
+            report = await self.core(self.manager.inventory.accept_report, self.node, body, node,
+                                     self.manager.ledger, move_remembered=not self.is_agent)
+        except DeviceOfAnotherNode as e:
+            raise web.HTTPError(403 if self.is_agent else 400, f"invalid inventory: {e}") from None
+        except InventoryError as e:
+            raise web.HTTPError(400, f"invalid inventory: {e}") from None
+        self.write_json({"node": self.node, "gpus": len(node.gpus), "accepted": True,
+                         "differences": report.differences})
+
+    def get(self, _node: str) -> None:
+        report: NodeReport | None = self.manager.inventory.reports.get(self.node)
+        if report is None or report.inventory is None:
+            raise web.HTTPError(404, f"node {self.node!r} has not reported an inventory")
+        self.write_json({"node": self.node, "inventory": report.inventory,
+                         "received_at": _iso(report.received_at), "last_seen": _iso(report.last_seen),
+                         "differences": report.differences})
+
+
+class EnforceHandler(AgentHandler):
+    async def get(self, _node: str) -> None:
+        self.touch()
+        # "kernels": users whose kernels of a running server may be stopped too (default: none;
+        # the hub culls those); "allowed": GPUs still held by users whose kernels were culled
+        held: dict[str, list[str]] = {}
+        if self.manager.enforcement.stray_users():
+            for r in await self.read_db(self.manager.ledger.active_allocations):
+                held.setdefault(r.user, []).extend(g["uuid"] for g in r.gpus)
+        self.write_json({**self.manager.enforcement.agent_list(held), "dry_run": self.context.agent_dry_run,
+                         # e.g. after a restart of the service: the agent sends its inventory at once
+                         "report_inventory": self.manager.inventory.wants_report(self.node)})
+
+
+class UtilizationHandler(AgentHandler):
+    """Body: ``{"gpus": {"<GPU UUID>": 0.0-1.0, ...}, "memory": {"<GPU UUID>": [used, total], ...}}``
+    (memory in bytes, optional), the node's own agent token or an admin."""
+
+    max_body_bytes = 64 * 1024
+
+    def put(self, _node: str) -> None:
+        source = self.context.utilization
+        if source is None:
+            raise web.HTTPError(409, "this service reads GPU utilization from Prometheus; reports are not used")
+        body = self.json_body()
+        gpus = body.get("gpus")
+        if not isinstance(gpus, dict) or not all(
+                isinstance(k, str) and k and isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1
+                for k, v in gpus.items()):
+            raise web.HTTPError(400, "'gpus' must map GPU UUIDs to utilization between 0 and 1")
+        memory = body.get("memory") or {}
+        if not isinstance(memory, dict) or not all(
+                isinstance(k, str) and isinstance(v, list) and len(v) == 2
+                and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v) and v[0] <= v[1]
+                for k, v in memory.items()):
+            raise web.HTTPError(400, "'memory' must map GPU UUIDs to [used, total] bytes (whole numbers, used <= total)")
+        self.check_own_devices(set(gpus) | set(memory))
+        self.touch()
+        source.report({k: float(v) for k, v in gpus.items()}, datetime.now(timezone.utc),
+                      {k: (v[0], v[1]) for k, v in memory.items()})
+        self.write_json({"node": self.node, "accepted": len(gpus)})
+
+
+MAX_REPORT_BYTES = 256 * 1024
+
+_WARNING_FIELDS = {"user": str, "server": str, "gpu_uuid": str, "gpu_index": int, "fraction_milli": int,
+                   "limit_bytes": int, "used_bytes": int, "since": str, "deadline": str, "pids": list}
+_ACTION_FIELDS = {"user": str, "server": str, "gpu_uuid": str, "pid": int, "memory_bytes": int, "action": str,
+                  "detail": str}
+
+
+def checked_pids_and_dry_run(body: dict[str, Any], warnings: list[dict[str, Any]]) -> bool:
+    """The rules a field table cannot say, shared by the memory and boundary reports:
+    bounded lists of real process ids, and a boolean ``dry_run`` (returned)."""
+    if not all(isinstance(w["pids"], list) and len(w["pids"]) <= 1024 and all(
+            isinstance(p, int) and not isinstance(p, bool) and 0 < p <= INT64_MAX for p in w["pids"])
+            for w in warnings):
+        raise web.HTTPError(400, "warnings[].pids must be a list of at most 1024 process ids")
+    if not isinstance(body.get("dry_run", False), bool):
+        raise web.HTTPError(400, "dry_run must be true or false")
+    return bool(body.get("dry_run", False))
+
+
+def _checked(items: Any, fields: dict[str, type], what: str) -> list[dict[str, Any]]:
+    """Each item has every field, of its type; texts as any request text, counts not negative."""
+    if not isinstance(items, list):
+        raise web.HTTPError(400, f"'{what}' must be a list")
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise web.HTTPError(400, f"{what}[{i}] must be an object")
+        for name, kind in fields.items():
+            value = item.get(name)
+            if not isinstance(value, kind) or isinstance(value, bool):
+                raise web.HTTPError(400, f"{what}[{i}].{name} must be a {kind.__name__}")
+            if kind is int and not 0 <= value <= INT64_MAX:
+                raise web.HTTPError(400, f"{what}[{i}].{name} must be between 0 and {INT64_MAX}")
+            problem = text_problem(value, max_length=255, allow_empty=name in ("server", "detail")) \
+                if kind is str else None
+            if problem:
+                raise web.HTTPError(400, f"{what}[{i}].{name} {problem}")
+    return [{k: item[k] for k in fields} for item in items]
+
+
+class MemoryHandler(AgentHandler):
+    max_body_bytes = MAX_REPORT_BYTES
+
+    async def get(self, _node: str) -> None:
+        self.touch()
+        records = await self.read_db(self.manager.ledger.active_allocations)
+        self.write_json({"shares": shares_on(records, self.node), "dry_run": self.context.agent_dry_run})
+
+    async def put(self, _node: str) -> None:
+        body = self.json_body()
+        warnings = _checked(body.get("warnings"), _WARNING_FIELDS, "warnings")
+        actions = _checked(body.get("actions", []), _ACTION_FIELDS, "actions")
+        dry = checked_pids_and_dry_run(body, warnings) or self.context.agent_dry_run
+        self.check_own_devices({x["gpu_uuid"] for x in warnings + actions})
+        self.touch()
+        new = self.manager.memory.report(self.node, warnings, dry)
+        now = datetime.now(timezone.utc)
+        events = [AuditEvent(now, w["user"], w["server"], AuditAction.MEMORY_WARN.value,
+                             f"uses {w['used_bytes'] >> 20} MiB of GPU {w['gpu_uuid']} on {self.node}, over the "
+                             f"{w['limit_bytes'] >> 20} MiB limit of a {w['fraction_milli'] / 1000:.3f} share; "
+                             f"processes stop from {w['deadline']}", dry,
+                             {"node": self.node, **{k: w[k] for k in ("gpu_uuid", "limit_bytes", "used_bytes",
+                                                                       "deadline", "pids")}})
+                  for w in new]
+        events += [AuditEvent(now, a["user"], a["server"], AuditAction.MEMORY_STOP.value,
+                              f"pid {a['pid']} ({a['memory_bytes'] >> 20} MiB on GPU {a['gpu_uuid']}): {a['action']}"
+                              + (f" ({a['detail']})" if a["detail"] else ""), dry,
+                              {"node": self.node, **a})
+                   for a in actions]
+        for event in events:
+            await self.core(self.manager.ledger.add_audit, event)
+        self.write_json({"node": self.node, "warnings": len(warnings), "audited": len(events)})
+
+
+_BOUNDARY_WARNING_FIELDS = {"user": str, "gpu_uuid": str, "gpu_index": int, "deadline": str, "pids": list}
+_BOUNDARY_ACTION_FIELDS = {"user": str, "gpu_uuid": str, "pid": int, "action": str, "detail": str}
+
+
+def holders_on(records: list[AllocationRecord], node: str) -> dict[str, list[str]]:
+    """GPU UUID (and MIG instance UUID) -> the users holding it or a share of it on ``node``."""
+    out: dict[str, set[str]] = {}
+    for r in records:
+        if r.node != node:
+            continue
+        for g in r.gpus:
+            out.setdefault(g.get("mig_uuid") or g["uuid"], set()).add(r.user)
+    return {uuid: sorted(users) for uuid, users in sorted(out.items())}
+
+
+class BoundaryHandler(AgentHandler):
+    max_body_bytes = MAX_REPORT_BYTES
+
+    async def get(self, _node: str) -> None:
+        self.touch()
+        records = await self.read_db(self.manager.ledger.active_allocations)
+        self.write_json({"holders": holders_on(records, self.node), "dry_run": self.context.agent_dry_run})
+
+    async def put(self, _node: str) -> None:
+        body = self.json_body()
+        warnings = _checked(body.get("warnings"), _BOUNDARY_WARNING_FIELDS, "warnings")
+        actions = _checked(body.get("actions", []), _BOUNDARY_ACTION_FIELDS, "actions")
+        dry = checked_pids_and_dry_run(body, warnings) or self.context.agent_dry_run
+        self.check_own_devices({x["gpu_uuid"] for x in warnings + actions})
+        self.touch()
+        now = datetime.now(timezone.utc)
+        events = [AuditEvent(now, w["user"], "", AuditAction.GPU_OUT_OF_BOUNDS.value,
+                             f"process(es) {', '.join(map(str, w['pids']))} on GPU {w['gpu_uuid']} of {self.node}, "
+                             f"which {w['user']} holds no allocation on; stopped from {w['deadline']}", dry,
+                             {"node": self.node, **w})
+                  for w in warnings]
+        events += [AuditEvent(now, a["user"], "", AuditAction.GPU_OUT_OF_BOUNDS_STOP.value,
+                              f"pid {a['pid']} on GPU {a['gpu_uuid']} of {self.node}: {a['action']}"
+                              + (f" ({a['detail']})" if a["detail"] else ""), dry, {"node": self.node, **a})
+                   for a in actions]
+        for event in events:
+            await self.core(self.manager.ledger.add_audit, event)
+        self.write_json({"node": self.node, "audited": len(events)})
+
+
+NODE = r"([^/]+)"
+
+default_handlers = [
+    (rf"api/v1/nodes/{NODE}/inventory", InventoryHandler),
+    (rf"api/v1/nodes/{NODE}/enforce", EnforceHandler),
+    (rf"api/v1/nodes/{NODE}/utilization", UtilizationHandler),
+    (rf"api/v1/nodes/{NODE}/memory", MemoryHandler),
+    (rf"api/v1/nodes/{NODE}/boundary", BoundaryHandler),
+]
