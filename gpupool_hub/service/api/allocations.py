@@ -13,6 +13,7 @@ from .base import APIHandler
 
 class AllocationsHandler(APIHandler):
     max_body_bytes = 64 * 1024
+    openapi_path = "/allocations"
 
     async def get(self) -> None:
         self.require_spawner_or_admin()
@@ -23,26 +24,14 @@ class AllocationsHandler(APIHandler):
     async def post(self) -> None:
         self.require_spawner_or_admin()
         body = self.json_body()
-        unknown = sorted(set(body) - {"user", "server", "request", "groups", "key"})
-        if unknown:
-            raise web.HTTPError(400, f"unknown field(s) {unknown}; expected user, server, request, groups, key")
-        key = body.get("key")
-        if key is not None and not (isinstance(key, str) and 0 < len(key) <= KEY_MAX_LENGTH):
-            raise web.HTTPError(400, f"'key' must be the spawn attempt's key, 1-{KEY_MAX_LENGTH} characters")
-        user, server = body.get("user"), body.get("server", "")
-        if not isinstance(user, str) or not user or len(user) > 255:
-            raise web.HTTPError(400, "'user' must be a JupyterHub username")
-        if not isinstance(server, str) or len(server) > 255:
-            raise web.HTTPError(400, "'server' must be a server name ('' for the default server)")
+        key, user, server = body.get("key"), body["user"], body.get("server", "")
         groups = body.get("groups")
-        if groups is not None and not (isinstance(groups, list) and all(isinstance(g, str) for g in groups)):
-            raise web.HTTPError(400, "'groups' must be a list of group names")
-        request = body.get("request")
+        request = body["request"]
         try:
             req = parse_request(request)
         except BadRequest as e:
             raise web.HTTPError(400, f"invalid request: {e}") from None
-        models = request.get("models") if isinstance(request, dict) else None
+        models = request.get("models")
         if groups is None:
             groups = await self.groups_of(user)
         try:
@@ -81,19 +70,13 @@ class AllocationHandler(APIHandler):
         self.write_json({"allocation": self.manager.views.allocation_json(record)})
 
     max_body_bytes = 16 * 1024
+    openapi_path = "/allocations/{id}"
 
     async def patch(self, alloc_id: str) -> None:
         """The spawner records the GPU indices a batch scheduler really bound (gpupool-slurm)."""
         if not self.is_spawner:
             raise web.HTTPError(403, "only the hub's spawner records the GPUs a job was bound to")
-        body = self.json_body()
-        unknown = sorted(set(body) - {"gpu_indices"})
-        if unknown:
-            raise web.HTTPError(400, f"unknown field(s) {unknown}; send 'gpu_indices'")
-        indices = body.get("gpu_indices")
-        if (not isinstance(indices, list) or not indices or len(indices) > 64
-                or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 1024 for i in indices)):
-            raise web.HTTPError(400, "'gpu_indices' must be a non-empty list of GPU indices (integers 0-1023)")
+        indices = self.json_body()["gpu_indices"]
         try:
             record = await self.core(self.manager.inventory.rebind, self.manager.ledger,
                                      self.path_name(alloc_id, "allocation id"), indices)

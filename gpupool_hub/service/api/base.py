@@ -29,7 +29,7 @@ from ..context import ServiceContext
 from ..httpargs import QueryArgs
 from ..hubapi import HubError
 from ..manager import PoolManager
-from .schema import parse_json, text_problem
+from .schema import check_body, parse_json, text_problem
 
 log = logging.getLogger("gpupool.api")
 
@@ -66,6 +66,8 @@ class APIHandler(QueryArgs):
 
     #: the largest request body this endpoint reads, in bytes; larger bodies get 413
     max_body_bytes = 4 * 1024
+    #: the endpoint's path in ``openapi.json``, whose schema its request bodies must match
+    openapi_path: str | None = None
 
     _body: bytearray
     #: the answer to give once the body is drained (set in prepare, or when the body is too large)
@@ -212,9 +214,12 @@ class APIHandler(QueryArgs):
         self._body += chunk
 
     def json_body(self) -> dict[str, Any]:
+        """The request body, checked against ``openapi.json`` (``openapi_path``), or 400."""
         body = parse_json(bytes(self._body) or b"{}")
         if not isinstance(body, dict):
             raise web.HTTPError(400, "request body must be a JSON object")
+        if self.openapi_path is not None:
+            check_body(body, self.openapi_path, self.request.method or "")
         return body
 
     # ---- path and query arguments (tornado has URL-decoded path arguments once already)

@@ -26,21 +26,16 @@ import hmac
 import logging
 from collections.abc import Iterable
 from datetime import datetime, timezone
-from typing import Any
 
 from tornado import web
 
 from ...inventory.agents import NodeReport
-from ...ledger import AllocationRecord, AuditEvent
 from ...placement.errors import InventoryError
 from ...placement.inventory import load_node
-from ...reasons import AuditAction
 from ...timefmt import iso as _iso
-from ..httpargs import INT64_MAX
 from ..inventory import DeviceOfAnotherNode
-from ..memory import shares_on
+from ..memory import boundary_events, holders_on, memory_events, shares_on
 from .base import APIHandler
-from .schema import text_problem
 
 log = logging.getLogger("gpupool.agents")
 
@@ -95,6 +90,7 @@ class AgentHandler(APIHandler):
 
 class InventoryHandler(AgentHandler):
     max_body_bytes = MAX_INVENTORY_BYTES
+    openapi_path = "/nodes/{node}/inventory"
 
     async def put(self, _node: str) -> None:
         body = self.json_body()
@@ -144,23 +140,17 @@ class UtilizationHandler(AgentHandler):
     (memory in bytes, optional), the node's own agent token or an admin."""
 
     max_body_bytes = 64 * 1024
+    openapi_path = "/nodes/{node}/utilization"
 
     def put(self, _node: str) -> None:
         source = self.context.utilization
         if source is None:
             raise web.HTTPError(409, "this service reads GPU utilization from Prometheus; reports are not used")
         body = self.json_body()
-        gpus = body.get("gpus")
-        if not isinstance(gpus, dict) or not all(
-                isinstance(k, str) and k and isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1
-                for k, v in gpus.items()):
-            raise web.HTTPError(400, "'gpus' must map GPU UUIDs to utilization between 0 and 1")
-        memory = body.get("memory") or {}
-        if not isinstance(memory, dict) or not all(
-                isinstance(k, str) and isinstance(v, list) and len(v) == 2
-                and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v) and v[0] <= v[1]
-                for k, v in memory.items()):
-            raise web.HTTPError(400, "'memory' must map GPU UUIDs to [used, total] bytes (whole numbers, used <= total)")
+        gpus, memory = body["gpus"], body.get("memory", {})
+        for uuid, (used, total) in memory.items():
+            if used > total:
+                raise web.HTTPError(400, f"request body field /memory/{uuid} says more used than the GPU has")
         self.check_own_devices(set(gpus) | set(memory))
         self.touch()
         source.report({k: float(v) for k, v in gpus.items()}, datetime.now(timezone.utc),
@@ -170,46 +160,10 @@ class UtilizationHandler(AgentHandler):
 
 MAX_REPORT_BYTES = 256 * 1024
 
-_WARNING_FIELDS = {"user": str, "server": str, "gpu_uuid": str, "gpu_index": int, "fraction_milli": int,
-                   "limit_bytes": int, "used_bytes": int, "since": str, "deadline": str, "pids": list}
-_ACTION_FIELDS = {"user": str, "server": str, "gpu_uuid": str, "pid": int, "memory_bytes": int, "action": str,
-                  "detail": str}
-
-
-def checked_pids_and_dry_run(body: dict[str, Any], warnings: list[dict[str, Any]]) -> bool:
-    """The rules a field table cannot say, shared by the memory and boundary reports:
-    bounded lists of real process ids, and a boolean ``dry_run`` (returned)."""
-    if not all(isinstance(w["pids"], list) and len(w["pids"]) <= 1024 and all(
-            isinstance(p, int) and not isinstance(p, bool) and 0 < p <= INT64_MAX for p in w["pids"])
-            for w in warnings):
-        raise web.HTTPError(400, "warnings[].pids must be a list of at most 1024 process ids")
-    if not isinstance(body.get("dry_run", False), bool):
-        raise web.HTTPError(400, "dry_run must be true or false")
-    return bool(body.get("dry_run", False))
-
-
-def _checked(items: Any, fields: dict[str, type], what: str) -> list[dict[str, Any]]:
-    """Each item has every field, of its type; texts as any request text, counts not negative."""
-    if not isinstance(items, list):
-        raise web.HTTPError(400, f"'{what}' must be a list")
-    for i, item in enumerate(items):
-        if not isinstance(item, dict):
-            raise web.HTTPError(400, f"{what}[{i}] must be an object")
-        for name, kind in fields.items():
-            value = item.get(name)
-            if not isinstance(value, kind) or isinstance(value, bool):
-                raise web.HTTPError(400, f"{what}[{i}].{name} must be a {kind.__name__}")
-            if kind is int and not 0 <= value <= INT64_MAX:
-                raise web.HTTPError(400, f"{what}[{i}].{name} must be between 0 and {INT64_MAX}")
-            problem = text_problem(value, max_length=255, allow_empty=name in ("server", "detail")) \
-                if kind is str else None
-            if problem:
-                raise web.HTTPError(400, f"{what}[{i}].{name} {problem}")
-    return [{k: item[k] for k in fields} for item in items]
-
 
 class MemoryHandler(AgentHandler):
     max_body_bytes = MAX_REPORT_BYTES
+    openapi_path = "/nodes/{node}/memory"
 
     async def get(self, _node: str) -> None:
         self.touch()
@@ -218,47 +172,20 @@ class MemoryHandler(AgentHandler):
 
     async def put(self, _node: str) -> None:
         body = self.json_body()
-        warnings = _checked(body.get("warnings"), _WARNING_FIELDS, "warnings")
-        actions = _checked(body.get("actions", []), _ACTION_FIELDS, "actions")
-        dry = checked_pids_and_dry_run(body, warnings) or self.context.agent_dry_run
+        warnings, actions = body["warnings"], body.get("actions", [])
+        dry = body.get("dry_run", False) or self.context.agent_dry_run
         self.check_own_devices({x["gpu_uuid"] for x in warnings + actions})
         self.touch()
         new = self.manager.memory.report(self.node, warnings, dry)
-        now = datetime.now(timezone.utc)
-        events = [AuditEvent(now, w["user"], w["server"], AuditAction.MEMORY_WARN.value,
-                             f"uses {w['used_bytes'] >> 20} MiB of GPU {w['gpu_uuid']} on {self.node}, over the "
-                             f"{w['limit_bytes'] >> 20} MiB limit of a {w['fraction_milli'] / 1000:.3f} share; "
-                             f"processes stop from {w['deadline']}", dry,
-                             {"node": self.node, **{k: w[k] for k in ("gpu_uuid", "limit_bytes", "used_bytes",
-                                                                       "deadline", "pids")}})
-                  for w in new]
-        events += [AuditEvent(now, a["user"], a["server"], AuditAction.MEMORY_STOP.value,
-                              f"pid {a['pid']} ({a['memory_bytes'] >> 20} MiB on GPU {a['gpu_uuid']}): {a['action']}"
-                              + (f" ({a['detail']})" if a["detail"] else ""), dry,
-                              {"node": self.node, **a})
-                   for a in actions]
+        events = memory_events(self.node, new, actions, dry, datetime.now(timezone.utc))
         for event in events:
-            await self.core(self.manager.ledger.add_audit, event)
+            await self.core(self.manager.notices.record, event)
         self.write_json({"node": self.node, "warnings": len(warnings), "audited": len(events)})
-
-
-_BOUNDARY_WARNING_FIELDS = {"user": str, "gpu_uuid": str, "gpu_index": int, "deadline": str, "pids": list}
-_BOUNDARY_ACTION_FIELDS = {"user": str, "gpu_uuid": str, "pid": int, "action": str, "detail": str}
-
-
-def holders_on(records: list[AllocationRecord], node: str) -> dict[str, list[str]]:
-    """GPU UUID (and MIG instance UUID) -> the users holding it or a share of it on ``node``."""
-    out: dict[str, set[str]] = {}
-    for r in records:
-        if r.node != node:
-            continue
-        for g in r.gpus:
-            out.setdefault(g.get("mig_uuid") or g["uuid"], set()).add(r.user)
-    return {uuid: sorted(users) for uuid, users in sorted(out.items())}
 
 
 class BoundaryHandler(AgentHandler):
     max_body_bytes = MAX_REPORT_BYTES
+    openapi_path = "/nodes/{node}/boundary"
 
     async def get(self, _node: str) -> None:
         self.touch()
@@ -267,23 +194,13 @@ class BoundaryHandler(AgentHandler):
 
     async def put(self, _node: str) -> None:
         body = self.json_body()
-        warnings = _checked(body.get("warnings"), _BOUNDARY_WARNING_FIELDS, "warnings")
-        actions = _checked(body.get("actions", []), _BOUNDARY_ACTION_FIELDS, "actions")
-        dry = checked_pids_and_dry_run(body, warnings) or self.context.agent_dry_run
+        warnings, actions = body["warnings"], body.get("actions", [])
+        dry = body.get("dry_run", False) or self.context.agent_dry_run
         self.check_own_devices({x["gpu_uuid"] for x in warnings + actions})
         self.touch()
-        now = datetime.now(timezone.utc)
-        events = [AuditEvent(now, w["user"], "", AuditAction.GPU_OUT_OF_BOUNDS.value,
-                             f"process(es) {', '.join(map(str, w['pids']))} on GPU {w['gpu_uuid']} of {self.node}, "
-                             f"which {w['user']} holds no allocation on; stopped from {w['deadline']}", dry,
-                             {"node": self.node, **w})
-                  for w in warnings]
-        events += [AuditEvent(now, a["user"], "", AuditAction.GPU_OUT_OF_BOUNDS_STOP.value,
-                              f"pid {a['pid']} on GPU {a['gpu_uuid']} of {self.node}: {a['action']}"
-                              + (f" ({a['detail']})" if a["detail"] else ""), dry, {"node": self.node, **a})
-                   for a in actions]
+        events = boundary_events(self.node, warnings, actions, dry, datetime.now(timezone.utc))
         for event in events:
-            await self.core(self.manager.ledger.add_audit, event)
+            await self.core(self.manager.notices.record, event)
         self.write_json({"node": self.node, "audited": len(events)})
 
 
