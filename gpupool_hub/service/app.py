@@ -28,24 +28,22 @@ from ..ledger import Ledger
 from ..profiles import Profile, parse_profiles
 from ..spawnertoken import SpawnerTokenError, resolve_spawner_token
 from ..usage import UsageSource
-from .configfile import CONFIG_FILE_ENV
+from .configfile import CONFIG_FILE_ENV, DbUrlFileError, ledger_url
 from .context import ServiceContext
-from .cull import Culler
-from .dburl import DbUrlFileError, ledger_url
-from .groups import GroupCache
-from .hubapi import HubClient
+from ..cull import Culler
+from .hubapi import GroupCache, HubClient
 from .jobs import JobRunner
 from .jobs.accounting import DebitJob, ReplenishJob
 from .jobs.cull import CullJob, UtilizationProbe
 from .jobs.inventory import InventoryRefreshJob
-from .idle import PrometheusUtilization, ReportedUtilization
+from ..usage.utilization import PrometheusUtilization, ReportedUtilization
 from .jobs.idle import IdleJob
 from .jobs.queue import QueueJob
 from .jobs.reclaim import ReclaimExecutor
 from .jobs.reconcile import DebitAfterReconcile, ReconcileJob
-from .lease import JobsLease
+from .core.lease import JobsLease
 from .lifetime import STOP_DEADLINE, exit_with_parent, listen_sockets, on_stop_signals
-from .manager import PoolManager
+from .core.manager import PoolManager
 from .metrics import ServiceMetrics
 from .usage import UsageConfigError, make_usage_source
 from .webapp import MAX_BODY_SIZE, make_app

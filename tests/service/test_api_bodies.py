@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from gpupool_hub.service.idle import ReportedUtilization
+from gpupool_hub.usage.utilization import ReportedUtilization
 from tests.agent.test_service import TOKENS, Service
 
 SPAWNER = "spawner-secret"

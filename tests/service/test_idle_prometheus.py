@@ -21,9 +21,9 @@ import pytest
 
 from gpupool_hub.placement import Request
 from gpupool_hub.reasons import RefusalReason
-from gpupool_hub.service.errors import Refused
+from gpupool_hub.service.core.errors import Refused
 from gpupool_hub.service.hubapi import HubClient
-from gpupool_hub.service.idle import PrometheusUtilization
+from gpupool_hub.usage.utilization import PrometheusUtilization
 from gpupool_hub.service.jobs.idle import IdleJob
 from tests.fixtures.manager import make_manager
 from tests.fixtures.prometheus import OpenMetricsHistory
@@ -166,7 +166,7 @@ def _closed_port() -> int:
 
 
 def test_server_idleness_follows_the_rule():
-    from gpupool_hub.service.idle import GpuReading, server_idleness
+    from gpupool_hub.idle import GpuReading, server_idleness
 
     t = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
     started = t - timedelta(hours=3)

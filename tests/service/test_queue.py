@@ -8,7 +8,7 @@ import pytest
 
 from gpupool_hub.placement import Request
 from gpupool_hub.reasons import RefusalReason
-from gpupool_hub.service.errors import Refused
+from gpupool_hub.service.core.errors import Refused
 from tests.fixtures.manager import Clock, make_manager
 
 R3090 = "NVIDIA GeForce RTX 3090"
@@ -144,7 +144,7 @@ def test_own_queue_entry_never_warns_but_another_users_does(tmp_path):
     import asyncio
     from decimal import Decimal
 
-    from gpupool_hub.service.cull import Culler
+    from gpupool_hub.cull import Culler
     from gpupool_hub.service.jobs.cull import CullJob
 
     from datetime import datetime, timezone
@@ -174,8 +174,8 @@ def test_idle_rule_table():
     from datetime import datetime, timedelta, timezone
 
     from gpupool_hub.reasons import AuditAction
-    from gpupool_hub.service.enforcement import CullWarning
-    from gpupool_hub.service.idle import IdleServer, decide_idle
+    from gpupool_hub.cull import CullWarning
+    from gpupool_hub.idle import IdleServer, decide_idle
 
     now = datetime(2025, 3, 3, 12, 0, tzinfo=timezone.utc)
     old = now - timedelta(hours=3)
@@ -204,7 +204,7 @@ def test_reported_utilization_needs_the_whole_window():
     import asyncio
     from datetime import datetime, timedelta, timezone
 
-    from gpupool_hub.service.idle import ReportedUtilization
+    from gpupool_hub.usage.utilization import ReportedUtilization
 
     src = ReportedUtilization(0.05)
     now = datetime.now(timezone.utc)

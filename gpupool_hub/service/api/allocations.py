@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from tornado import web
 
-from ..admission import parse_request
-from ..attempts import KEY_MAX_LENGTH, AttemptAbandoned, parse_instant
-from ..errors import BadRequest, Refused
+from ..core.admission import parse_request
+from ..core.attempts import KEY_MAX_LENGTH, AttemptAbandoned, parse_instant
+from ..core.errors import BadRequest, Refused
 from .base import APIHandler
 
 

@@ -26,9 +26,9 @@ from tornado import web
 
 from ...ledger import UNAVAILABLE_MESSAGE, LedgerBusy, is_database_busy, is_database_unavailable
 from ..context import ServiceContext
-from ..httpargs import QueryArgs
+from .httpargs import QueryArgs
 from ..hubapi import HubError
-from ..manager import PoolManager
+from ..core.manager import PoolManager
 from .schema import check_body, parse_json, text_problem
 
 log = logging.getLogger("gpupool.api")

@@ -1,7 +1,7 @@
 """``nodes/{node}/…``: the endpoints node agents call. ``inventory``: report the node's
 GPUs; ``enforce``: fetch the enforcement list; ``utilization``: GPU utilization, for idle
 reclaim without Prometheus; ``memory``: the memory guard's shares to watch, its warnings and
-stops (rules in ``service/memory.py`` and ``agent/memguard.py``); ``boundary``: who holds
+stops (rules in ``service/core/memory.py`` and ``agent/memguard.py``); ``boundary``: who holds
 each GPU, and the processes found out of bounds (rules in ``agent/boundary.py``). New
 warnings and every stop go to the audit log.
 
@@ -33,8 +33,8 @@ from ...inventory.agents import NodeReport
 from ...placement.errors import InventoryError
 from ...placement.inventory import load_node
 from ...timefmt import iso as _iso
-from ..inventory import DeviceOfAnotherNode
-from ..memory import boundary_events, holders_on, memory_events, shares_on
+from ..core.inventory import DeviceOfAnotherNode
+from ..core.memory import boundary_events, holders_on, memory_events, shares_on
 from .base import APIHandler
 
 log = logging.getLogger("gpupool.agents")

@@ -9,7 +9,7 @@ from tornado import web
 
 from ...timefmt import iso as _iso
 from ...units import format_tokens
-from ..catalog import catalog as models_catalog
+from ..core.catalog import catalog as models_catalog
 from .base import APIHandler
 
 

@@ -1,24 +1,20 @@
-"""The cull job: warn, shut down kernels, stop servers (rules in ``service/cull.py``)."""
+"""The cull job: warn, shut down kernels, stop servers (rules in ``gpupool_hub/cull.py``)."""
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any
-from urllib.parse import urlencode
-
-from tornado.httpclient import AsyncHTTPClient
 
 from ...ledger import AuditEvent
 from ...reasons import AuditAction
-from ..cull import Culler, Decision, UserState, decide, pressure
-from ..enforcement import CullWarning
+from ...usage.utilization import PrometheusUtilization
+from ...cull import Culler, Decision, UserState, decide, pressure, CullWarning
 from ..hubapi import HubClient, HubError
-from ..manager import PoolManager
-from ..userserver import UserServerAPI
+from ..core.manager import PoolManager
+from .userserver import UserServerAPI
 
 log = logging.getLogger("gpupool.cull")
 
@@ -28,17 +24,13 @@ class UtilizationProbe:
 
     def __init__(self, culler: Culler, prometheus_url: str, token: str = "") -> None:
         self.culler = culler
-        self.url = prometheus_url
-        self.token = token
+        self.source = PrometheusUtilization(prometheus_url, token=token) if prometheus_url else None
 
     async def __call__(self) -> float | None:
-        if not (self.culler.pressure_utilization and self.url):
+        if not (self.culler.pressure_utilization and self.source is not None):
             return None
-        url = f"{self.url.rstrip('/')}/api/v1/query?" + urlencode({"query": self.culler.utilization_query})
-        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         try:
-            resp = await AsyncHTTPClient().fetch(url, headers=headers, request_timeout=10)
-            return float(json.loads(resp.body)["data"]["result"][0]["value"][1])
+            return await self.source.scalar(self.culler.utilization_query)
         except Exception as e:  # pressure from allocation and refusals still works
             log.warning("GPU utilization unavailable for the pressure check: %s", e)
             return None

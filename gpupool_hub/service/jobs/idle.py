@@ -1,5 +1,5 @@
 """The idle reclaim job: warn idle GPU servers that others wait for, stop them
-after the grace (rules in ``service/idle.py``)."""
+after the grace (rules in ``gpupool_hub/idle.py``)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ from typing import Any
 
 from ...ledger import AuditEvent
 from ...reasons import AuditAction
-from ..enforcement import CullWarning
+from ...cull import CullWarning
 from ..hubapi import HubClient, HubError
-from ..idle import IdleDecision, IdleServer, UtilizationSource, decide_idle, server_idleness
-from ..manager import PoolManager
+from ...idle import IdleDecision, IdleServer, decide_idle, server_idleness
+from ...usage.utilization import UtilizationSource
+from ..core.manager import PoolManager
 
 log = logging.getLogger("gpupool.idle")
 

@@ -4,7 +4,7 @@ a lapsed reservation)."""
 
 from __future__ import annotations
 
-from ..manager import PoolManager
+from ..core.manager import PoolManager
 
 
 class QueueJob:

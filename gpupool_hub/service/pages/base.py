@@ -33,9 +33,9 @@ from tornado import web
 from ...ledger import is_database_busy
 from ..context import ServiceContext
 from ..api.base import BUSY_RETRY_AFTER
-from ..httpargs import QueryArgs
+from ..api.httpargs import QueryArgs
 from ..hubapi import HubError
-from ..manager import PoolManager
+from ..core.manager import PoolManager
 
 log = logging.getLogger("gpupool.pages")
 

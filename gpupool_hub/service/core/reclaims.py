@@ -25,14 +25,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from .. import fairshare
-from ..config import GPUPool
-from ..ledger import AllocationRecord, AuditEvent, Ledger
-from ..placement.request import Request
-from ..placement.state import Placement
-from ..reasons import AuditAction, RefusalReason
-from ..timefmt import iso
-from .enforcement import CullWarning
+from ... import fairshare
+from ...config import GPUPool
+from ...ledger import AllocationRecord, AuditEvent, Ledger
+from ...placement.request import Request
+from ...placement.state import Placement
+from ...reasons import AuditAction, RefusalReason
+from ...timefmt import iso
+from ...cull import CullWarning
 from .errors import Refused
 from .inventory import PoolInventory
 from .views import ViewCache

@@ -20,14 +20,14 @@ from datetime import date, datetime
 from decimal import Decimal
 from typing import Any
 
-from ..config import GPUPool
-from ..credits import balance_status, next_credit_times
-from ..ledger import AllocationRecord, Ledger
-from ..timefmt import iso
-from ..units import format_tokens
+from ...config import GPUPool
+from ...credits import balance_status, next_credit_times
+from ...ledger import AllocationRecord, Ledger
+from ...timefmt import iso
+from ...units import format_tokens
 from .accounts import Accounts
 from .debits import Debits
-from .enforcement import CullWarning
+from ...cull import CullWarning
 from .inventory import PoolInventory
 from .threads import CoreThreads
 

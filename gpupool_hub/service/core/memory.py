@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from ..ledger import AllocationRecord, AuditEvent
-from ..reasons import AuditAction
+from ...ledger import AllocationRecord, AuditEvent
+from ...reasons import AuditAction
 
 # a node that stopped reporting (agent down) no longer warns anybody
 STALE_SECONDS = 300.0
