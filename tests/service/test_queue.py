@@ -9,7 +9,7 @@ import pytest
 from gpupool_hub.placement import Request
 from gpupool_hub.reasons import RefusalReason
 from gpupool_hub.service.core.errors import Refused
-from tests.fixtures.manager import Clock, make_manager
+from tests.fixtures.manager import Clock, make_manager, units_for
 
 R3090 = "NVIDIA GeForce RTX 3090"
 ONE = [{"name": "node-a", "cpu_milli": 32000, "memory_mib": 131072,
@@ -161,7 +161,7 @@ def test_own_queue_entry_never_warns_but_another_users_does(tmp_path):
     async def no_utilization():
         return None
 
-    job = CullJob(None, m, culler, no_groups, no_utilization)  # warnings need no hub
+    job = CullJob(None, culler, no_groups, no_utilization, **units_for(CullJob, m))  # warnings need no hub
     asyncio.run(job())
     assert m.enforcement.warnings == {} and m.warning_for("alice") is None
     queued(m, "bob")

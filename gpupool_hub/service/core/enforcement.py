@@ -77,7 +77,16 @@ class Enforcement:
                 self.revoked[(e.user, e.server)] = e.at
 
     def warnings_for(self, dry_run: bool) -> dict[str, CullWarning]:
+        """The cull warnings standing now (a dry run's apart), for the rules to read."""
         return self.dry_warnings if dry_run else self.warnings
+
+    def warn(self, user: str, warning: CullWarning, *, dry_run: bool) -> None:
+        """The cull job warned ``user``: their kernels stop at ``warning.deadline``."""
+        self.warnings_for(dry_run)[user] = warning
+
+    def clear(self, user: str, *, dry_run: bool) -> None:
+        """``user``'s cull warning no longer stands (topped up, pressure gone)."""
+        self.warnings_for(dry_run).pop(user, None)
 
     def restore_taken(self, events: Iterable[AuditEvent]) -> None:
         """After a restart: servers whose GPUs were reclaimed within ``TAKEN_WATCH``."""

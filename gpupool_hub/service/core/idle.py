@@ -23,6 +23,20 @@ class IdleWarnings:
         self.allocations: dict[tuple[str, str], str] = {}
         self.measured: tuple[datetime | None, dict[str, GpuReading], dict[str, ServerIdleness]] = (None, {}, {})
 
+    def warnings_for(self, dry_run: bool) -> dict[tuple[str, str], CullWarning]:
+        """The idle warnings standing now (a dry run's apart), for the rules to read."""
+        return self.dry if dry_run else self.warnings
+
+    def warn(self, user: str, server: str, warning: CullWarning, allocation: str, *, dry_run: bool) -> None:
+        """The idle job warned that ``user``'s ``server`` (holding ``allocation``) stops at the deadline."""
+        self.warnings_for(dry_run)[(user, server)] = warning
+        self.allocations[(user, server)] = allocation
+
+    def clear(self, user: str, server: str, *, dry_run: bool) -> None:
+        """The server's idle warning no longer stands: busy again, nobody waits, or stopped."""
+        self.warnings_for(dry_run).pop((user, server), None)
+        self.allocations.pop((user, server), None)
+
     def publish(self, at: datetime | None, readings: dict[str, GpuReading],
                 servers: dict[str, ServerIdleness]) -> None:
         """The idle job's new readings (per GPU UUID) and idleness (per allocation id)."""

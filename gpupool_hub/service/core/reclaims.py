@@ -109,6 +109,10 @@ class Reclaims:
         # and calls preempt() for each (without it, callers do that themselves)
         self.on_reclaim: Callable[[Reclaim], None] | None = None
 
+    def announce_to(self, on_reclaim: Callable[[Reclaim], None]) -> None:
+        """Hand each new reclaim to ``on_reclaim`` (the service's executor stops the victims)."""
+        self.on_reclaim = on_reclaim
+
     @property
     def pool(self) -> Any:
         return self.inventory.pool
