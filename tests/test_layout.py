@@ -147,3 +147,9 @@ def test_no_class_of_the_service_past_400_lines():
 def test_only_usage_queries_prometheus():
     found = [str(p.relative_to(PACKAGE)) for p in modules() if "api/v1/query" in p.read_text()]
     assert found and all(f.startswith("usage/") for f in found), found
+
+
+def test_pages_have_no_sql_of_their_own():
+    found = [f"{p.name}: {line.strip()}" for p in modules(SERVICE / "pages")
+             for line in p.read_text().splitlines() if "sqlalchemy" in line or ".execute(" in line]
+    assert found == [], "pages read the database through ledger.py's query functions:\n" + "\n".join(found)
