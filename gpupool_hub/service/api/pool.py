@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-from decimal import Decimal
-from typing import Any
-
 from tornado import web
 
-from ...timefmt import iso as _iso
-from ...units import format_tokens
 from ..core.catalog import catalog as models_catalog
 from .base import APIHandler
 
@@ -16,39 +11,11 @@ from .base import APIHandler
 class PoolHandler(APIHandler):
     async def get(self) -> None:
         self.require_admin()
-        active = {r.id: r for r in await self.read_db(self.manager.ledger.active_allocations)}
-        nodes = await self.core(self.manager.pool.snapshot)
-
+        active = await self.read_db(self.manager.ledger.active_allocations)
         idle = self.manager.idle.idle_since()  # as of the idle job's last run
-
-        def holders(held: dict[str, int]) -> list[dict[str, Any]]:
-            return [{"allocation": a, "fraction": format_tokens(Decimal(m) / 1000),
-                     "user": active[a].user if a in active else None,
-                     "server": active[a].server if a in active else None,
-                     **({"idle_since": _iso(idle[a])} if a in idle else {})}
-                    for a, m in held.items()]
-
-        for node in nodes:
-            for gpu in node["gpus"]:
-                gpu["allocated_fraction"] = format_tokens(Decimal(gpu.pop("allocated_milli")) / 1000)
-                gpu["holders"] = holders(gpu["holders"])
-                for instance in gpu.get("mig", ()):  # MIG instances inside their GPU, each with its holder
-                    instance["fraction"] = format_tokens(Decimal(instance.pop("milli")) / 1000)
-                    instance["holders"] = holders(instance["holders"])
-        inv = self.manager.inventory
-        for node in nodes:  # placeholders of the inventory source (Slurm): not servers'
-            node["held_outside"] = list(inv.held_outside.get(node["node"], []))
-            if node["node"] in inv.unavailable:
-                node["unavailable"] = inv.unavailable[node["node"]]
-            for gpu in node["gpus"]:
-                for h in gpu["holders"]:
-                    if inv.is_outside(h["allocation"]):
-                        h["held_outside"] = True
-        free = await self.core(self.manager.pool.free_summary)
+        report = await self.core(self.manager.views.pool_report, active, idle)
         teams = await self.core(self.manager.reclaims.team_report)
-        self.write_json({"nodes": nodes, "free": free.as_dict(),
-                         "unallocated_servers": self.context.reconcile_report(),
-                         "teams": teams["teams"]})
+        self.write_json({**report, "unallocated_servers": self.context.reconcile_report(), "teams": teams["teams"]})
 
 
 class ModelsHandler(APIHandler):
