@@ -35,7 +35,7 @@ from traitlets.config import Config  # noqa: E402
 
 from gpupool_hub.config import GPUPool  # noqa: E402
 from gpupool_hub.ledger import Ledger, accounts  # noqa: E402
-from gpupool_hub.service.manager import PoolManager  # noqa: E402
+from gpupool_hub.service.core.manager import PoolManager  # noqa: E402
 from gpupool_hub.usage.prometheus import PrometheusUsageSource  # noqa: E402
 
 USERS = 10_000

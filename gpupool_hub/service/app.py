@@ -28,24 +28,22 @@ from ..ledger import Ledger
 from ..profiles import Profile, parse_profiles
 from ..spawnertoken import SpawnerTokenError, resolve_spawner_token
 from ..usage import UsageSource
-from .configfile import CONFIG_FILE_ENV
+from .configfile import CONFIG_FILE_ENV, DbUrlFileError, ledger_url
 from .context import ServiceContext
-from .cull import Culler
-from .dburl import DbUrlFileError, ledger_url
-from .groups import GroupCache
-from .hubapi import HubClient
+from ..cull import Culler
+from .hubapi import GroupCache, HubClient
 from .jobs import JobRunner
 from .jobs.accounting import DebitJob, ReplenishJob
 from .jobs.cull import CullJob, UtilizationProbe
 from .jobs.inventory import InventoryRefreshJob
-from .idle import PrometheusUtilization, ReportedUtilization
+from ..usage.utilization import PrometheusUtilization, ReportedUtilization
 from .jobs.idle import IdleJob
 from .jobs.queue import QueueJob
 from .jobs.reclaim import ReclaimExecutor
 from .jobs.reconcile import DebitAfterReconcile, ReconcileJob
-from .lease import JobsLease
+from .core.lease import JobsLease
 from .lifetime import STOP_DEADLINE, exit_with_parent, listen_sockets, on_stop_signals
-from .manager import PoolManager
+from .core.manager import PoolManager
 from .metrics import ServiceMetrics
 from .usage import UsageConfigError, make_usage_source
 from .webapp import MAX_BODY_SIZE, make_app
@@ -272,7 +270,7 @@ class GPUPoolService(Application):
         self.server: HTTPServer | None = None
         self.reconciler = ReconcileJob(self.hub, self.ledger, m.admission, m.threads, self.reconcile_grace)
         self.reclaimer = ReclaimExecutor(self.hub, m.reclaims, m.threads)
-        m.reclaims.on_reclaim = self.reclaimer.schedule
+        m.reclaims.announce_to(self.reclaimer.schedule)
         self.utilization = (PrometheusUtilization(self.prometheus_url, self.utilization_metric,
                                                   self.utilization_uuid_label, self.utilization_scale,
                                                   self.prometheus_token,
@@ -399,16 +397,21 @@ class GPUPoolService(Application):
         debit = DebitAfterReconcile(self.reconciler, DebitJob(m.debits, jobs.in_thread), m.debits)
         jobs.every(self.debit_check_interval, "debit", debit)
         jobs.every(self.reconcile_interval, "reconcile", self.reconciler)
-        jobs.every(self.queue_interval, "queue", QueueJob(m))
+        jobs.every(self.queue_interval, "queue", QueueJob(m.queue, m.threads))
         if m.settings.idle_reclaim:
-            jobs.every(self.idle_interval, "idle", IdleJob(self.hub, m, self.utilization))
+            jobs.every(self.idle_interval, "idle", IdleJob(
+                self.hub, self.utilization, settings=m.settings, ledger=m.ledger, threads=m.threads, idle=m.idle,
+                queue=m.queue, admission=m.admission, enforcement=m.enforcement, notices=m.notices, cache=m.cache))
         if self.inventory_source.dynamic:
             jobs.every(self.inventory_source.refresh_interval, "inventory",  # this service's own pool view
                        InventoryRefreshJob(self.inventory_source, m.inventory, m.threads, jobs.in_thread),
                        leased=False)
         if self.culler.enabled:
             probe = UtilizationProbe(self.culler, self.prometheus_url, self.prometheus_token)
-            jobs.every(self.culler.interval, "cull", CullJob(self.hub, m, self.culler, self.groups, probe))
+            jobs.every(self.culler.interval, "cull", CullJob(
+                self.hub, self.culler, self.groups, probe, settings=m.settings, ledger=m.ledger, threads=m.threads,
+                inventory=m.inventory, queue=m.queue, admission=m.admission, enforcement=m.enforcement,
+                notices=m.notices, cache=m.cache))
 
     def start(self) -> None:
         self.reclaimer.loop = IOLoop.current()  # reclaims are announced from the writer thread

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from ..ledger import UnknownAccount
 from .hubapi import HubClient
-from .manager import PoolManager
+from .core.manager import PoolManager
 from .metrics import ServiceMetrics
 
 

@@ -6,7 +6,7 @@ and server names are always URL-quoted, never put into a shell.
 The service's hub token goes to the hub's API (``api_url``) and nowhere else:
 ``request`` takes a path under it, never a URL. Where the service must call a
 user's own server, ``server_token`` mints a short-lived token owned by that
-user and scoped to that one server (see ``service/userserver.py``), because
+user and scoped to that one server (see ``service/jobs/userserver.py``), because
 the user's code runs there and can read every header the server receives.
 """
 
@@ -15,7 +15,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -23,6 +24,7 @@ from urllib.parse import quote, urlencode
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 log = logging.getLogger("gpupool.hub")
+group_log = logging.getLogger("gpupool.groups")
 
 
 class HubError(RuntimeError):
@@ -122,3 +124,29 @@ class HubClient:
                 await self.request("DELETE", f"/users/{_q(user)}/tokens/{_q(model['id'])}", allow_404=True)
             except HubError as e:  # it expires by itself within minutes
                 log.warning("Could not delete the server token %s of %s: %s", model["id"], user, e)
+
+
+class GroupCache:
+    """Users' hub groups, cached for a minute: credit rules and teams depend on them,
+    and asking the hub on every ``GET me`` would make the hub the bottleneck."""
+
+    def __init__(self, hub: HubClient, max_age: float = 60) -> None:
+        self.hub = hub
+        self.max_age = max_age
+        self._groups: dict[str, tuple[float, list[str]]] = {}
+
+    def remember(self, user: str, groups: Iterable[str]) -> None:
+        self._groups[user] = (time.monotonic(), list(groups))
+
+    async def __call__(self, user: str) -> list[str]:
+        cached = self._groups.get(user)
+        if cached and time.monotonic() - cached[0] < self.max_age:
+            return cached[1]
+        try:
+            model = await self.hub.user(user)
+        except HubError as e:
+            group_log.warning("Cannot read groups of %s: %s", user, e)
+            return cached[1] if cached else []
+        groups = list((model or {}).get("groups", []))
+        self.remember(user, groups)
+        return groups

@@ -14,7 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from .manager import PoolManager
+    from .core.manager import PoolManager
 
 
 class PoolCollector(Collector):

@@ -12,13 +12,8 @@ from typing import Any
 
 from tornado import web
 
-from .agents import agent_routes
+from .api import MAX_BODY_SIZE, NotFoundHandler, routes
 from .context import ServiceContext
-from .handlers import MAX_BODY_SIZE, NotFoundHandler, routes
-from .idle_api import idle_routes
-from .memory_api import memory_routes
-from .boundary_api import boundary_routes
-from .notices_api import notice_routes
 from .pages import page_routes
 
 __all__ = ["MAX_BODY_SIZE", "make_app"]
@@ -30,7 +25,4 @@ def make_app(context: ServiceContext, *, log_function: Callable[[web.RequestHand
                                 "default_handler_class": NotFoundHandler, **tornado_settings}
     if log_function is not None:
         settings["log_function"] = log_function
-    return web.Application(routes(context.prefix) + agent_routes(context.prefix) + idle_routes(context.prefix)
-                           + memory_routes(context.prefix) + notice_routes(context.prefix) + page_routes(context.prefix)
-                           + boundary_routes(context.prefix),
-                           **settings)
+    return web.Application(routes(context.prefix) + page_routes(context.prefix), **settings)

@@ -13,7 +13,7 @@ from gpupool_hub.agent.attribution import GpuProcess, Snapshot
 from gpupool_hub.agent.boundary import out_of_bounds
 from gpupool_hub.agent.enforce import KILLED, SKIPPED_ROOT, TERMINATED, WOULD_TERMINATE
 from gpupool_hub.reasons import AuditAction
-from gpupool_hub.service.admission import parse_request
+from gpupool_hub.service.core.admission import parse_request
 from tests.agent.conftest import alive
 from tests.agent.test_memguard import tick_until
 from tests.agent.test_service import TOKENS, Service, make_agent, two_gpus

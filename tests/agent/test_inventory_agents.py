@@ -283,7 +283,7 @@ async def test_after_a_restart_one_nodes_token_cannot_claim_another_nodes_gpus(t
 async def test_utilization_and_memory_reports_of_another_nodes_gpus_are_forbidden(tmp_path, make_nvml):
     clock = Clock()
     db = f"sqlite:///{tmp_path / 'agents.sqlite'}"
-    from gpupool_hub.service.idle import ReportedUtilization
+    from gpupool_hub.usage.utilization import ReportedUtilization
 
     manager = agents_manager(db, clock)
     manager.restore()

@@ -15,7 +15,7 @@ import pytest
 from gpupool_hub.agent.enforce import SKIPPED_ROOT, TERMINATED, WOULD_TERMINATE
 from gpupool_hub.agent.memguard import Share, measure, pick_victims
 from gpupool_hub.agent.attribution import GpuProcess, GpuStatus, Snapshot
-from gpupool_hub.service.admission import parse_request
+from gpupool_hub.service.core.admission import parse_request
 from gpupool_hub.reasons import AuditAction
 from tests.agent.conftest import GIB, alive, gpu
 from tests.agent.test_service import Service, make_agent

@@ -210,7 +210,7 @@ async def test_the_loop_keeps_running_through_nvml_and_service_failures(make_nvm
 
 
 async def test_18_7_stray_kernel_on_a_gpu_the_user_no_longer_holds_is_stopped(service, procs, make_nvml):
-    from gpupool_hub.service.admission import parse_request
+    from gpupool_hub.service.core.admission import parse_request
 
     record = service.manager.admission.admit("gpupool-t1", [], "", parse_request({"gpus": 1}))
     mine = record.gpus[0]["uuid"]
@@ -233,7 +233,7 @@ async def test_18_7_stray_kernel_on_a_gpu_the_user_no_longer_holds_is_stopped(se
 async def test_agent_reports_utilization_and_memory_for_idle_reclaim(tmp_path, make_nvml):
     """Without Prometheus the service learns utilization from the agents: what the idle
     rule and the lab widget read. A service that reads Prometheus answers 409 once."""
-    from gpupool_hub.service.idle import ReportedUtilization
+    from gpupool_hub.usage.utilization import ReportedUtilization
 
     source = ReportedUtilization(0.05)
     service = Service(tmp_path, utilization=source)

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from gpupool_hub.reasons import RefusalReason
-from gpupool_hub.service.admission import parse_request
-from gpupool_hub.service.errors import Refused
-from gpupool_hub.service.manager import PoolManager
+from gpupool_hub.service.core.admission import parse_request
+from gpupool_hub.service.core.errors import Refused
+from gpupool_hub.service.core.manager import PoolManager
 from tests.fixtures.manager import Clock
 from tests.fixtures.manager import make_manager as make_core
 

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from gpupool_hub.service.admission import parse_request
-from gpupool_hub.service.errors import Refused
+from gpupool_hub.service.core.admission import parse_request
+from gpupool_hub.service.core.errors import Refused
 from gpupool_hub.service.jobs.reclaim import ReclaimExecutor
 
 from .conftest import ask, make_manager

@@ -7,8 +7,8 @@ from decimal import Decimal
 
 import pytest
 
-from gpupool_hub.service.admission import parse_request
-from gpupool_hub.service.errors import Refused
+from gpupool_hub.service.core.admission import parse_request
+from gpupool_hub.service.core.errors import Refused
 
 from .conftest import ask, make_manager
 

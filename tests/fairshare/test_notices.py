@@ -10,9 +10,10 @@ from datetime import timedelta
 
 from gpupool_hub.ledger import AuditEvent
 from gpupool_hub.reasons import AuditAction
-from gpupool_hub.service.enforcement import TAKEN_WATCH, CullWarning
+from gpupool_hub.service.core.enforcement import TAKEN_WATCH
+from gpupool_hub.cull import CullWarning
 from gpupool_hub.service.jobs.reconcile import ReconcileJob
-from gpupool_hub.service.notices import KEPT_KERNELS, KEPT_SERVER
+from gpupool_hub.service.core.notices import KEPT_KERNELS, KEPT_SERVER
 
 from .conftest import ask, make_manager
 

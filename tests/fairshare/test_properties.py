@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from hypothesis import HealthCheck, event, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, event, given, settings, strategies as st
 
-from gpupool_hub.service.admission import parse_request
-from gpupool_hub.service.errors import Refused
+from gpupool_hub.service.core.admission import parse_request
+from gpupool_hub.service.core.errors import Refused
 
 from .conftest import make_manager
 

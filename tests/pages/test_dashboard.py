@@ -73,7 +73,7 @@ class ServiceThread:
     """The real service app (API, pages, /metrics) on its own event loop in a thread."""
 
     def __init__(self, tmp_path: Path) -> None:
-        from gpupool_hub.service.admission import parse_request
+        from gpupool_hub.service.core.admission import parse_request
         from gpupool_hub.service.context import ServiceContext
         from gpupool_hub.service.jobs import JobRunner
         from gpupool_hub.service.metrics import ServiceMetrics

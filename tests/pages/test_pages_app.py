@@ -234,7 +234,7 @@ async def test_accounts_search_sort_and_negative_filter(service):
 
 async def test_pool_map_audit_teams_and_verify(service):
     from gpupool_hub.ledger import AuditEvent
-    from gpupool_hub.service.admission import parse_request
+    from gpupool_hub.service.core.admission import parse_request
 
     m = service.manager
     m.admission.admit("bob", [], "", parse_request({"gpus": 1, "models": ["RTX A6000"]}), ["RTX A6000"])
@@ -275,7 +275,7 @@ async def test_pages_without_hub_oauth_answer_503_and_the_api_still_works(tmp_pa
 
 
 async def test_held_gpus_and_the_forecast_come_from_the_me_view(service):
-    from gpupool_hub.service.admission import parse_request
+    from gpupool_hub.service.core.admission import parse_request
 
     m = service.manager
     record = m.admission.admit("alice", [], "big", parse_request({"gpus": 2, "models": ["RTX A6000"]}),

@@ -78,7 +78,7 @@ def test_config_price_table_uses_mig_prices():
 def test_debits_charge_instances_exactly_with_carried_remainders(tmp_path):
     """2/7 tokens per hour never ends in decimal: 7 hours of debits add up to exactly 2 tokens."""
     from gpupool_hub.ledger import Ledger
-    from gpupool_hub.service.debits import Debits
+    from gpupool_hub.service.core.debits import Debits
 
     ledger = Ledger(f"sqlite:///{tmp_path}/l.sqlite")
     table = PriceTable.from_config({"A100": 2})

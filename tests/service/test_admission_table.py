@@ -10,7 +10,7 @@ import pytest
 
 from gpupool_hub.placement import Request
 from gpupool_hub.reasons import RefusalReason
-from gpupool_hub.service.errors import BadRequest, Refused
+from gpupool_hub.service.core.errors import BadRequest, Refused
 from tests.fixtures.manager import Clock, make_manager
 
 R3090, A6000 = "NVIDIA GeForce RTX 3090", "NVIDIA RTX A6000"

@@ -6,8 +6,7 @@ from decimal import Decimal
 import pytest
 from traitlets.config import Config
 
-from gpupool_hub.service.cull import Culler, UserState, decide, pressure, server_api_url
-from gpupool_hub.service.enforcement import CullWarning
+from gpupool_hub.cull import Culler, UserState, decide, pressure, server_api_url, CullWarning
 
 NOW = datetime(2026, 11, 21, 12, tzinfo=timezone.utc)
 GRACE = timedelta(minutes=10)
@@ -94,7 +93,7 @@ def test_server_api_url_quotes_names():
     ],
 )
 def test_12_11_own_refusal_is_not_pressure(refusals, judged, under_pressure):
-    from gpupool_hub.service.cull import last_refusal_of_others
+    from gpupool_hub.cull import last_refusal_of_others
 
     at = {user: NOW - timedelta(minutes=minutes) for user, minutes in refusals.items()}
     why = pressure(Decimal(0), Decimal(16), last_refusal_of_others(at, judged), NOW, culler())
@@ -104,7 +103,7 @@ def test_12_11_own_refusal_is_not_pressure(refusals, judged, under_pressure):
 
 
 def test_12_11_enforcement_keeps_refusals_per_user():
-    from gpupool_hub.service.enforcement import Enforcement
+    from gpupool_hub.service.core.enforcement import Enforcement
 
     e = Enforcement()
     e.note_capacity_refusal("bob", NOW - timedelta(minutes=2))

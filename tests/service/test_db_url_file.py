@@ -16,7 +16,7 @@ import requests
 
 from gpupool_hub.config import GPUPool
 from gpupool_hub.ledger import Ledger
-from gpupool_hub.service.dburl import DbUrlFileError, ledger_url
+from gpupool_hub.service.configfile import DbUrlFileError, ledger_url
 from tests.agent.test_report_limits import ServiceProcess
 
 REPO = Path(__file__).resolve().parents[2]

@@ -15,10 +15,9 @@ from pathlib import Path
 
 import pytest
 from gpupool_hub.ledger import Ledger, intervals
-from gpupool_hub.service.manager import PoolManager
+from gpupool_hub.service.core.manager import PoolManager
 from gpupool_hub.usage.prometheus import PrometheusUsageSource
-from tests.fixtures.manager import Clock
-from tests.fixtures.manager import make_manager as make_core
+from tests.fixtures.manager import Clock, make_manager as make_core
 from tests.fixtures.prometheus import history_base, usage_table_history
 
 pytestmark = pytest.mark.integration

@@ -21,11 +21,11 @@ import pytest
 
 from gpupool_hub.placement import Request
 from gpupool_hub.reasons import RefusalReason
-from gpupool_hub.service.errors import Refused
+from gpupool_hub.service.core.errors import Refused
 from gpupool_hub.service.hubapi import HubClient
-from gpupool_hub.service.idle import PrometheusUtilization
+from gpupool_hub.usage.utilization import PrometheusUtilization
 from gpupool_hub.service.jobs.idle import IdleJob
-from tests.fixtures.manager import make_manager
+from tests.fixtures.manager import make_manager, units_for
 from tests.fixtures.prometheus import OpenMetricsHistory
 
 pytestmark = pytest.mark.integration
@@ -130,7 +130,7 @@ def alice_holds_and_bob_waits(tmp_path):
 
 def test_the_idle_job_warns_alice_and_shows_her_gpus(prom, tmp_path):
     m = alice_holds_and_bob_waits(tmp_path)
-    job = IdleJob(HubClient("http://127.0.0.1:9", "unused"), m, agent_source(prom))
+    job = IdleJob(HubClient("http://127.0.0.1:9", "unused"), agent_source(prom), **units_for(IdleJob, m))
     asyncio.run(job())
     me = m.views.me("alice")
     [srv] = me["gpu_servers"]
@@ -147,7 +147,7 @@ def test_the_idle_job_warns_alice_and_shows_her_gpus(prom, tmp_path):
 def test_prometheus_down_reclaims_nothing_and_says_so(prom, prometheus_factory, tmp_path, caplog):
     m = alice_holds_and_bob_waits(tmp_path)
     gone = PrometheusUtilization(f"http://127.0.0.1:{_closed_port()}", threshold=0.05)
-    job = IdleJob(HubClient("http://127.0.0.1:9", "unused"), m, gone)
+    job = IdleJob(HubClient("http://127.0.0.1:9", "unused"), gone, **units_for(IdleJob, m))
     with caplog.at_level(logging.WARNING, logger="gpupool.idle"):
         asyncio.run(job())
     assert "GPU utilization unavailable for idle reclaim (nothing is reclaimed)" in caplog.text
@@ -166,7 +166,7 @@ def _closed_port() -> int:
 
 
 def test_server_idleness_follows_the_rule():
-    from gpupool_hub.service.idle import GpuReading, server_idleness
+    from gpupool_hub.idle import GpuReading, server_idleness
 
     t = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
     started = t - timedelta(hours=3)
@@ -195,7 +195,7 @@ def test_dry_run_audits_what_it_would_do_and_stops_warns_releases_nothing(prom, 
     m.settings.idle_dry_run = True
     m.settings.idle_grace = 0  # the reclaim is due at the next run
     # a hub that is not there: any stop_server would fail and be audited as "failed"
-    job = IdleJob(HubClient("http://127.0.0.1:9", "unused"), m, agent_source(prom))
+    job = IdleJob(HubClient("http://127.0.0.1:9", "unused"), agent_source(prom), **units_for(IdleJob, m))
     with caplog.at_level(logging.WARNING, logger="gpupool.idle"):
         asyncio.run(job())
         asyncio.run(job())

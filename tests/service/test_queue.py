@@ -8,8 +8,8 @@ import pytest
 
 from gpupool_hub.placement import Request
 from gpupool_hub.reasons import RefusalReason
-from gpupool_hub.service.errors import Refused
-from tests.fixtures.manager import Clock, make_manager
+from gpupool_hub.service.core.errors import Refused
+from tests.fixtures.manager import Clock, make_manager, units_for
 
 R3090 = "NVIDIA GeForce RTX 3090"
 ONE = [{"name": "node-a", "cpu_milli": 32000, "memory_mib": 131072,
@@ -144,7 +144,7 @@ def test_own_queue_entry_never_warns_but_another_users_does(tmp_path):
     import asyncio
     from decimal import Decimal
 
-    from gpupool_hub.service.cull import Culler
+    from gpupool_hub.cull import Culler
     from gpupool_hub.service.jobs.cull import CullJob
 
     from datetime import datetime, timezone
@@ -161,7 +161,7 @@ def test_own_queue_entry_never_warns_but_another_users_does(tmp_path):
     async def no_utilization():
         return None
 
-    job = CullJob(None, m, culler, no_groups, no_utilization)  # warnings need no hub
+    job = CullJob(None, culler, no_groups, no_utilization, **units_for(CullJob, m))  # warnings need no hub
     asyncio.run(job())
     assert m.enforcement.warnings == {} and m.warning_for("alice") is None
     queued(m, "bob")
@@ -174,8 +174,8 @@ def test_idle_rule_table():
     from datetime import datetime, timedelta, timezone
 
     from gpupool_hub.reasons import AuditAction
-    from gpupool_hub.service.enforcement import CullWarning
-    from gpupool_hub.service.idle import IdleServer, decide_idle
+    from gpupool_hub.cull import CullWarning
+    from gpupool_hub.idle import IdleServer, decide_idle
 
     now = datetime(2025, 3, 3, 12, 0, tzinfo=timezone.utc)
     old = now - timedelta(hours=3)
@@ -204,7 +204,7 @@ def test_reported_utilization_needs_the_whole_window():
     import asyncio
     from datetime import datetime, timedelta, timezone
 
-    from gpupool_hub.service.idle import ReportedUtilization
+    from gpupool_hub.usage.utilization import ReportedUtilization
 
     src = ReportedUtilization(0.05)
     now = datetime.now(timezone.utc)

@@ -25,7 +25,7 @@ pytest.importorskip("systemdspawner")
 from systemdspawner import SystemdSpawner, systemd  # noqa: E402
 
 from gpupool_hub.devices import CONTROL_NODES  # noqa: E402
-from gpupool_hub.service.admission import parse_request  # noqa: E402
+from gpupool_hub.service.core.admission import parse_request  # noqa: E402
 from gpupool_hub.systemdspawner import GPUPoolSystemdSpawner  # noqa: E402
 from tests.agent.test_service import Service  # noqa: E402
 

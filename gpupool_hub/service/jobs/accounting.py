@@ -5,11 +5,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ..accounts import Accounts
-from ..debits import Debits
-from ..groups import GroupCache
-from ..hubapi import HubClient
-from ..threads import CoreThreads
+from ..core.accounts import Accounts
+from ..core.debits import Debits
+from ..hubapi import GroupCache, HubClient
+from ..core.threads import CoreThreads
 
 InThread = Callable[..., Awaitable[Any]]
 

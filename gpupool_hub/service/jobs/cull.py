@@ -1,24 +1,27 @@
-"""The cull job: warn, shut down kernels, stop servers (rules in ``service/cull.py``)."""
+"""The cull job: warn, shut down kernels, stop servers (rules in ``gpupool_hub/cull.py``)."""
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any
-from urllib.parse import urlencode
 
-from tornado.httpclient import AsyncHTTPClient
-
-from ...ledger import AuditEvent
+from ...config import GPUPool
+from ...cull import Culler, CullWarning, Decision, UserState, decide, pressure
+from ...ledger import AuditEvent, Ledger
 from ...reasons import AuditAction
-from ..cull import Culler, Decision, UserState, decide, pressure
-from ..enforcement import CullWarning
+from ...usage.utilization import PrometheusUtilization
+from ..core.admission import Admission
+from ..core.enforcement import Enforcement
+from ..core.inventory import PoolInventory
+from ..core.notices import Notices
+from ..core.queue import WaitQueue
+from ..core.threads import CoreThreads
+from ..core.views import ViewCache
 from ..hubapi import HubClient, HubError
-from ..manager import PoolManager
-from ..userserver import UserServerAPI
+from .userserver import UserServerAPI
 
 log = logging.getLogger("gpupool.cull")
 
@@ -28,28 +31,29 @@ class UtilizationProbe:
 
     def __init__(self, culler: Culler, prometheus_url: str, token: str = "") -> None:
         self.culler = culler
-        self.url = prometheus_url
-        self.token = token
+        self.source = PrometheusUtilization(prometheus_url, token=token) if prometheus_url else None
 
     async def __call__(self) -> float | None:
-        if not (self.culler.pressure_utilization and self.url):
+        if not (self.culler.pressure_utilization and self.source is not None):
             return None
-        url = f"{self.url.rstrip('/')}/api/v1/query?" + urlencode({"query": self.culler.utilization_query})
-        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         try:
-            resp = await AsyncHTTPClient().fetch(url, headers=headers, request_timeout=10)
-            return float(json.loads(resp.body)["data"]["result"][0]["value"][1])
+            return await self.source.scalar(self.culler.utilization_query)
         except Exception as e:  # pressure from allocation and refusals still works
             log.warning("GPU utilization unavailable for the pressure check: %s", e)
             return None
 
 
 class CullJob:
-    def __init__(self, hub: HubClient, manager: PoolManager, culler: Culler,
-                 groups: Callable[[str], Awaitable[list[str]]],
-                 utilization: Callable[[], Awaitable[float | None]]) -> None:
+    """Built from the units it reads and drives (kueue-style explicit dependencies)."""
+
+    def __init__(self, hub: HubClient, culler: Culler, groups: Callable[[str], Awaitable[list[str]]],
+                 utilization: Callable[[], Awaitable[float | None]], *, settings: GPUPool, ledger: Ledger,
+                 threads: CoreThreads, inventory: PoolInventory, queue: WaitQueue, admission: Admission,
+                 enforcement: Enforcement, notices: Notices, cache: ViewCache) -> None:
         self.hub = hub
-        self.manager = manager
+        self.settings, self.ledger, self.threads, self.inventory = settings, ledger, threads, inventory
+        self.queue, self.admission, self.enforcement, self.notices, self.cache = (queue, admission, enforcement,
+                                                                                 notices, cache)
         self.culler = culler
         self.groups = groups
         self.utilization = utilization
@@ -57,17 +61,17 @@ class CullJob:
 
     async def __call__(self) -> None:
         now = datetime.now(timezone.utc)
-        m, culler, enforcement, threads = self.manager, self.culler, self.manager.enforcement, self.manager.threads
+        culler, enforcement, threads = self.culler, self.enforcement, self.threads
         servers: dict[str, set[str]] = {}
         allocated = Decimal(0)
         models: dict[str, set[str]] = {}
-        for record in await threads.read(m.ledger.active_allocations):
+        for record in await threads.read(self.ledger.active_allocations):
             servers.setdefault(record.user, set()).add(record.server)
             models.setdefault(record.user, set()).update(g["model"] for g in record.gpus)
             allocated += sum((Decimal(g["milli"]) / 1000 for g in record.gpus), Decimal(0))
         for user, server in enforcement.revoked_servers():
             servers.setdefault(user, set()).add(server)
-        capacity = Decimal(m.inventory.gpu_count())
+        capacity = Decimal(self.inventory.gpu_count())
         utilization = await self.utilization()
         warnings = enforcement.warnings_for(culler.dry_run)
         grace = timedelta(seconds=culler.grace_period)
@@ -75,8 +79,8 @@ class CullJob:
         for user in set(servers) | set(warnings) | set(enforcement.users):
             try:
                 groups = set(await self.groups(user))
-                rules = m.settings.rules_for(groups)
-                balance = await threads.read(m.ledger.balance, user)
+                rules = self.settings.rules_for(groups)
+                balance = await threads.read(self.ledger.balance, user)
             except Exception:
                 log.exception("Cull: cannot judge %s this time", user)
                 continue
@@ -86,8 +90,8 @@ class CullJob:
                 enforcement.reinstate(user)
             # the pool is under pressure for this user when someone else waits for what they hold
             # (with the queue off: others' refusals), never by their own request
-            if m.settings.queue_enabled:
-                demand = await threads.write(m.queue.demand_for, user, models.get(user, set()))
+            if self.settings.queue_enabled:
+                demand = await threads.write(self.queue.demand_for, user, models.get(user, set()))
             else:
                 demand = enforcement.last_refusal_excluding(user)
             why = pressure(allocated, capacity, demand, now, culler, utilization)
@@ -99,49 +103,49 @@ class CullJob:
 
     async def carry_out(self, d: Decision, warnings: dict[str, CullWarning]) -> None:
         dry = self.culler.dry_run
-        m = self.manager
         now = datetime.now(timezone.utc)
         detail: dict[str, Any] = {}
         if dry:
             log.warning("[dry run] would %s for %s/%s: %s", d.action, d.user, d.server, d.reason)
         if d.action == AuditAction.WARN:
-            warnings[d.user] = CullWarning("kernels", d.reason, d.deadline)  # type: ignore[arg-type]
-            m.cache.forget(d.user)
+            self.enforcement.warn(d.user, CullWarning("kernels", d.reason, d.deadline),  # type: ignore[arg-type]
+                                  dry_run=dry)
+            self.cache.forget(d.user)
             log.warning("Cull warning for %s until %s: %s", d.user, d.deadline, d.reason)
         elif d.action == AuditAction.CLEAR_WARNING:
-            warnings.pop(d.user, None)
-            m.cache.forget(d.user)
+            self.enforcement.clear(d.user, dry_run=dry)
+            self.cache.forget(d.user)
         elif not dry:
             # what the server holds now: stopping it makes its spawner release these itself
-            held = [r.id for r in await m.threads.read(m.ledger.active_allocations, d.user) if r.server == d.server]
+            held = [r.id for r in await self.threads.read(self.ledger.active_allocations, d.user) if r.server == d.server]
             try:
                 if d.action == AuditAction.CULL_KERNELS:
                     detail["kernels"] = await self.shutdown_kernels(d.user, d.server)
-                    m.enforcement.kernels_culled(d.user, d.server, now)
+                    self.enforcement.kernels_culled(d.user, d.server, now)
                     if not detail["kernels"] and not await self.holds(d.user, d.server):
                         return  # a revoked server with nothing new to shut down: nothing to record
                 elif d.action == AuditAction.STOP_SERVER:
                     await self.hub.stop_server(d.user, d.server)
-                    m.enforcement.server_stopped(d.user, d.server)
-                detail["released"] = await m.threads.write(self.release, d, held)
+                    self.enforcement.server_stopped(d.user, d.server)
+                detail["released"] = await self.threads.write(self.release, d, held)
                 log.warning("%s for %s/%s: %s", d.action, d.user, d.server, d.reason)
             except HubError as e:
                 log.error("Could not %s for %s/%s: %s", d.action, d.user, d.server, e)
-                await m.threads.write(m.notices.record, AuditEvent(
+                await self.threads.write(self.notices.record, AuditEvent(
                     now, d.user, d.server, AuditAction.FAILED.value, f"{d.action}: {e}", dry))
                 return
-        await m.threads.write(m.notices.record,  # the user's notice of a cull or floor stop comes from it
+        await self.threads.write(self.notices.record,  # the user's notice of a cull or floor stop comes from it
                               AuditEvent(now, d.user, d.server, str(d.action), d.reason, dry, detail or None))
 
     def release(self, d: Decision, held: list[str]) -> list[str]:
         """Release what the server held (on the writer thread; a no-op for allocations its
         spawner already released while stopping); their ids, for the audit log."""
         for alloc in held:
-            self.manager.admission.release(alloc, f"{d.action}: {d.reason}")
+            self.admission.release(alloc, f"{d.action}: {d.reason}")
         return held
 
     async def holds(self, user: str, server: str) -> bool:
-        records = await self.manager.threads.read(self.manager.ledger.active_allocations, user)
+        records = await self.threads.read(self.ledger.active_allocations, user)
         return any(r.server == server for r in records)
 
     async def shutdown_kernels(self, user: str, server: str) -> list[str]:

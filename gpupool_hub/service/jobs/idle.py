@@ -1,5 +1,5 @@
 """The idle reclaim job: warn idle GPU servers that others wait for, stop them
-after the grace (rules in ``service/idle.py``)."""
+after the grace (rules in ``gpupool_hub/idle.py``)."""
 
 from __future__ import annotations
 
@@ -7,27 +7,39 @@ import logging
 from datetime import datetime, timezone
 from typing import Any
 
-from ...ledger import AuditEvent
+from ...config import GPUPool
+from ...cull import CullWarning
+from ...idle import IdleDecision, IdleServer, decide_idle, server_idleness
+from ...ledger import AuditEvent, Ledger
 from ...reasons import AuditAction
-from ..enforcement import CullWarning
+from ...usage.utilization import UtilizationSource
+from ..core.admission import Admission
+from ..core.enforcement import Enforcement
+from ..core.idle import IdleWarnings
+from ..core.notices import Notices
+from ..core.queue import WaitQueue
+from ..core.threads import CoreThreads
+from ..core.views import ViewCache
 from ..hubapi import HubClient, HubError
-from ..idle import IdleDecision, IdleServer, UtilizationSource, decide_idle, server_idleness
-from ..manager import PoolManager
 
 log = logging.getLogger("gpupool.idle")
 
 
 class IdleJob:
-    def __init__(self, hub: HubClient, manager: PoolManager, source: UtilizationSource) -> None:
+    """Built from the units it reads and drives (kueue-style explicit dependencies)."""
+
+    def __init__(self, hub: HubClient, source: UtilizationSource, *, settings: GPUPool, ledger: Ledger,
+                 threads: CoreThreads, idle: IdleWarnings, queue: WaitQueue, admission: Admission,
+                 enforcement: Enforcement, notices: Notices, cache: ViewCache) -> None:
         self.hub = hub
-        self.manager = manager
+        self.settings, self.ledger, self.threads, self.idle, self.queue = settings, ledger, threads, idle, queue
+        self.admission, self.enforcement, self.notices, self.cache = admission, enforcement, notices, cache
         self.source = source
 
     async def __call__(self) -> None:
-        m = self.manager
-        s = m.settings
+        s = self.settings
         now = datetime.now(timezone.utc)
-        records = await m.threads.read(m.ledger.active_allocations)
+        records = await self.threads.read(self.ledger.active_allocations)
         uuids = [g["uuid"] for r in records for g in r.gpus]
         try:
             readings = await self.source.readings(uuids, max(s.idle_after, s.max_idle))
@@ -35,9 +47,9 @@ class IdleJob:
             peak_long = await self.source.peak(uuids, s.max_idle) if s.max_idle else {}
         except Exception as e:  # no data, no idleness: never stop a server on a guess
             log.warning("GPU utilization unavailable for idle reclaim (nothing is reclaimed): %s", e)
-            m.idle.publish(None, {}, {})
+            self.idle.publish(None, {}, {})
             return
-        m.idle.publish(now, readings, {
+        self.idle.publish(now, readings, {
             r.id: idle for r in records if r.gpus and (idle := server_idleness(
                 r.created_at, [readings.get(g["uuid"]) for g in r.gpus], idle_after=s.idle_after,
                 min_runtime=s.min_runtime, max_idle=s.max_idle)) is not None})
@@ -51,8 +63,8 @@ class IdleJob:
                 user=r.user, server=r.server, allocation=r.id, started=r.created_at,
                 idle=all(u in peak and peak[u] < s.idle_threshold for u in ids),
                 idle_long=bool(s.max_idle) and all(u in peak_long and peak_long[u] < s.idle_threshold for u in ids),
-                wanted=await m.threads.write(m.queue.demand_for, r.user, models) is not None))
-        warnings = m.idle.dry if s.idle_dry_run else m.idle.warnings
+                wanted=await self.threads.write(self.queue.demand_for, r.user, models) is not None))
+        warnings = self.idle.warnings_for(s.idle_dry_run)
         for d in decide_idle(servers, warnings, now, grace=s.idle_grace, min_runtime=s.min_runtime,
                              idle_after=s.idle_after, max_idle=s.max_idle):
             try:
@@ -61,22 +73,19 @@ class IdleJob:
                 log.exception("Idle reclaim: could not %s for %s/%s", d.action, d.user, d.server)
 
     async def carry_out(self, d: IdleDecision, warnings: dict[tuple[str, str], CullWarning]) -> None:
-        m = self.manager
-        dry = m.settings.idle_dry_run
+        dry = self.settings.idle_dry_run
         now = datetime.now(timezone.utc)
-        key = (d.user, d.server)
         detail: dict[str, Any] = {"allocation": d.allocation}
         if dry:
             log.warning("[dry run] would %s for %s/%s: %s", d.action, d.user, d.server or "-", d.reason)
         if d.action == AuditAction.CLEAR_WARNING:
-            warnings.pop(key, None)
-            m.idle.allocations.pop(key, None)
-            m.cache.forget(d.user)
+            self.idle.clear(d.user, d.server, dry_run=dry)
+            self.cache.forget(d.user)
             return
         if d.action == AuditAction.IDLE_WARN:
-            warnings[key] = CullWarning("server", d.reason, d.deadline)  # type: ignore[arg-type]
-            m.idle.allocations[key] = d.allocation
-            m.cache.forget(d.user)
+            self.idle.warn(d.user, d.server, CullWarning("server", d.reason, d.deadline),  # type: ignore[arg-type]
+                           d.allocation, dry_run=dry)
+            self.cache.forget(d.user)
             detail["deadline"] = d.deadline.isoformat() if d.deadline else None
             log.warning("Idle warning for %s/%s until %s: %s", d.user, d.server or "-", d.deadline, d.reason)
         elif d.action == AuditAction.IDLE_RECLAIM and not dry:
@@ -84,17 +93,16 @@ class IdleJob:
                 await self.hub.stop_server(d.user, d.server)
             except HubError as e:
                 log.error("Could not stop idle %s/%s: %s", d.user, d.server or "-", e)
-                await m.threads.write(m.notices.record, AuditEvent(
+                await self.threads.write(self.notices.record, AuditEvent(
                     now, d.user, d.server, AuditAction.FAILED.value, f"{d.action}: {e}", dry))
                 return
-            warnings.pop(key, None)
-            m.idle.allocations.pop(key, None)
-            m.cache.forget(d.user)
+            self.idle.clear(d.user, d.server, dry_run=dry)
+            self.cache.forget(d.user)
             # the spawner releases on stop; release here too (a no-op then) so a waiter starts at once
-            await m.threads.write(m.admission.release, d.allocation, f"{d.action}: {d.reason}")
-            m.enforcement.gpus_taken(d.user, d.server, now)
+            await self.threads.write(self.admission.release, d.allocation, f"{d.action}: {d.reason}")
+            self.enforcement.gpus_taken(d.user, d.server, now)
             log.warning("Stopped idle %s/%s: %s", d.user, d.server or "-", d.reason)
         elif d.action == AuditAction.IDLE_RECLAIM:
-            warnings.pop(key, None)
-        await m.threads.write(m.notices.record, AuditEvent(now, d.user, d.server, str(d.action), d.reason, dry,
+            self.idle.clear(d.user, d.server, dry_run=dry)
+        await self.threads.write(self.notices.record, AuditEvent(now, d.user, d.server, str(d.action), d.reason, dry,
                                                              detail))

@@ -8,8 +8,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ...inventory.sources import InventorySource
-from ..inventory import PoolInventory
-from ..threads import CoreThreads
+from ..core.inventory import PoolInventory
+from ..core.threads import CoreThreads
 
 log = logging.getLogger("gpupool.inventory")
 

@@ -4,18 +4,20 @@ a lapsed reservation)."""
 
 from __future__ import annotations
 
-from ..manager import PoolManager
+from ..core.queue import WaitQueue
+from ..core.threads import CoreThreads
 
 
 class QueueJob:
-    def __init__(self, manager: PoolManager) -> None:
-        self.manager = manager
+    def __init__(self, queue: WaitQueue, threads: CoreThreads) -> None:
+        self.queue = queue
+        self.threads = threads
 
     async def __call__(self) -> None:
-        await self.manager.threads.write(self.tick)
+        await self.threads.write(self.tick)
 
     def tick(self) -> None:
-        queue = self.manager.queue
+        queue = self.queue
         if queue.entries:
             queue.expire()
             queue.dispatch()

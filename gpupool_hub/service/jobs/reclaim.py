@@ -14,8 +14,8 @@ import logging
 from tornado.ioloop import IOLoop
 
 from ..hubapi import HubClient, HubError
-from ..reclaims import Reclaim, Reclaims
-from ..threads import CoreThreads
+from ..core.reclaims import Reclaim, Reclaims
+from ..core.threads import CoreThreads
 
 log = logging.getLogger("gpupool.reclaims")
 

@@ -19,10 +19,10 @@ from typing import Any
 from urllib.parse import quote
 
 from ...ledger import AllocationRecord, Ledger
-from ..admission import Admission
-from ..debits import Debits
+from ..core.admission import Admission
+from ..core.debits import Debits
 from ..hubapi import HubClient, HubError
-from ..threads import CoreThreads
+from ..core.threads import CoreThreads
 
 log = logging.getLogger("gpupool.reconcile")
 

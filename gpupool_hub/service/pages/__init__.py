@@ -16,7 +16,7 @@
 
 Handlers live in ``usage.py`` and ``admin.py``, login and page plumbing in
 ``base.py``, chart geometry in ``charts.py`` (pure), and the read-only queries
-the charts need in ``queries.py``. See docs/pages.md.
+the charts need in ``ledger.py`` (its read-only queries for the pages). See docs/pages.md.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ STATIC_DIR = str(resources.files(__package__).joinpath("static"))
 
 
 def page_routes(prefix: str) -> list[tuple]:  # type: ignore[type-arg]
-    """Routes to append to the API's (:func:`gpupool_hub.service.handlers.routes`)."""
+    """Routes to append to the API's (:func:`gpupool_hub.service.api.routes`)."""
     p = prefix.rstrip("/")
     name = r"([^/]+)"
     return [

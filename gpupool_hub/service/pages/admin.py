@@ -15,12 +15,11 @@ from typing import Any
 
 from tornado import web
 
-from ...ledger import IdempotencyConflict
+from ...ledger import SORTS, IdempotencyConflict, search_accounts
 from ...units import AmountError, format_tokens, from_milli, parse_amount
-from ..httpargs import INT64_MAX
+from ..api.httpargs import INT64_MAX
 from .base import PageHandler
 from .charts import RESERVED, gpu_cell, holder_colours
-from .queries import SORTS, search_accounts
 
 ACCOUNTS_PAGE = 50
 AUDIT_PAGE = 100

@@ -32,10 +32,10 @@ from tornado import web
 
 from ...ledger import is_database_busy
 from ..context import ServiceContext
-from ..handlers import BUSY_RETRY_AFTER
-from ..httpargs import QueryArgs
+from ..api.base import BUSY_RETRY_AFTER
+from ..api.httpargs import QueryArgs
 from ..hubapi import HubError
-from ..manager import PoolManager
+from ..core.manager import PoolManager
 
 log = logging.getLogger("gpupool.pages")
 

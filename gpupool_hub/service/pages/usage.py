@@ -22,13 +22,12 @@ from urllib.parse import quote
 
 from tornado import web
 
-from ...ledger import Entry
+from ...ledger import Entry, daily_totals, iter_user_entries
 from ...timefmt import iso
 from ...units import format_tokens, from_milli
-from ..manager import PoolManager
+from ..core.manager import PoolManager
 from .base import MINUS, PageHandler, tokens
 from .charts import BarChart, DayPoint, LineChart, balance_chart, stacked_bars
-from .queries import daily_totals, iter_user_entries
 
 RANGES = (30, 90)
 PAGE = 50

@@ -1,4 +1,9 @@
-"""The two endpoints node agents call: report inventory, fetch the enforcement list.
+"""``nodes/{node}/…``: the endpoints node agents call. ``inventory``: report the node's
+GPUs; ``enforce``: fetch the enforcement list; ``utilization``: GPU utilization, for idle
+reclaim without Prometheus; ``memory``: the memory guard's shares to watch, its warnings and
+stops (rules in ``service/core/memory.py`` and ``agent/memguard.py``); ``boundary``: who holds
+each GPU, and the processes found out of bounds (rules in ``agent/boundary.py``). New
+warnings and every stop go to the audit log.
 
 Agents are not hub users: each node has its own shared secret
 (``c.GPUPoolService.agent_tokens = {"node-a": "…"}``, passed to the app as the
@@ -20,15 +25,17 @@ from __future__ import annotations
 import hmac
 import logging
 from collections.abc import Iterable
+from datetime import datetime, timezone
 
 from tornado import web
 
-from ..placement.errors import InventoryError
-from ..inventory.agents import NodeReport
-from ..placement.inventory import load_node
-from ..timefmt import iso as _iso
-from .handlers import APIHandler
-from .inventory import DeviceOfAnotherNode
+from ...inventory.agents import NodeReport
+from ...placement.errors import InventoryError
+from ...placement.inventory import load_node
+from ...timefmt import iso as _iso
+from ..core.inventory import DeviceOfAnotherNode
+from ..core.memory import boundary_events, holders_on, memory_events, shares_on
+from .base import APIHandler
 
 log = logging.getLogger("gpupool.agents")
 
@@ -83,6 +90,7 @@ class AgentHandler(APIHandler):
 
 class InventoryHandler(AgentHandler):
     max_body_bytes = MAX_INVENTORY_BYTES
+    openapi_path = "/nodes/{node}/inventory"
 
     async def put(self, _node: str) -> None:
         body = self.json_body()
@@ -127,11 +135,81 @@ class EnforceHandler(AgentHandler):
                          "report_inventory": self.manager.inventory.wants_report(self.node)})
 
 
-def agent_routes(prefix: str) -> list[tuple[str, type[web.RequestHandler]]]:
-    """Routes to append to :func:`gpupool_hub.service.handlers.routes`."""
-    api = prefix.rstrip("/") + "/api/v1"
-    node = r"([^/]+)"
-    return [
-        (rf"{api}/nodes/{node}/inventory", InventoryHandler),
-        (rf"{api}/nodes/{node}/enforce", EnforceHandler),
-    ]
+class UtilizationHandler(AgentHandler):
+    """Body: ``{"gpus": {"<GPU UUID>": 0.0-1.0, ...}, "memory": {"<GPU UUID>": [used, total], ...}}``
+    (memory in bytes, optional), the node's own agent token or an admin."""
+
+    max_body_bytes = 64 * 1024
+    openapi_path = "/nodes/{node}/utilization"
+
+    def put(self, _node: str) -> None:
+        source = self.context.utilization
+        if source is None:
+            raise web.HTTPError(409, "this service reads GPU utilization from Prometheus; reports are not used")
+        body = self.json_body()
+        gpus, memory = body["gpus"], body.get("memory", {})
+        for uuid, (used, total) in memory.items():
+            if used > total:
+                raise web.HTTPError(400, f"request body field /memory/{uuid} says more used than the GPU has")
+        self.check_own_devices(set(gpus) | set(memory))
+        self.touch()
+        source.report({k: float(v) for k, v in gpus.items()}, datetime.now(timezone.utc),
+                      {k: (v[0], v[1]) for k, v in memory.items()})
+        self.write_json({"node": self.node, "accepted": len(gpus)})
+
+
+MAX_REPORT_BYTES = 256 * 1024
+
+
+class MemoryHandler(AgentHandler):
+    max_body_bytes = MAX_REPORT_BYTES
+    openapi_path = "/nodes/{node}/memory"
+
+    async def get(self, _node: str) -> None:
+        self.touch()
+        records = await self.read_db(self.manager.ledger.active_allocations)
+        self.write_json({"shares": shares_on(records, self.node), "dry_run": self.context.agent_dry_run})
+
+    async def put(self, _node: str) -> None:
+        body = self.json_body()
+        warnings, actions = body["warnings"], body.get("actions", [])
+        dry = body.get("dry_run", False) or self.context.agent_dry_run
+        self.check_own_devices({x["gpu_uuid"] for x in warnings + actions})
+        self.touch()
+        new = self.manager.memory.report(self.node, warnings, dry)
+        events = memory_events(self.node, new, actions, dry, datetime.now(timezone.utc))
+        for event in events:
+            await self.core(self.manager.notices.record, event)
+        self.write_json({"node": self.node, "warnings": len(warnings), "audited": len(events)})
+
+
+class BoundaryHandler(AgentHandler):
+    max_body_bytes = MAX_REPORT_BYTES
+    openapi_path = "/nodes/{node}/boundary"
+
+    async def get(self, _node: str) -> None:
+        self.touch()
+        records = await self.read_db(self.manager.ledger.active_allocations)
+        self.write_json({"holders": holders_on(records, self.node), "dry_run": self.context.agent_dry_run})
+
+    async def put(self, _node: str) -> None:
+        body = self.json_body()
+        warnings, actions = body["warnings"], body.get("actions", [])
+        dry = body.get("dry_run", False) or self.context.agent_dry_run
+        self.check_own_devices({x["gpu_uuid"] for x in warnings + actions})
+        self.touch()
+        events = boundary_events(self.node, warnings, actions, dry, datetime.now(timezone.utc))
+        for event in events:
+            await self.core(self.manager.notices.record, event)
+        self.write_json({"node": self.node, "audited": len(events)})
+
+
+NODE = r"([^/]+)"
+
+default_handlers = [
+    (rf"api/v1/nodes/{NODE}/inventory", InventoryHandler),
+    (rf"api/v1/nodes/{NODE}/enforce", EnforceHandler),
+    (rf"api/v1/nodes/{NODE}/utilization", UtilizationHandler),
+    (rf"api/v1/nodes/{NODE}/memory", MemoryHandler),
+    (rf"api/v1/nodes/{NODE}/boundary", BoundaryHandler),
+]

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from ..ledger import AuditEvent, Ledger
-from ..reasons import AuditAction
-from ..timefmt import iso
+from ...ledger import AuditEvent, Ledger
+from ...reasons import AuditAction
+from ...timefmt import iso
 from .views import ViewCache
 
 #: the most notices a user is shown (the newest); older ones stay in the audit log

@@ -30,15 +30,13 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from ..config import GPUPool
-from ..ledger import Ledger, UnknownAccount
-from ..placement.request import Request, normalize_model
-from ..placement.state import Placement
-from ..reasons import RefusalReason
-from ..timefmt import iso
-from ..waitqueue import (
-    BORROWER, ExpectedRelease, Waiter, dispatch, estimate_starts, fair_order, reserve_node, wait_place, wait_text,
-)
+from ...config import GPUPool
+from ...ledger import Ledger, UnknownAccount
+from ...placement.request import Request, normalize_model
+from ...placement.state import Placement
+from ...reasons import RefusalReason
+from ...timefmt import iso
+from ...waitqueue import (BORROWER, ExpectedRelease, Waiter, dispatch, estimate_starts, fair_order, reserve_node, wait_place, wait_text)
 from .errors import Refused
 from .inventory import PoolInventory
 from .reclaims import Reclaims

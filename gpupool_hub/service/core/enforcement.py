@@ -22,26 +22,9 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from ..ledger import AuditEvent, utcnow
-from ..reasons import AuditAction
-from ..timefmt import iso
-from .cull import last_refusal_of_others
-
-
-@dataclass
-class CullWarning:
-    """What a user sees before GPUs are taken back: what stops, why, and when."""
-
-    action: str  # "kernels" | "server"
-    reason: str
-    deadline: datetime
-    # when it was carried out while the warning still stands (kernels culled, pressure on):
-    # the widget then says the kernels *were* stopped instead of counting down past zero
-    done_at: datetime | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"action": self.action, "reason": self.reason, "deadline": iso(self.deadline),
-                "done_at": iso(self.done_at)}
+from ...ledger import AuditEvent, utcnow
+from ...reasons import AuditAction
+from ...cull import CullWarning, last_refusal_of_others
 
 
 #: how long after the service took a server's GPUs (reclaim, idle reclaim) its user's processes
@@ -94,7 +77,16 @@ class Enforcement:
                 self.revoked[(e.user, e.server)] = e.at
 
     def warnings_for(self, dry_run: bool) -> dict[str, CullWarning]:
+        """The cull warnings standing now (a dry run's apart), for the rules to read."""
         return self.dry_warnings if dry_run else self.warnings
+
+    def warn(self, user: str, warning: CullWarning, *, dry_run: bool) -> None:
+        """The cull job warned ``user``: their kernels stop at ``warning.deadline``."""
+        self.warnings_for(dry_run)[user] = warning
+
+    def clear(self, user: str, *, dry_run: bool) -> None:
+        """``user``'s cull warning no longer stands (topped up, pressure gone)."""
+        self.warnings_for(dry_run).pop(user, None)
 
     def restore_taken(self, events: Iterable[AuditEvent]) -> None:
         """After a restart: servers whose GPUs were reclaimed within ``TAKEN_WATCH``."""

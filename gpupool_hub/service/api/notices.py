@@ -1,4 +1,4 @@
-"""``GET me/notices`` and ``DELETE me/notices/{id}``: a user's notices (``service/notices.py``).
+"""``GET me/notices`` and ``DELETE me/notices/{id}``: a user's notices (``service/core/notices.py``).
 
 The notices are in ``GET me`` too (the widget and the spawn page read them
 there); these endpoints list them alone and dismiss one. A user sees and
@@ -11,7 +11,7 @@ import re
 
 from tornado import web
 
-from .handlers import APIHandler
+from .base import APIHandler
 
 NOTICE_ID = re.compile(r"[0-9]{1,18}", re.ASCII)
 
@@ -39,6 +39,7 @@ class NoticeHandler(APIHandler):
     post = delete  # POST …/notices/{id} dismisses as well (forms and clients without DELETE)
 
 
-def notice_routes(prefix: str) -> list[tuple[str, type[web.RequestHandler]]]:
-    api = prefix.rstrip("/") + "/api/v1"
-    return [(rf"{api}/me/notices", NoticesHandler), (rf"{api}/me/notices/([^/]+)", NoticeHandler)]
+default_handlers = [
+    (r"api/v1/me/notices", NoticesHandler),
+    (r"api/v1/me/notices/([^/]+)", NoticeHandler),
+]

@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from ..reasons import RefusalReason
-from ..timefmt import iso
+from ...reasons import RefusalReason
+from ...timefmt import iso
 
 
 class Refused(Exception):

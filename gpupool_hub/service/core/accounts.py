@@ -13,10 +13,10 @@ from datetime import date, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from ..config import GPUPool
-from ..credits import due_credits
-from ..keys import entry_key
-from ..ledger import Ledger, Posting, UnknownAccount
+from ...config import GPUPool
+from ...credits import due_credits
+from ...keys import entry_key
+from ...ledger import Ledger, Posting, UnknownAccount
 
 if TYPE_CHECKING:
     from .views import ViewCache

@@ -16,7 +16,7 @@ import socket
 
 import psutil
 
-from ..ledger import Ledger
+from ...ledger import Ledger
 
 log = logging.getLogger("gpupool.lease")
 

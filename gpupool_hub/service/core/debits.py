@@ -19,12 +19,12 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, TypeVar
 
-from ..keys import entry_key
-from ..ledger import Ledger, Posting
-from ..pricing import PriceTable, PricingError
-from ..timefmt import align_down, iso
-from ..units import round_milli
-from ..usage import Usage, UsageNotSettled, UsageSource, UsageUnavailable
+from ...keys import entry_key
+from ...ledger import Ledger, Posting
+from ...pricing import PriceTable, PricingError
+from ...timefmt import align_down, iso
+from ...units import round_milli
+from ...usage import Usage, UsageNotSettled, UsageSource, UsageUnavailable
 
 log = logging.getLogger("gpupool.debits")
 

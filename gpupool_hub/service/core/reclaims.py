@@ -25,14 +25,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from .. import fairshare
-from ..config import GPUPool
-from ..ledger import AllocationRecord, AuditEvent, Ledger
-from ..placement.request import Request
-from ..placement.state import Placement
-from ..reasons import AuditAction, RefusalReason
-from ..timefmt import iso
-from .enforcement import CullWarning
+from ... import fairshare
+from ...config import GPUPool
+from ...ledger import AllocationRecord, AuditEvent, Ledger
+from ...placement.request import Request
+from ...placement.state import Placement
+from ...reasons import AuditAction, RefusalReason
+from ...timefmt import iso
+from ...cull import CullWarning
 from .errors import Refused
 from .inventory import PoolInventory
 from .views import ViewCache
@@ -108,6 +108,10 @@ class Reclaims:
         # called with a new Reclaim; the service stops the victims' servers after the grace
         # and calls preempt() for each (without it, callers do that themselves)
         self.on_reclaim: Callable[[Reclaim], None] | None = None
+
+    def announce_to(self, on_reclaim: Callable[[Reclaim], None]) -> None:
+        """Hand each new reclaim to ``on_reclaim`` (the service's executor stops the victims)."""
+        self.on_reclaim = on_reclaim
 
     @property
     def pool(self) -> Any:

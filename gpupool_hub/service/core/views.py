@@ -20,14 +20,14 @@ from datetime import date, datetime
 from decimal import Decimal
 from typing import Any
 
-from ..config import GPUPool
-from ..credits import balance_status, next_credit_times
-from ..ledger import AllocationRecord, Ledger
-from ..timefmt import iso
-from ..units import format_tokens
+from ...config import GPUPool
+from ...credits import balance_status, next_credit_times
+from ...ledger import AllocationRecord, Ledger
+from ...timefmt import iso
+from ...units import format_tokens
 from .accounts import Accounts
 from .debits import Debits
-from .enforcement import CullWarning
+from ...cull import CullWarning
 from .inventory import PoolInventory
 from .threads import CoreThreads
 
@@ -92,6 +92,38 @@ class Views:
         self.memory_warnings = memory_warnings
         self.notices = notices
         self._clock_cache: tuple[int, int, int, dict[str, Any]] | None = None
+
+    def pool_report(self, active: Iterable[AllocationRecord], idle_since: dict[str, datetime]) -> dict[str, Any]:
+        """``GET pool``'s nodes and free GPUs (writer thread: the pool lives there): each GPU
+        and MIG instance with its holders (user, server, idle since), and what the inventory
+        source holds outside the hub or reports unavailable."""
+        held_by = {r.id: r for r in active}
+        inv = self.inventory
+        nodes = inv.pool.snapshot()
+
+        def holders(held: dict[str, int]) -> list[dict[str, Any]]:
+            return [{"allocation": a, "fraction": format_tokens(Decimal(m) / 1000),
+                     "user": held_by[a].user if a in held_by else None,
+                     "server": held_by[a].server if a in held_by else None,
+                     **({"idle_since": iso(idle_since[a])} if a in idle_since else {})}
+                    for a, m in held.items()]
+
+        for node in nodes:
+            for gpu in node["gpus"]:
+                gpu["allocated_fraction"] = format_tokens(Decimal(gpu.pop("allocated_milli")) / 1000)
+                gpu["holders"] = holders(gpu["holders"])
+                for instance in gpu.get("mig", ()):  # MIG instances inside their GPU, each with its holder
+                    instance["fraction"] = format_tokens(Decimal(instance.pop("milli")) / 1000)
+                    instance["holders"] = holders(instance["holders"])
+        for node in nodes:  # placeholders of the inventory source (Slurm): not servers'
+            node["held_outside"] = list(inv.held_outside.get(node["node"], []))
+            if node["node"] in inv.unavailable:
+                node["unavailable"] = inv.unavailable[node["node"]]
+            for gpu in node["gpus"]:
+                for h in gpu["holders"]:
+                    if inv.is_outside(h["allocation"]):
+                        h["held_outside"] = True
+        return {"nodes": nodes, "free": inv.pool.free_summary().as_dict()}
 
     def allocation_json(self, record: AllocationRecord) -> dict[str, Any]:
         node = self.inventory.pool.by_name.get(record.node)

@@ -7,7 +7,7 @@ service's cull job:
   (visible in ``GET me`` and the lab widget, with a deadline), then, after a
   grace period, the user's kernels on their GPU servers are shut down through
   the Jupyter Server REST API (reached via the hub's proxy with a token the
-  hub mints for that one server, expiring in minutes: ``service/userserver.py``)
+  hub mints for that one server, expiring in minutes: ``service/jobs/userserver.py``)
   and the GPUs go back to the pool. Notebooks and files are untouched: only
   kernel processes end.
 - balance at or below the floor → the GPU server is stopped through the hub
@@ -30,7 +30,8 @@ from urllib.parse import quote
 from traitlets import Bool, Float, Set, Unicode
 from traitlets.config import Configurable
 
-from ..reasons import AuditAction
+from .reasons import AuditAction
+from .timefmt import iso
 
 log = logging.getLogger("gpupool.cull")
 
@@ -66,6 +67,23 @@ class Culler(Configurable):
         (their Jupyter API for kernels). Default: c.JupyterHub.bind_url from the
         same configuration file, else http://127.0.0.1:8000.""",
     ).tag(config=True)
+
+
+@dataclass
+class CullWarning:
+    """What a user sees before GPUs are taken back: what stops, why, and when."""
+
+    action: str  # "kernels" | "server"
+    reason: str
+    deadline: datetime
+    # when it was carried out while the warning still stands (kernels culled, pressure on):
+    # the widget then says the kernels *were* stopped instead of counting down past zero
+    done_at: datetime | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"action": self.action, "reason": self.reason, "deadline": iso(self.deadline),
+                "done_at": iso(self.done_at)}
+
 
 
 @dataclass(frozen=True)

@@ -18,15 +18,15 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from .. import fairshare, waitqueue
-from ..config import GPUPool
-from ..credits import CreditRules, affordable_at, can_start
-from ..ledger import AllocationRecord, Ledger
-from ..placement.errors import InvalidRequest, ModelUnavailable, NoCapacity
-from ..placement.request import Request
-from ..placement.state import Placement
-from ..reasons import RefusalReason
-from ..units import format_tokens, round_milli
+from ... import fairshare, waitqueue
+from ...config import GPUPool
+from ...credits import CreditRules, affordable_at, can_start
+from ...ledger import AllocationRecord, Ledger
+from ...placement.errors import InvalidRequest, ModelUnavailable, NoCapacity
+from ...placement.request import Request
+from ...placement.state import Placement
+from ...reasons import RefusalReason
+from ...units import format_tokens, round_milli
 from .accounts import Accounts
 from .attempts import AttemptAbandoned, Tombstones
 from .enforcement import Enforcement

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from ..ledger import write_deadline
+from ...ledger import write_deadline
 
 T = TypeVar("T")
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from ..placement.mig import instance_profile
-from ..placement.state import Pool
-from ..pricing import PriceTable, PricingError
-from ..units import format_tokens
+from ...placement.mig import instance_profile
+from ...placement.state import Pool
+from ...pricing import PriceTable, PricingError
+from ...units import format_tokens
 
 if TYPE_CHECKING:
     from .inventory import PoolInventory

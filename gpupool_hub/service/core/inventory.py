@@ -25,16 +25,16 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from ..inventory.agents import AgentInventory, AgentReports, NodeReport
-from ..inventory.sources import InventorySource, NodeStatus
-from ..ledger import AllocationRecord, Ledger
-from ..placement.errors import InventoryError, PlacementError
-from ..placement.inventory import Node, load_nodes
-from ..placement.request import MILLI, Request, normalize_model
-from ..placement.state import GPUShare, Placement, Pool
-from ..pricing import PriceTable, PricingError, model_matches
-from ..profiles import Profile
-from ..reasons import RefusalReason
+from ...inventory.agents import AgentInventory, AgentReports, NodeReport
+from ...inventory.sources import InventorySource, NodeStatus
+from ...ledger import AllocationRecord, Ledger
+from ...placement.errors import InventoryError, PlacementError
+from ...placement.inventory import Node, load_nodes
+from ...placement.request import MILLI, Request, normalize_model
+from ...placement.state import GPUShare, Placement, Pool
+from ...pricing import PriceTable, PricingError, model_matches
+from ...profiles import Profile
+from ...reasons import RefusalReason
 from .errors import Refused
 
 log = logging.getLogger("gpupool.inventory")

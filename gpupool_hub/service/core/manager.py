@@ -29,16 +29,17 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from ..config import GPUPool
-from ..inventory.sources import InventorySource
-from ..ledger import Ledger, UnknownAccount, utcnow
-from ..placement.state import Pool
-from ..reasons import AuditAction
-from ..usage import UsageSource
+from ...config import GPUPool
+from ...inventory.sources import InventorySource
+from ...ledger import Ledger, UnknownAccount, utcnow
+from ...placement.state import Pool
+from ...reasons import AuditAction
+from ...usage import UsageSource
 from .accounts import Accounts
 from .admission import Admission
 from .debits import Debits
-from .enforcement import TAKEN_WATCH, CullWarning, Enforcement
+from .enforcement import TAKEN_WATCH, Enforcement
+from ...cull import CullWarning
 from .idle import IdleWarnings
 from .inventory import PoolInventory
 from .memory import MemoryWarnings

@@ -1,0 +1,146 @@
+"""Request bodies: read as clean JSON text, then checked against ``openapi.json``.
+
+Every string in a body (and every key) is text a log line, a CSV cell or the
+database will hold, so control characters and lone surrogates are refused here,
+once, before any handler sees the body. Its shape is stated once, in
+``openapi.json``, and checked by :func:`check_body`; handlers keep only the
+rules a schema cannot say (a known user, the largest grant, the node's own GPUs).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from jsonschema import Draft202012Validator, validators
+from jsonschema.exceptions import ValidationError, best_match
+from tornado import web
+
+#: JSON bodies are flat objects with a list or an object inside; deeper nesting is refused
+MAX_JSON_DEPTH = 8
+
+#: what no text from a request may contain: control characters (C0, DEL, C1) and lone surrogates
+UNSAFE_CHARACTER = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def text_problem(value: str, *, max_length: int, allow_empty: bool = False) -> str | None:
+    """What is wrong with a piece of text from a request, or None: lone surrogates
+    (unstorable), control characters (log and CSV injection), absurd lengths."""
+    if not value and not allow_empty:
+        return "must not be empty"
+    if len(value) > max_length:
+        return f"must be at most {max_length} characters"
+    bad = UNSAFE_CHARACTER.search(value)
+    if bad is None:
+        return None
+    if 0xD800 <= ord(bad.group()) <= 0xDFFF:
+        return "contains a lone surrogate (not valid Unicode text)"
+    return f"contains the control character U+{ord(bad.group()):04X}"
+
+
+def parse_json(raw: bytes) -> Any:
+    """A request body as JSON, or 400: not UTF-8, not JSON, nested deeper than
+    ``MAX_JSON_DEPTH``, or a string (or key) that is not clean text."""
+    try:
+        body = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise web.HTTPError(400, "request body is not UTF-8") from None
+    except RecursionError:
+        raise web.HTTPError(400, f"request body is nested more than {MAX_JSON_DEPTH} levels deep") from None
+    except ValueError as e:
+        raise web.HTTPError(400, f"request body is not valid JSON: {e}") from None
+    stack: list[tuple[Any, int]] = [(body, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise web.HTTPError(400, f"request body is nested more than {MAX_JSON_DEPTH} levels deep")
+        if isinstance(value, dict):
+            for key, item in value.items():
+                stack.append((key, depth + 1))
+                stack.append((item, depth + 1))
+        elif isinstance(value, list):
+            stack.extend((item, depth + 1) for item in value)
+        elif isinstance(value, str):
+            problem = text_problem(value, max_length=100_000, allow_empty=True)
+            if problem:
+                raise web.HTTPError(400, f"a string in the request body {problem}")
+    return body
+
+
+#: the API's own description: the one statement of what each request body looks like
+SPEC: dict[str, Any] = json.loads(resources.files("gpupool_hub.service").joinpath("openapi.json").read_text())
+
+#: JSON integers are whole numbers as sent: ``1.0`` and ``true`` are no GPU index, count or byte size
+_STRICT_TYPES = Draft202012Validator.TYPE_CHECKER.redefine(
+    "integer", lambda _checker, value: isinstance(value, int) and not isinstance(value, bool))
+_Validator = validators.extend(Draft202012Validator, type_checker=_STRICT_TYPES)
+
+
+@cache
+def _validator(path: str, method: str) -> Any:
+    """The validator of ``method path``'s request body, built once; KeyError if it takes none."""
+    body = SPEC["paths"][path][method.lower()]["requestBody"]["content"]["application/json"]["schema"]
+    return _Validator({**body, "components": SPEC["components"]})
+
+
+def _pointer(parts: list[Any]) -> str:
+    return "/" + "/".join(str(p).replace("~", "~0").replace("/", "~1") for p in parts)
+
+
+_JSON_TYPES = ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"), (list, "array"),
+               (dict, "object"), (type(None), "null"))
+
+
+def _json_type(value: Any) -> str:
+    return next(name for kind, name in _JSON_TYPES if isinstance(value, kind))
+
+
+def _described(error: ValidationError) -> str:
+    """The description of the field at fault, for a value of the right type in the wrong form."""
+    while error is not None:
+        if isinstance(error.schema, dict) and error.schema.get("description"):
+            return f" ({error.schema['description']})"
+        error = error.parent  # type: ignore[assignment]
+    return ""
+
+
+def _problem(error: ValidationError) -> tuple[str, str]:
+    """The JSON pointer of the field at fault and what is wrong with it, for a person to fix."""
+    parts = list(error.absolute_path)
+    if error.validator == "required" and isinstance(error.instance, dict):
+        missing = [name for name in error.validator_value if name not in error.instance]
+        return _pointer(parts + missing[:1]), "is required"
+    if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+        known = sorted(error.schema.get("properties", {}))
+        extra = sorted(name for name in error.instance if name not in known)
+        return _pointer(parts + extra[:1]), (f"is not allowed: unknown key(s) {', '.join(map(repr, extra[:5]))}"
+                                             + (f"; expected {', '.join(known)}" if known else ""))
+    if error.validator in ("anyOf", "oneOf") and error.context:
+        fitting = [e for e in error.context if e.validator != "type"]
+        if not fitting:  # no branch takes a value of this type
+            kinds = [k for e in error.context for k in ([e.validator_value] if isinstance(e.validator_value, str)
+                                                        else e.validator_value)]
+            return _pointer(parts), f"must be {' or '.join(kinds)}, not {_json_type(error.instance)}"
+        return _problem(fitting[0])
+    if error.validator == "type":
+        kinds = [error.validator_value] if isinstance(error.validator_value, str) else error.validator_value
+        return _pointer(parts), f"must be {' or '.join(kinds)}, not {_json_type(error.instance)}"
+    if error.validator == "pattern":
+        return _pointer(parts), f"is not in the expected form{_described(error)}"
+    why = error.message
+    return _pointer(parts), why if len(why) <= 300 else why[:300] + "…"
+
+
+def check_body(body: Any, path: str, method: str) -> None:
+    """Check a request body against ``openapi.json``'s schema for ``method path``, or 400.
+
+    The answer names the field at fault by its JSON pointer (``/request/gpus``)
+    and says why; nothing is read from a body that fails, so nothing is written.
+    """
+    error = best_match(_validator(path, method).iter_errors(body))
+    if error is not None:
+        where, why = _problem(error)
+        raise web.HTTPError(400, f"request body field {where} {why}" if where != "/" else f"request body {why}")

@@ -1,0 +1,155 @@
+"""The service's layout rules (docs/architecture.md), checked on the source.
+
+Rules a reader relies on when changing the service: a job is built from the
+core units it needs, never from the PoolManager; only a unit changes its own
+state (``Enforcement.warn()``, not ``enforcement.warnings[user] = …``); core/
+imports no web framework and no other wing; the API keeps one module per path
+family, none past 350 lines; no class past 400 lines; only usage/ talks to
+Prometheus.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "gpupool_hub"
+SERVICE = PACKAGE / "service"
+
+#: methods that change the object they are called on
+MUTATORS = {"pop", "popitem", "append", "extend", "insert", "remove", "add", "discard", "update", "clear",
+            "setdefault", "__setitem__", "__delitem__"}
+
+
+def modules(root: Path = PACKAGE) -> list[Path]:
+    return sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(), str(path))
+
+
+def unit_names() -> set[str]:
+    """The names PoolManager gives its units (``self.enforcement = Enforcement(…)``)."""
+    names = set()
+    for node in ast.walk(tree(SERVICE / "core" / "manager.py")):
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) \
+                        and target.value.id == "self" and isinstance(node.value, ast.Call):
+                    names.add(target.attr)
+    return names - {"settings", "ledger", "clock"}
+
+
+def _unit_attribute(node: ast.AST, units: set[str]) -> str | None:
+    """``unit.attr`` (``m.enforcement.warnings``, ``enforcement.users``) at the root of
+    an assignment target or a mutating call: which unit's state it is, else None."""
+    while isinstance(node, ast.Subscript):
+        node = node.value
+    if not isinstance(node, ast.Attribute):
+        return None
+    owner = node.value
+    name = owner.attr if isinstance(owner, ast.Attribute) else owner.id if isinstance(owner, ast.Name) else None
+    return name if name in units else None
+
+
+def _aliases(module: ast.Module, units: set[str]) -> set[str]:
+    """Local names bound to a unit's state: ``warnings = enforcement.warnings_for(dry)``."""
+    out = set()
+    for node in ast.walk(module):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            value = node.value.func if isinstance(node.value, ast.Call) else node.value
+            if isinstance(value, ast.Attribute) and _unit_attribute(value, units):
+                out.add(node.targets[0].id)
+    return out
+
+
+def outside_writes(path: Path, units: set[str]) -> list[str]:
+    found = []
+    module = tree(path)
+    aliases = _aliases(module, units)
+    for node in ast.walk(module):
+        targets: list[ast.AST] = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        elif isinstance(node, ast.Delete):
+            targets = node.targets
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MUTATORS:
+            targets = [node.func.value]
+        for target in targets:
+            unit = _unit_attribute(target, units)
+            if unit is None and isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name) \
+                    and target.value.id in aliases:
+                unit = f"{target.value.id} (bound to a unit's state)"
+            if unit is None and isinstance(node, ast.Call) and isinstance(target, ast.Name) and target.id in aliases:
+                unit = f"{target.id} (bound to a unit's state)"
+            if unit is not None:
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} writes {ast.unparse(target)} "
+                             f"of the {unit} unit")
+    return found
+
+
+def test_no_code_outside_a_unit_writes_that_units_attributes():
+    units = unit_names()
+    assert {"enforcement", "idle", "queue", "reclaims", "inventory"} <= units
+    wiring = SERVICE / "core" / "manager.py"  # builds the units and wires them together, once
+    found = [w for path in modules() if path != wiring for w in outside_writes(path, units)]
+    assert found == [], "a unit's state is changed only by the unit's own methods:\n" + "\n".join(found)
+
+
+def test_no_job_takes_the_pool_manager():
+    found = []
+    for path in modules(SERVICE / "jobs"):
+        for node in ast.walk(tree(path)):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.endswith("manager"):
+                found.append(f"{path.name}:{node.lineno} imports {node.module}")
+            if isinstance(node, ast.Name) and node.id == "PoolManager":
+                found.append(f"{path.name}:{node.lineno} names PoolManager")
+            if isinstance(node, ast.arg) and node.arg == "manager":
+                found.append(f"{path.name}:{node.lineno} takes a 'manager'")
+    assert found == [], "jobs take the units they need:\n" + "\n".join(found)
+
+
+def test_core_imports_no_web_framework_and_no_other_wing():
+    found = []
+    for path in modules(SERVICE / "core"):
+        for node in ast.walk(tree(path)):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [("." * node.level) + (node.module or "")] if isinstance(node, ast.ImportFrom) else []
+            for name in names:
+                top = name.lstrip(".").split(".")[0]
+                if top in ("tornado", "requests") or (name.startswith("..") and not name.startswith("...")
+                                                       and top in ("api", "pages", "jobs")):
+                    found.append(f"{path.name}:{node.lineno} imports {name}")
+    assert found == [], "\n".join(found)
+
+
+def test_the_api_keeps_one_module_per_path_family_and_each_is_small():
+    api = SERVICE / "api"
+    for path in modules(api):
+        assert len(path.read_text().splitlines()) <= 350, f"{path.name} is past 350 lines"
+    families = [p for p in modules(api) if p.stem not in ("__init__", "base", "schema", "httpargs")]
+    for path in families:
+        assert "default_handlers" in {t.id for n in ast.walk(tree(path)) if isinstance(n, ast.Assign)
+                                      for t in n.targets if isinstance(t, ast.Name)}, path.name
+    assert len([p for p in SERVICE.glob("*.py")]) <= 10, sorted(p.name for p in SERVICE.glob("*.py"))
+
+
+def test_no_class_of_the_service_past_400_lines():
+    big = [f"{path.relative_to(PACKAGE.parent)}: {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+           for path in modules(SERVICE) for node in ast.walk(tree(path))
+           if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > 400]  # type: ignore[operator]
+    assert big == [], big
+
+
+def test_only_usage_queries_prometheus():
+    found = [str(p.relative_to(PACKAGE)) for p in modules() if "api/v1/query" in p.read_text()]
+    assert found and all(f.startswith("usage/") for f in found), found
+
+
+def test_pages_have_no_sql_of_their_own():
+    found = [f"{p.name}: {line.strip()}" for p in modules(SERVICE / "pages")
+             for line in p.read_text().splitlines() if "sqlalchemy" in line or ".execute(" in line]
+    assert found == [], "pages read the database through ledger.py's query functions:\n" + "\n".join(found)
