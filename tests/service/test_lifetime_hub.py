@@ -15,7 +15,7 @@ import requests
 from gpupool_hub.ledger import Ledger
 from tests.fixtures.hub import wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.loaded]
 
 
 def _service_of(hub_pid: int) -> psutil.Process:
