@@ -23,7 +23,7 @@ root=$(pwd)
 if [ -n "${GPUPOOL_DEMO_VENV:-}" ]; then
     venv=$GPUPOOL_DEMO_VENV
 else
-    scripts/system-deps.sh demo  # Python's venv, Node.js and npm (for configurable-http-proxy)
+    scripts/system-deps.sh demo  # Python with its venv module (setup-env.sh brings Node.js if needed)
     scripts/setup-env.sh
     venv="$root/.venv"
 fi

