@@ -5,7 +5,7 @@ hub, its service and the proxy get less CPU than they would like (a restart
 answered 503, a demo that will not stop) hide on a quiet developer machine.
 With ``GPUPOOL_TEST_LOAD=2`` (as ``.ci/run`` sets it) every module that holds a
 test marked ``loaded`` runs, from its first fixture to its last teardown, with
-two ``while True: pass`` processes beside it, each in a process group of its
+two busy-loop processes beside it, each in a process group of its
 own and at the same priority as the suite; they are killed when the module
 ends. Unset or 0: no load, nothing changes.
 
@@ -25,6 +25,9 @@ import pytest
 
 ENV = "GPUPOOL_TEST_LOAD"
 
+#: a busy loop that also ends when pytest is gone (killed before its teardown ran)
+SPIN = "import os\nparent = os.getppid()\nwhile os.getppid() == parent: pass"
+
 
 def load_from_env() -> int:
     """The number of busy processes asked for; a clear error for anything but a whole number ≥ 0."""
@@ -41,7 +44,7 @@ def load_from_env() -> int:
 
 
 class CpuLoad:
-    """N processes that spin on a core each, until :meth:`stop`."""
+    """N processes that spin on a core each, until :meth:`stop` (or until pytest dies)."""
 
     def __init__(self, n: int) -> None:
         self.n = n
@@ -50,7 +53,7 @@ class CpuLoad:
     def start(self) -> None:
         for _ in range(self.n):
             self.procs.append(subprocess.Popen(
-                [sys.executable, "-c", "while True: pass"],
+                [sys.executable, "-c", SPIN],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 start_new_session=True,
             ))
