@@ -19,14 +19,17 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 ENV = "GPUPOOL_TEST_LOAD"
 
-#: a busy loop that also ends when pytest is gone (killed before its teardown ran)
-SPIN = "import os\nparent = os.getppid()\nwhile os.getppid() == parent: pass"
+#: a busy loop that also ends when pytest (argv[1], given before the exec: it may die meanwhile)
+#: is gone, killed before its teardown ran
+SPIN = "import os, sys\nparent = int(sys.argv[1])\nwhile os.getppid() == parent: pass"
 
 
 def load_from_env() -> int:
@@ -43,6 +46,13 @@ def load_from_env() -> int:
     return n
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 class CpuLoad:
     """N processes that spin on a core each, until :meth:`stop` (or until pytest dies)."""
 
@@ -53,10 +63,14 @@ class CpuLoad:
     def start(self) -> None:
         for _ in range(self.n):
             self.procs.append(subprocess.Popen(
-                [sys.executable, "-c", SPIN],
+                [sys.executable, "-c", SPIN, str(os.getpid())],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 start_new_session=True,
             ))
+        for proc in self.procs:  # spinning before the module's first hub starts, not a moment after
+            deadline = time.monotonic() + 10
+            while SPIN.encode() not in _cmdline(proc.pid) and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.01)
 
     def stop(self) -> None:
         for proc in self.procs:
