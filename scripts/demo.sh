@@ -9,7 +9,7 @@
 # and every user's server runs as your own Unix user (gpupool-simple), so
 # users are not isolated from each other. See the example for the real thing.
 #
-# Ctrl-C (or SIGTERM) stops everything it started, in seconds: first every
+# Ctrl-C (or SIGTERM) stops everything it started within 10 s: first every
 # user server through the hub (their GPUs are released while the service
 # still runs, so nothing is charged past the stop), then the hub, which stops
 # the service and the proxy; whatever is left of what it started is killed.
@@ -23,6 +23,7 @@ root=$(pwd)
 if [ -n "${GPUPOOL_DEMO_VENV:-}" ]; then
     venv=$GPUPOOL_DEMO_VENV
 else
+    scripts/system-deps.sh demo  # Python with its venv module (setup-env.sh brings Node.js if needed)
     scripts/setup-env.sh
     venv="$root/.venv"
 fi
@@ -104,9 +105,47 @@ TXT
 setsid "$venv/bin/jupyterhub" -f "$state/jupyterhub_config.py" < /dev/null &
 hub=$!
 
-descendants() {  # every process below pid $1, from /proc (no pattern matching on names)
-    "$python" - "$1" <<'PY'
-import os, sys
+stop_servers_then_list() {  # stop every user server through the hub API, then print what is left below the hub
+    # One Python for both, so Ctrl-C costs one interpreter start. The servers
+    # stop while the service still runs to take their GPUs back; all DELETEs
+    # go out at once (each one waits for its server) and the whole step has
+    # STOP_SERVERS_WITHIN seconds. The list comes from /proc, never from
+    # matching names; it is taken after the stop, while the hub is still the
+    # parent of everything it started (service, proxy, what is left).
+    "$python" - "$port" "$stop_token" "$1" <<'PY' || true
+import json, os, sys, threading, time, urllib.request
+from urllib.parse import quote
+
+STOP_SERVERS_WITHIN = 4.0
+api = f"http://127.0.0.1:{sys.argv[1]}/hub/api"
+headers = {"Authorization": f"token {sys.argv[2]}"}
+deadline = time.monotonic() + STOP_SERVERS_WITHIN
+
+def call(method, path):
+    timeout = max(0.2, min(3.0, deadline - time.monotonic()))
+    req = urllib.request.Request(api + path, method=method, headers=headers)
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        body = r.read()
+    return json.loads(body) if body else None
+
+def running():
+    return [(u["name"], s) for u in call("GET", "/users?state=active") for s in (u.get("servers") or {})]
+
+def delete(path):
+    try:
+        call("DELETE", path)
+    except OSError:
+        pass
+
+try:
+    for name, server in running():
+        path = f"/users/{quote(name, safe='')}/" + (f"servers/{quote(server, safe='')}" if server else "server")
+        threading.Thread(target=delete, args=(path,), daemon=True).start()
+    while time.monotonic() < deadline and running():
+        time.sleep(0.1)
+except OSError:
+    pass
+
 children = {}
 for entry in os.listdir("/proc"):
     if not entry.isdigit():
@@ -117,7 +156,7 @@ for entry in os.listdir("/proc"):
     except (OSError, ValueError, IndexError):
         continue
     children.setdefault(ppid, []).append(int(entry))
-todo, seen = [int(sys.argv[1])], []
+todo, seen = [int(sys.argv[3])], []
 while todo:
     for child in children.get(todo.pop(), []):
         seen.append(child)
@@ -126,42 +165,11 @@ print(*seen)
 PY
 }
 
-stop_servers() {  # through the hub API, while the service still runs to take the GPUs back
-    "$python" - "$port" "$stop_token" <<'PY' || true
-import json, sys, time, urllib.request
-from urllib.parse import quote
-
-api = f"http://127.0.0.1:{sys.argv[1]}/hub/api"
-headers = {"Authorization": f"token {sys.argv[2]}"}
-
-def call(method, path):
-    req = urllib.request.Request(api + path, method=method, headers=headers)
-    with urllib.request.urlopen(req, timeout=3) as r:
-        body = r.read()
-    return json.loads(body) if body else None
-
-def running():
-    return [(u["name"], s) for u in call("GET", "/users?state=active") for s in (u.get("servers") or {})]
-
-deadline = time.monotonic() + 5
-try:
-    for name, server in running():
-        path = f"/users/{quote(name, safe='')}/" + (f"servers/{quote(server, safe='')}" if server else "server")
-        try:
-            call("DELETE", path)
-        except OSError:
-            pass
-    while running() and time.monotonic() < deadline:
-        time.sleep(0.2)
-except OSError:
-    pass
-PY
-}
-
-alive() {
-    local pid
+alive() {  # whether any of the pids still runs (a zombie, waiting for whoever adopted it, does not)
+    local pid state
     for pid in "$@"; do
-        if kill -0 "$pid" 2>/dev/null; then return 0; fi
+        state=$(cut -d')' -f2 "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f2) || continue
+        if [ -n "$state" ] && [ "$state" != Z ]; then return 0; fi
     done
     return 1
 }
@@ -169,16 +177,14 @@ alive() {
 cleanup() {
     trap - INT TERM EXIT
     echo "Stopping the demo..." >&2
-    stop_servers
-    # Everything the hub started (service, proxy, servers, their children), while it is still their parent.
     local -a left
-    read -r -a left < <(descendants "$hub"; echo)
+    read -r -a left < <(stop_servers_then_list "$hub"; echo)
     kill -TERM "$hub" 2>/dev/null || true  # the hub stops the service and the proxy
-    for _ in $(seq 1 15); do alive "$hub" || break; sleep 0.2; done
+    for _ in $(seq 1 25); do alive "$hub" || break; sleep 0.1; done
     kill -KILL "$hub" 2>/dev/null || true
     if [ ${#left[@]} -gt 0 ]; then
         kill -TERM "${left[@]}" 2>/dev/null || true
-        for _ in $(seq 1 10); do alive "${left[@]}" || break; sleep 0.2; done
+        for _ in $(seq 1 15); do alive "${left[@]}" || break; sleep 0.1; done
         kill -KILL "${left[@]}" 2>/dev/null || true
     fi
     wait "$hub" 2>/dev/null || true

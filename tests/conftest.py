@@ -13,6 +13,7 @@ import os
 import pytest
 
 pytest_plugins = ["tests.fixtures.processes", "tests.fixtures.postgres", "tests.fixtures.hub", "tests.fixtures.prometheus", "tests.fixtures.slurm"]
+pytest_plugins += ["tests.load"]  # GPUPOOL_TEST_LOAD: busy CPUs beside the tests marked `loaded`
 
 REQUIRE_INTEGRATION = os.environ.get("GPUPOOL_REQUIRE_INTEGRATION", "") not in ("", "0")
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import pwd
 import stat
+import time
 from collections.abc import Callable
 
 from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner
@@ -14,8 +16,27 @@ from .base import GPUPoolSpawner
 
 __all__ = ["GPUPoolLocalProcessSpawner", "GPUPoolSimpleSpawner"]
 
+#: seconds between looks at a stopping server; a look is one waitpid
+DEATH_POLL_INTERVAL = 0.1
 
-class GPUPoolLocalProcessSpawner(GPUPoolSpawner, LocalProcessSpawner):
+
+class _PromptStop:
+    """JupyterHub waits for a stopping local server with exponential backoff, up to 5 s between
+    looks, so a server that exits in one second is seen gone up to five seconds later: its GPUs
+    stay held (and charged) that long, a queued user waits that long, and under load the demo's
+    Ctrl-C overran its 10 s. A look at a local child is one waitpid, so look often."""
+
+    async def wait_for_death(self, timeout: float = 10) -> bool:
+        deadline = time.monotonic() + timeout
+        while await self.poll() is None:  # type: ignore[attr-defined]
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            await asyncio.sleep(min(DEATH_POLL_INTERVAL, left))
+        return True
+
+
+class GPUPoolLocalProcessSpawner(_PromptStop, GPUPoolSpawner, LocalProcessSpawner):
     """LocalProcessSpawner with GPU profiles: each server runs as its user's own Unix account
     (the hub runs as root), sees only its GPUs (by UUID), and creates files only its user can read."""
 
@@ -58,6 +79,6 @@ class GPUPoolLocalProcessSpawner(GPUPoolSpawner, LocalProcessSpawner):
                              "HOME_MODE 0700 in /etc/login.defs", home, name, stat.S_IMODE(mode))
 
 
-class GPUPoolSimpleSpawner(GPUPoolSpawner, SimpleLocalProcessSpawner):
+class GPUPoolSimpleSpawner(_PromptStop, GPUPoolSpawner, SimpleLocalProcessSpawner):
     """SimpleLocalProcessSpawner with GPU profiles. Demo and tests only: every server runs as the
     hub's own Unix user, so any user's code can read the service's token and everyone's files."""

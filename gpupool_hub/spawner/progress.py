@@ -26,6 +26,7 @@ class ProgressLog:
         """A new spawn: forget the previous one's events."""
         self.events = []
         self.done = False
+        self._wake()
 
     def add(self, progress: int, message: str, html_message: str | None = None) -> None:
         event: dict[str, Any] = {"progress": progress, "message": message}
@@ -58,7 +59,8 @@ class ProgressLog:
                 sent += 1
             if self.done:
                 return
-            try:
-                await asyncio.wait_for(self._signal.wait(), timeout=1)
-            except asyncio.TimeoutError:
-                pass
+            # A plain wait, no asyncio.wait_for: on Python < 3.12 wait_for swallows a
+            # cancellation that lands as the event is set, and the hub cancels this wait
+            # (iterate_until) when the spawn ends; the progress request then hung, sending
+            # keepalives for ever, whenever a refused spawn's stop reset the log just then.
+            await self._signal.wait()

@@ -29,7 +29,7 @@ from gpupool_hub.ledger import Ledger
 from tests.fixtures import processes
 from tests.fixtures.hub import free_port, require_hub_binaries, wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.loaded]
 
 REPO = Path(__file__).resolve().parents[2]
 STOP_WITHIN = 10.0  # seconds

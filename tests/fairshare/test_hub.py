@@ -18,7 +18,7 @@ from tests.spawner.conftest import (
 
 from .conftest import clear_pool, team_hub, team_hub_config
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.loaded]
 
 EXTRA = team_hub_config(1)
 

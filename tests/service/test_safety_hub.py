@@ -15,7 +15,7 @@ import pytest
 from tests.fixtures.hub import DEMO_NODES, wait_for
 from tests.fixtures.sqlite_lock import HOLD_LOCK  # another process holds the ledger's write lock
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.loaded]
 
 R2080 = "NVIDIA GeForce RTX 2080"
 NODES = DEMO_NODES + [{"name": "node-c", "cpu_milli": 64000, "memory_mib": 262144,

@@ -21,7 +21,7 @@ from tests.spawner.conftest import (
     wait_spawned,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.loaded]
 
 PROFILES = [
     {"slug": "cpu", "display_name": "CPU only", "cpu": 1, "memory": "1G", "default": True},

@@ -25,7 +25,7 @@ from tests.spawner.conftest import (
     wait_spawned,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.loaded]
 
 
 def gpu_set(alloc):

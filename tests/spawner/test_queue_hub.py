@@ -20,7 +20,7 @@ from tests.fixtures.hub import wait_for
 
 from .conftest import q, spawn, spawner_hub, stop_server, user_model
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.loaded]
 
 ONE_GPU = [{"name": "node-a", "cpu_milli": 64000, "memory_mib": 262144,
             "gpus": [{"index": 0, "uuid": "GPU-solo-0", "model": "NVIDIA GeForce RTX 3090"}]}]

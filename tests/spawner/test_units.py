@@ -300,3 +300,28 @@ def test_profile_overrides_are_undone_by_the_next_profile():
         make(profiles=[{"slug": "k", "spawner_override": {"image": "x"}}]).apply_gpupool_profile(
             parse_profiles([{"slug": "k", "spawner_override": {"image": "x"}}])[0])
     assert e.value.status_code == 500 and "overrides 'image'" in e.value.message
+
+
+# ---------------------------------------------------------------- stopping
+
+
+@pytest.mark.parametrize("cls", [GPUPoolSimpleSpawner, GPUPoolLocalProcessSpawner])
+def test_a_stopping_server_is_seen_gone_at_once_so_its_gpus_go_back_at_once(cls, monkeypatch):
+    """JupyterHub's own wait looks at a stopping server up to 5 s apart (exponential backoff with
+    jitter): the GPUs stayed held, charged and out of the queue's reach that long after the exit."""
+    spawner = make(cls)
+    clock = {"now": 0.0}
+    exits_at = 8.0  # a server that takes 8 s to stop (kernels, extensions)
+    real_sleep = asyncio.sleep
+
+    async def fake_sleep(seconds, *args, **kwargs):
+        clock["now"] += seconds
+        await real_sleep(0)
+
+    async def poll():
+        return 0 if clock["now"] >= exits_at else None
+
+    monkeypatch.setattr(asyncio, "sleep", fake_sleep)
+    spawner.poll = poll
+    assert asyncio.run(spawner.wait_for_death(timeout=30)) is True
+    assert clock["now"] - exits_at <= 0.1, f"seen gone {clock['now'] - exits_at:.2f} s after it exited"

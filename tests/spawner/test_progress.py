@@ -1,0 +1,68 @@
+"""The spawn page's progress stream ends when the hub stops reading it, however the spawn ended.
+
+Found under load (``GPUPOOL_TEST_LOAD=2``, tests/spawner/test_hub.py's 30
+concurrent spawns): a refused spawn's stop resets the progress log just as the
+hub, seeing the spawn over, cancels the stream (JupyterHub's
+``iterate_until``). On Python < 3.12 ``asyncio.wait_for`` swallowed that
+cancellation, the stream went on waiting for a spawn that never came, and the
+progress request stayed open for ever, sending keepalives: the user's spawn
+page never said "failed". The test replays that moment (the refusal's last
+events and the reset in one loop step, the hub's cancel a few steps later).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gpupool_hub.spawner.progress import ProgressLog
+
+
+async def stream_after_the_spawn_ended(steps: int) -> str:
+    log = ProgressLog()
+    log.add(10, "Asking the GPU pool")
+    events = log.stream()
+    assert (await events.__anext__())["progress"] == 10
+    waiting = asyncio.ensure_future(events.__anext__())
+    await asyncio.sleep(0.01)  # the stream now waits for the next event
+    log.add(100, "Refused: no capacity")
+    log.finish()  # the refused spawn's part is over ...
+    log.reset()  # ... and its stop clears the spawner's state, before the stream ran again
+    for _ in range(steps):
+        await asyncio.sleep(0)
+    waiting.cancel()  # the hub: the spawn is over, stop reading
+    try:
+        await asyncio.wait_for(asyncio.shield(waiting), 5)
+    except asyncio.CancelledError:
+        return "ended"
+    except asyncio.TimeoutError:
+        waiting.cancel()
+        return "still waiting after 5 s"
+    return "yielded an event"
+
+
+@pytest.mark.parametrize("steps", range(5))
+def test_the_stream_ends_when_the_hub_cancels_it_as_the_log_is_reset(steps):
+    assert asyncio.run(stream_after_the_spawn_ended(steps)) == "ended"
+
+
+def test_a_reset_wakes_the_stream_at_once_to_start_over():
+    async def run() -> list[dict]:
+        log = ProgressLog()
+        log.add(10, "old spawn")
+        seen: list[dict] = []
+
+        async def read() -> None:
+            async for event in log.stream():
+                seen.append(event)
+
+        reader = asyncio.ensure_future(read())
+        await asyncio.sleep(0.01)
+        log.reset()
+        log.add(20, "new spawn")
+        log.finish()
+        await asyncio.wait_for(reader, 0.5)  # no one-second polling between
+        return seen
+
+    assert [e["message"] for e in asyncio.run(run())] == ["old spawn", "new spawn"]
