@@ -276,6 +276,50 @@ class LedgerRecords:
         return self._audit_query(q)
 
 
+class LedgerLeases:
+    """Leases in the meta table: which of several services on one ledger runs the
+    periodic jobs (``service/core/lease.py``)."""
+
+    def _write(self) -> Any:  # provided by Ledger
+        raise NotImplementedError("Subclass must provide implementation")
+
+    def claim_lease(self, name: str, holder: str, ttl: float, *, now: datetime | None = None,
+                    holder_gone: Callable[[str], bool] = lambda _h: False) -> str:
+        """Take or renew the lease ``name`` for ``holder``; the holder it has afterwards.
+
+        Kept in the meta table as ``holder|expiry`` (one row, one transaction), so two
+        services on one ledger agree on who runs the periodic jobs without a schema
+        change. A lease is free once it expired, or when ``holder_gone`` says its holder
+        no longer exists (a process of this host that was killed)."""
+        now = now or utcnow()
+        key = f"lease:{name}"[:64]
+        with self._write() as conn:
+            q = sa.select(meta_table.c.value).where(meta_table.c.key == key)
+            if conn.dialect.name == "postgresql":
+                q = q.with_for_update()
+            row = conn.execute(q).first()
+            if row is not None:
+                current, _, until = row[0].rpartition("|")
+                expired = datetime.fromisoformat(until) <= now if until else True
+                if current != holder and not expired and not holder_gone(current):
+                    return current
+            value = f"{holder}|{(now + timedelta(seconds=ttl)).isoformat()}"[:255]
+            if row is None:
+                conn.execute(_insert(conn, meta_table).values(key=key, value=value))
+                won = conn.execute(sa.select(meta_table.c.value).where(meta_table.c.key == key)).scalar_one()
+                return won.rpartition("|")[0]
+            conn.execute(meta_table.update().where(meta_table.c.key == key).values(value=value))
+            return holder
+
+    def release_lease(self, name: str, holder: str) -> None:
+        """Give the lease up at a clean stop, so a successor need not wait for it to expire."""
+        key = f"lease:{name}"[:64]
+        with self._write() as conn:
+            value = conn.execute(sa.select(meta_table.c.value).where(meta_table.c.key == key)).scalar()
+            if value is not None and value.rpartition("|")[0] == holder:
+                conn.execute(meta_table.delete().where(meta_table.c.key == key))
+
+
 class LedgerError(RuntimeError):
     """The ledger cannot be used (schema too new, database unreachable)."""
 
@@ -688,7 +732,7 @@ def _same(entry: Entry, posting: Posting) -> bool:
     return (entry.account, entry.kind, entry.amount) == (posting.account, posting.kind, posting.amount)
 
 
-class Ledger(LedgerRecords):
+class Ledger(LedgerRecords, LedgerLeases):
     """Append-only token ledger over any SQLAlchemy URL (SQLite or PostgreSQL)."""
 
     def __init__(self, url: str = "sqlite:///gpupool.sqlite", *, engine: Engine | None = None,
@@ -1035,42 +1079,6 @@ class Ledger(LedgerRecords):
                 q = sa.select(accounts.c.name, accounts.c.credits_through).where(accounts.c.name.in_(chunk))
                 out.update({name: through for name, through in conn.execute(q)})
         return out
-
-    def claim_lease(self, name: str, holder: str, ttl: float, *, now: datetime | None = None,
-                    holder_gone: Callable[[str], bool] = lambda _h: False) -> str:
-        """Take or renew the lease ``name`` for ``holder``; the holder it has afterwards.
-
-        Kept in the meta table as ``holder|expiry`` (one row, one transaction), so two
-        services on one ledger agree on who runs the periodic jobs without a schema
-        change. A lease is free once it expired, or when ``holder_gone`` says its holder
-        no longer exists (a process of this host that was killed)."""
-        now = now or utcnow()
-        key = f"lease:{name}"[:64]
-        with self._write() as conn:
-            q = sa.select(meta_table.c.value).where(meta_table.c.key == key)
-            if conn.dialect.name == "postgresql":
-                q = q.with_for_update()
-            row = conn.execute(q).first()
-            if row is not None:
-                current, _, until = row[0].rpartition("|")
-                expired = datetime.fromisoformat(until) <= now if until else True
-                if current != holder and not expired and not holder_gone(current):
-                    return current
-            value = f"{holder}|{(now + timedelta(seconds=ttl)).isoformat()}"[:255]
-            if row is None:
-                conn.execute(_insert(conn, meta_table).values(key=key, value=value))
-                won = conn.execute(sa.select(meta_table.c.value).where(meta_table.c.key == key)).scalar_one()
-                return won.rpartition("|")[0]
-            conn.execute(meta_table.update().where(meta_table.c.key == key).values(value=value))
-            return holder
-
-    def release_lease(self, name: str, holder: str) -> None:
-        """Give the lease up at a clean stop, so a successor need not wait for it to expire."""
-        key = f"lease:{name}"[:64]
-        with self._write() as conn:
-            value = conn.execute(sa.select(meta_table.c.value).where(meta_table.c.key == key)).scalar()
-            if value is not None and value.rpartition("|")[0] == holder:
-                conn.execute(meta_table.delete().where(meta_table.c.key == key))
 
     def verify(self) -> VerifyReport:
         """Recompute every balance from its entries; report accounts whose stored balance differs."""
