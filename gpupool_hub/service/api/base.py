@@ -268,9 +268,8 @@ class APIHandler(QueryArgs):
             status_code = 503
             self.set_status(status_code)
             retry_after = exc.retry_after if isinstance(exc, LedgerBusy) else BUSY_RETRY_AFTER
-            message = (f"the ledger database is busy: {exc}; nothing was changed, try again in {retry_after} s"
-                       if isinstance(exc, LedgerBusy) else
-                       f"the ledger database is busy; nothing was changed, try again in {retry_after} s")
+            message = (f"the ledger database is busy (another writer holds its lock); nothing was changed, "
+                       f"try again in {retry_after} s")
         elif exc is not None and is_database_unavailable(exc):
             status_code = 503
             self.set_status(status_code)
