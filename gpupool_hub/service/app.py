@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 from urllib.parse import urlparse
 
 from jupyterhub.services.auth import HubAuth, HubOAuth
@@ -46,6 +47,7 @@ from .lifetime import STOP_DEADLINE, exit_with_parent, listen_sockets, on_stop_s
 from .core.manager import PoolManager
 from .metrics import ServiceMetrics
 from .usage import UsageConfigError, make_usage_source
+from .api.schema import warm_up
 from .webapp import MAX_BODY_SIZE, make_app
 
 log = logging.getLogger("gpupool")
@@ -423,6 +425,8 @@ class GPUPoolService(Application):
         self.server.add_sockets(listen_sockets(self.port, self.ip, self.config_file))
         self.log.info("gpupool service listening on http://%s:%d%s (pid %d)", self.ip, self.port, self.prefix,
                       os.getpid())
+        # request bodies' validators, whose import is slow, are built while the service already answers
+        threading.Thread(target=warm_up, name="gpupool-schema", daemon=True).start()
         if self.run_jobs:
             IOLoop.current().add_callback(self.start_jobs)
         IOLoop.current().start()

@@ -13,11 +13,12 @@ import json
 import re
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from jsonschema import Draft202012Validator, validators
-from jsonschema.exceptions import ValidationError, best_match
 from tornado import web
+
+if TYPE_CHECKING:
+    from jsonschema.exceptions import ValidationError
 
 #: JSON bodies are flat objects with a list or an object inside; deeper nesting is refused
 MAX_JSON_DEPTH = 8
@@ -73,17 +74,40 @@ def parse_json(raw: bytes) -> Any:
 #: the API's own description: the one statement of what each request body looks like
 SPEC: dict[str, Any] = json.loads(resources.files("gpupool_hub.service").joinpath("openapi.json").read_text())
 
-#: JSON integers are whole numbers as sent: ``1.0`` and ``true`` are no GPU index, count or byte size
-_STRICT_TYPES = Draft202012Validator.TYPE_CHECKER.redefine(
-    "integer", lambda _checker, value: isinstance(value, int) and not isinstance(value, bool))
-_Validator = validators.extend(Draft202012Validator, type_checker=_STRICT_TYPES)
+@cache
+def _validator_class() -> Any:
+    """The JSON Schema validator, with JSON integers as whole numbers as sent (``1.0`` and
+    ``true`` are no GPU index, count or byte size).
+
+    Imported here, not at the top: jsonschema loads its format checkers at import,
+    about 2.5 s of CPU with rfc3987-syntax installed (as Jupyter's packages install
+    it), which would lengthen every service start and so every hub restart.
+    :func:`warm_up` imports it on a thread once the service listens."""
+    from jsonschema import Draft202012Validator, validators
+
+    strict = Draft202012Validator.TYPE_CHECKER.redefine(
+        "integer", lambda _checker, value: isinstance(value, int) and not isinstance(value, bool))
+    return validators.extend(Draft202012Validator, type_checker=strict)
 
 
 @cache
 def _validator(path: str, method: str) -> Any:
-    """The validator of ``method path``'s request body, built once; KeyError if it takes none."""
-    body = SPEC["paths"][path][method.lower()]["requestBody"]["content"]["application/json"]["schema"]
-    return _Validator({**body, "components": SPEC["components"]})
+    """The validator of ``method path``'s request body (``method`` in lower case), built
+    once; KeyError if it takes none."""
+    body = SPEC["paths"][path][method]["requestBody"]["content"]["application/json"]["schema"]
+    return _validator_class()({**body, "components": SPEC["components"]})
+
+
+def warm_up() -> int:
+    """Build every body's validator ahead of the first request that needs one (on a
+    thread of its own at start-up: see ``_validator_class``); how many there are."""
+    built = 0
+    for path, operations in SPEC["paths"].items():
+        for method, operation in operations.items():
+            if isinstance(operation, dict) and "requestBody" in operation:
+                _validator(path, method)
+                built += 1
+    return built
 
 
 def _pointer(parts: list[Any]) -> str:
@@ -140,7 +164,9 @@ def check_body(body: Any, path: str, method: str) -> None:
     The answer names the field at fault by its JSON pointer (``/request/gpus``)
     and says why; nothing is read from a body that fails, so nothing is written.
     """
-    error = best_match(_validator(path, method).iter_errors(body))
+    from jsonschema.exceptions import best_match  # loaded with the validator (see _validator_class)
+
+    error = best_match(_validator(path, method.lower()).iter_errors(body))
     if error is not None:
         where, why = _problem(error)
         raise web.HTTPError(400, f"request body field {where} {why}" if where != "/" else f"request body {why}")
