@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -20,16 +19,11 @@ import pytest
 import requests
 
 from tests.fixtures.hub import wait_for
+from tests.fixtures.ports import free_port as _free_port
 
 TOKENS = {"n1": "secret-n1", "n2": "secret-n2"}
 MIB = 1 << 20
 A100 = "NVIDIA A100-SXM4-80GB"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ServiceProcess:

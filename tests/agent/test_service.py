@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import urllib.request
 
 import pytest
@@ -19,6 +18,7 @@ from gpupool_hub.service.context import ServiceContext
 from gpupool_hub.service.webapp import make_app
 from tests.agent.conftest import A100, GIB, alive, gpu
 from tests.fixtures.manager import make_manager
+from tests.fixtures.ports import free_port
 
 PREFIX = "/services/gpupool/"
 ADMIN_SCOPE = "custom:gpupool:admin"
@@ -190,9 +190,7 @@ async def test_service_down_keeps_exporting_and_enforces_nothing(service, procs,
 
 
 async def test_the_loop_keeps_running_through_nvml_and_service_failures(make_nvml):
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        dead_url = f"http://127.0.0.1:{s.getsockname()[1]}{PREFIX}"
+    dead_url = f"http://127.0.0.1:{free_port()}{PREFIX}"  # a port nobody listens on
     nv = make_nvml(two_gpus((), ()), init_error=12)  # NVML_ERROR_LIBRARY_NOT_FOUND at first
     agent = make_agent(nv, dead_url, interval=0.05, request_timeout=1)
     task = asyncio.create_task(agent.run())

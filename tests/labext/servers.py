@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,16 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from tests.fixtures import processes
+from tests.fixtures.ports import free_port
 
 SERVER_EXTENSION = "gpupool_hub.labext"
 LABEXTENSION = "@gpupool/hub-balance"
 PLUGIN_ID = f"{LABEXTENSION}:plugin"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class JupyterProcess:

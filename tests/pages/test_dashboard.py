@@ -21,7 +21,6 @@ import asyncio
 import json
 import re
 import shutil
-import socket
 import threading
 from decimal import Decimal
 from pathlib import Path
@@ -33,6 +32,7 @@ import requests
 from tests.fixtures.hub import wait_for
 from tests.fixtures.manager import make_manager
 from tests.fixtures.prometheus import PrometheusServer
+from tests.fixtures.ports import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -45,12 +45,6 @@ NODES = [{"name": "gpu-a", "cpu_milli": 64000, "memory_mib": 262144, "gpus": {"c
 #: What Grafana puts in for its built-in variables, and for "All" of the dashboard's own.
 GRAFANA_VARIABLES = {"$__rate_interval": "1m", "$__interval": "15s", "$__range": "1h",
                      "$user": ".*", "$model": ".*", "$node": ".*"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -19,6 +18,7 @@ from gpupool_hub.service.core.manager import PoolManager
 from gpupool_hub.usage.prometheus import PrometheusUsageSource
 from tests.fixtures.manager import Clock, make_manager as make_core
 from tests.fixtures.prometheus import history_base, usage_table_history
+from tests.fixtures.ports import free_port as _free_port
 
 pytestmark = pytest.mark.integration
 
@@ -124,11 +124,6 @@ def test_records_source_charges_allocated_time_exactly(tmp_path):
 
 
 # ------------------------------------------------------------ kill -9 catch-up
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_kill_9_in_the_middle_of_a_catch_up_loses_and_doubles_nothing(tmp_path, prometheus_factory):

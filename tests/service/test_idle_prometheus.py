@@ -27,6 +27,7 @@ from gpupool_hub.usage.utilization import PrometheusUtilization
 from gpupool_hub.service.jobs.idle import IdleJob
 from tests.fixtures.manager import make_manager, units_for
 from tests.fixtures.prometheus import OpenMetricsHistory
+from tests.fixtures.ports import free_port as _closed_port
 
 pytestmark = pytest.mark.integration
 
@@ -155,14 +156,6 @@ def test_prometheus_down_reclaims_nothing_and_says_so(prom, prometheus_factory, 
     assert me["cull_warning"] is None and me["gpu_servers"][0]["idle_since"] is None
     assert me["gpu_servers"][0]["gpus"][0]["utilization"] is None  # unknown, not 0 %
     assert m.ledger.audit_events(["idle_warn", "idle_reclaim"]) == []
-
-
-def _closed_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_server_idleness_follows_the_rule():

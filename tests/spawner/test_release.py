@@ -8,7 +8,6 @@ the time the server stopped) at the level of the spawner and its HTTP calls.
 from __future__ import annotations
 
 import asyncio
-import socket
 from datetime import datetime, timezone
 from typing import Any
 
@@ -20,12 +19,7 @@ from gpupool_hub.spawner import GPUPoolRefused
 from gpupool_hub.spawner.client import GPUPoolClient
 from gpupool_hub.spawner.release import ATTEMPT_KEY, Release, ReleaseOutbox
 from tests.spawner.test_units import make
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.fixtures.ports import free_port
 
 
 class StandIn:

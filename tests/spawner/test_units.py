@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 from types import SimpleNamespace
 
 import pytest
@@ -19,6 +18,7 @@ from gpupool_hub.spawner import (
     parse_profiles,
 )
 from gpupool_hub.spawnertoken import SpawnerTokenError, spawner_token_from_config
+from tests.fixtures.ports import free_port
 
 PROFILES = [
     {"slug": "cpu", "display_name": "CPU", "cpu": 2, "memory": "4G", "default": True},
@@ -28,10 +28,7 @@ PROFILES = [
 
 
 def dead_url() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"http://127.0.0.1:{port}/services/gpupool/api/v1"
+    return f"http://127.0.0.1:{free_port()}/services/gpupool/api/v1"
 
 
 def make(cls=GPUPoolSimpleSpawner, profiles=PROFILES, **traits):

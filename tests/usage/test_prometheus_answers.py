@@ -200,11 +200,9 @@ def test_timeout_is_retried_then_unavailable(fake: FakePrometheus) -> None:
 
 
 def test_nothing_listening() -> None:
-    import socket
+    from tests.fixtures.ports import free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     source = PrometheusUsageSource(f"http://127.0.0.1:{port}", retries=2, sleep=lambda s: None, clock=LATER)
     with pytest.raises(UsageUnavailable, match="did not answer after 3 attempts: ConnectionError"):
         source.usage(START, END)
