@@ -9,6 +9,11 @@ two busy-loop processes beside it, each in a process group of its
 own and at the same priority as the suite; they are killed when the module
 ends. Unset or 0: no load, nothing changes.
 
+Under pytest-xdist the N busy processes are shared out among the workers
+(each worker starts N / workers of them, at least one), so the machine holds
+about N when every worker is in a loaded module, as in a serial run, and each
+loaded test still runs beside N other busy processes most of the time.
+
 Mark the tests that start hubs, restart them, run the demo or a Slurm
 cluster: ``pytestmark = [pytest.mark.integration, pytest.mark.loaded]``.
 """
@@ -83,6 +88,15 @@ class CpuLoad:
         self.procs = []
 
 
+def per_worker(n: int, config: pytest.Config) -> int:
+    """This process's share of the N busy processes: all of them in a serial run.
+
+    The worker count comes from xdist's own ``workerinput``, not the environment,
+    which a pytest run started by a test inherits."""
+    workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
+    return max(1, -(-n // max(1, workers)))
+
+
 def pytest_configure(config: pytest.Config) -> None:
     load_from_env()  # a bad value stops the run before any test, naming the variable
 
@@ -100,7 +114,7 @@ def cpu_load(request: pytest.FixtureRequest) -> Iterator[CpuLoad | None]:
     if n == 0 or not any(item.get_closest_marker("loaded") for item in items):
         yield None
         return
-    load = CpuLoad(n)
+    load = CpuLoad(per_worker(n, request.config))
     load.start()
     try:
         yield load

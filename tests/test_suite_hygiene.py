@@ -50,7 +50,7 @@ def test_stops_what_it_starts(tmp_path):
 '''
 
 
-def run_suite(tmp_path: Path, source: str, **env: str) -> subprocess.CompletedProcess[str]:
+def run_suite(tmp_path: Path, source: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     """Run a one-file suite with the processes plugin, as a pytest subprocess in a group of its own."""
     suite = tmp_path / "suite"
     suite.mkdir()
@@ -58,7 +58,7 @@ def run_suite(tmp_path: Path, source: str, **env: str) -> subprocess.CompletedPr
     env = {**os.environ, "PYTHONPATH": str(REPO), **env}
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                              "-p", "tests.fixtures.processes", "--rootdir", str(suite),
-                             "--basetemp", str(tmp_path / "basetemp"), str(suite)],
+                             "--basetemp", str(tmp_path / "basetemp"), *args, str(suite)],
                             cwd=suite, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
@@ -70,8 +70,13 @@ def run_suite(tmp_path: Path, source: str, **env: str) -> subprocess.CompletedPr
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
 
 
-def test_a_run_that_leaves_processes_fails_and_names_them(tmp_path):
-    result = run_suite(tmp_path, LEAKY, GPUPOOL_TEST_END_GRACE="1")
+#: a serial run, and one on pytest-xdist workers as scripts/test.sh runs the suite
+RUNS = pytest.mark.parametrize("args", [(), ("-n", "2")], ids=["serial", "xdist"])
+
+
+@RUNS
+def test_a_run_that_leaves_processes_fails_and_names_them(tmp_path, args):
+    result = run_suite(tmp_path, LEAKY, *args, GPUPOOL_TEST_END_GRACE="1")
     pids = [int(p) for p in (tmp_path / "suite" / "pids").read_text().split()]
     table = processes.process_table()
     try:
@@ -81,7 +86,7 @@ def test_a_run_that_leaves_processes_fails_and_names_them(tmp_path):
         for pid, command in zip(pids, ("sleep 311", "sleep 312")):
             line = next((line for line in result.stdout.splitlines() if line.startswith(f"pid {pid} ")), None)
             assert line is not None and line.endswith(command), f"pid {pid} not named:\n{result.stdout}"
-        assert re.search(rf"pid {pids[0]} \(parent \d+, test dir test_leaks_two_sleeps0\): sleep 311",
+        assert re.search(rf"pid {pids[0]} \(parent \d+, test dir (popen-gw\d+/)?test_leaks_two_sleeps0\): sleep 311",
                          result.stdout), result.stdout
         # and the check stopped them
         wait_for(lambda: not any(processes.alive(table[pid]) for pid in pids if pid in table), 10,
@@ -90,8 +95,9 @@ def test_a_run_that_leaves_processes_fails_and_names_them(tmp_path):
         processes.stop_processes([table[pid] for pid in pids if pid in table], grace=1)
 
 
-def test_a_run_that_stops_its_processes_passes(tmp_path):
-    result = run_suite(tmp_path, TIDY)
+@RUNS
+def test_a_run_that_stops_its_processes_passes(tmp_path, args):
+    result = run_suite(tmp_path, TIDY, *args)
     assert result.returncode == 0, result.stdout
     assert "left running" not in result.stdout and "1 passed" in result.stdout
 
