@@ -38,9 +38,9 @@ import asyncio
 import json
 import logging
 import os
-import signal
 import socket
 import time
+import uuid
 from dataclasses import dataclass, field
 from collections.abc import Mapping
 from typing import Any
@@ -52,9 +52,11 @@ from traitlets import Bool, Dict, Float, Integer, TraitError, Unicode, default, 
 from traitlets.config import Application, catch_config_error
 
 from .. import __version__
+from ..service.core.agentlease import CONFLICT_MARK, INSTANCE_HEADER
 from .attribution import Snapshot, take_snapshot
 from .boundary import BoundaryGuard, BoundaryWarning
 from .enforce import Action, Enforcer
+from .lifecycle import ANOTHER_AGENT_EXIT, AgentLifecycle
 from .memguard import MemoryGuard, MemoryWarning, Share, iso_ts
 from .metrics import AgentMetrics
 from .nvml import GpuInfo, build_inventory, default_nvml, discover_links, list_gpus
@@ -68,6 +70,11 @@ class ServiceError(Exception):
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status  # the HTTP status when the service answered one
+
+    @property
+    def another_agent(self) -> bool:
+        """Another agent process holds this node at the service (service/core/agentlease.py)."""
+        return self.status == 409 and CONFLICT_MARK in str(self)
 
 
 @dataclass
@@ -121,18 +128,21 @@ class TickResult:
 class ServiceClient:
     """The two calls the agent makes, authenticated with the node's token."""
 
-    def __init__(self, base_url: str, node: str, token: str, timeout: float = 10.0) -> None:
+    def __init__(self, base_url: str, node: str, token: str, timeout: float = 10.0, instance: str = "") -> None:
         self.api = base_url.rstrip("/") + "/api/v1/nodes/" + url_escape(node, plus=False)
         self.token = token
         self.timeout = timeout
+        self.instance = instance  # this agent process, for the node's lease at the service
 
-    async def _call(self, method: str, path: str, body: Any = None) -> Any:
+    async def _call(self, method: str, path: str, body: Any = None, timeout: float | None = None) -> Any:
+        headers = {"Authorization": f"token {self.token}", "Content-Type": "application/json",
+                   "User-Agent": f"gpupool-agent/{__version__}"}
+        if self.instance:
+            headers[INSTANCE_HEADER] = self.instance
         req = HTTPRequest(
-            self.api + path, method=method,
-            headers={"Authorization": f"token {self.token}", "Content-Type": "application/json",
-                     "User-Agent": f"gpupool-agent/{__version__}"},
+            self.api + path, method=method, headers=headers,
             body=None if body is None else json.dumps(body),
-            connect_timeout=self.timeout, request_timeout=self.timeout,
+            connect_timeout=timeout or self.timeout, request_timeout=timeout or self.timeout,
         )
         try:
             # One client per event loop (tornado caches it); created here, inside the running loop.
@@ -151,6 +161,10 @@ class ServiceClient:
             return json.loads(resp.body or b"{}")
         except ValueError as e:
             raise ServiceError(f"{method} {req.url}: answer is not JSON: {e}") from None
+
+    async def release(self, timeout: float) -> Any:
+        """This agent stops: give the node up, so a successor is served at once."""
+        return await self._call("DELETE", "/agent", timeout=timeout)
 
     async def report_inventory(self, inventory: dict[str, Any]) -> Any:
         return await self._call("PUT", "/inventory", inventory)
@@ -204,7 +218,7 @@ class ServiceClient:
                        if g.memory_used_bytes is not None and g.memory_used_bytes <= g.memory_total_bytes}})
 
 
-class GPUPoolAgent(Application):
+class GPUPoolAgent(AgentLifecycle, Application):
     """The gpupool node agent."""
 
     name = "gpupool-agent"
@@ -350,8 +364,10 @@ class GPUPoolAgent(Application):
         self._boundary_unreported: list[dict[str, Any]] = []  # stops the service has not recorded yet
         self._memory_reported = False  # the last accepted report had warnings: an empty one must follow
         self._memory_unreported: list[dict[str, Any]] = []  # stops the service has not recorded yet
-        self.client = (ServiceClient(self.service_url, self.node_name, self.token, self.request_timeout)
-                       if self.service_url else None)
+        self.instance = f"{socket.gethostname()} pid {os.getpid()} {uuid.uuid4().hex[:8]}"
+        self.client = (ServiceClient(self.service_url, self.node_name, self.token, self.request_timeout,
+                                     instance=self.instance) if self.service_url else None)
+        self.exit_status = 0  # non-zero: why the agent stopped by itself
         if self.client is not None and not self.token:
             self.log.warning("No agent token (set GPUPOOL_AGENT_TOKEN): the service will refuse this agent")
         self._nvml_open = False
@@ -419,6 +435,11 @@ class GPUPoolAgent(Application):
             result.service_ok = True
         except ServiceError as e:
             result.service_ok, result.service_error = False, str(e)
+            if e.another_agent:
+                self.log.error("Stopping: %s", e)
+                self.exit_status = ANOTHER_AGENT_EXIT
+                self.stop()
+                return result
             self.log.warning("gpupool service unavailable, enforcing nothing this tick: %s", e)
             self.metrics.loop_errors.labels("service").inc()
         self.metrics.service_up.set(1 if result.service_ok else 0)
@@ -529,45 +550,6 @@ class GPUPoolAgent(Application):
         self._reported = (now, text)
         self.log.info("Reported inventory: %d GPU(s)", len(inventory["gpus"]))
         return True
-
-    # ------------------------------------------------------------------ running
-
-    async def run(self) -> None:
-        """Tick until :meth:`stop`; a tick's duration is not added to the interval."""
-        self._stopping = asyncio.Event()
-        while not self._stopping.is_set():
-            started = time.monotonic()
-            await self.tick()
-            try:
-                await asyncio.wait_for(self._stopping.wait(), max(0.0, self.interval - (time.monotonic() - started)))
-            except asyncio.TimeoutError:
-                pass
-        self._close_nvml()
-
-    def stop(self) -> None:
-        if self._stopping is not None:
-            self._stopping.set()
-
-    def start(self) -> None:
-        if self.once:
-            result = asyncio.run(self.tick())
-            self._close_nvml()
-            print(json.dumps(result.as_dict(), indent=2, default=str))
-            if not result.nvml_ok:
-                raise SystemExit(1)
-            return
-        server = self.metrics.serve(self.metrics_port, self.metrics_address)
-        self.log.info("gpupool-agent %s on node %s: metrics on http://%s:%d/metrics, service %s%s",
-                      __version__, self.node_name, self.metrics_address, server.server_port,
-                      self.service_url or "(none: metrics only)", ", DRY RUN" if self.dry_run else "")
-
-        async def main() -> None:
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, self.stop)
-            await self.run()
-
-        asyncio.run(main())
 
 
 def main(argv: list[str] | None = None) -> None:

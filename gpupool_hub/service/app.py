@@ -43,7 +43,7 @@ from .jobs.queue import QueueJob
 from .jobs.reclaim import ReclaimExecutor
 from .jobs.reconcile import DebitAfterReconcile, ReconcileJob
 from .core.lease import JobsLease
-from .lifetime import STOP_DEADLINE, exit_with_parent, listen_sockets, on_stop_signals
+from ..lifetime import STOP_DEADLINE, exit_with_parent, listen_sockets, on_stop_signals
 from .core.manager import PoolManager
 from .metrics import ServiceMetrics
 from .usage import UsageConfigError, make_usage_source

@@ -18,6 +18,10 @@ Reports are kept by the inventory unit (``PoolInventory.reports``; with
 ``c.GPUPool.inventory = "agents"`` they are the pool) and the enforcement list
 by the enforcement unit, which the cull job fills. Every call of a node's own
 agent counts as a sign of life of that node.
+
+One agent process speaks for a node at a time (``core/agentlease.py``): a call
+that names another instance than the live holder's is refused with 409, and
+``DELETE nodes/{node}/agent`` gives the node up when an agent stops.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from ...inventory.agents import NodeReport
 from ...placement.errors import InventoryError
 from ...placement.inventory import load_node
 from ...timefmt import iso as _iso
+from ..core.agentlease import INSTANCE_HEADER, MAX_INSTANCE_LENGTH, AgentConflict, AgentLeases
 from ..core.inventory import DeviceOfAnotherNode
 from ..core.memory import boundary_events, holders_on, memory_events, shares_on
 from .base import APIHandler
@@ -58,12 +63,31 @@ class AgentHandler(APIHandler):
                     if name != self.node:
                         raise web.HTTPError(403, f"this agent token belongs to node {name!r}, not {self.node!r}")
                     self.identity = {"kind": "agent", "name": name, "scopes": [], "groups": []}
+                    self.hold_node()
                     return
             if self.context.hub_auth is None:  # no hub to ask (agent-only deployments, tests)
                 raise web.HTTPError(401, "invalid agent token")
         await super().authenticate()  # 401 without a token; hub check otherwise
         if not self.is_admin:
             raise web.HTTPError(403, f"node endpoints need node {self.node!r}'s agent token or the admin scope")
+
+    def instance(self) -> str:
+        """The calling agent process (empty: an agent older than the lease, or an admin)."""
+        instance = self.request.headers.get(INSTANCE_HEADER, "").strip()
+        if instance and not AgentLeases.valid_instance(instance):
+            raise web.HTTPError(400, f"{INSTANCE_HEADER} must be 1 to {MAX_INSTANCE_LENGTH} printable ASCII "
+                                     "characters")
+        return instance
+
+    def hold_node(self) -> None:
+        """409 when another live agent process holds this node (core/agentlease.py)."""
+        if not (instance := self.instance()):
+            return
+        try:
+            self.manager.agent_leases.claim(self.node, instance)
+        except AgentConflict as e:
+            log.warning("Refused agent %s: %s", instance, e)
+            raise web.HTTPError(409, str(e)) from None
 
     @property
     def is_agent(self) -> bool:
@@ -204,6 +228,19 @@ class BoundaryHandler(AgentHandler):
         self.write_json({"node": self.node, "audited": len(events)})
 
 
+class AgentLeaseHandler(AgentHandler):
+    """``DELETE``: the calling agent stops and gives its node up, so its successor is served at once."""
+
+    openapi_path = "/nodes/{node}/agent"
+
+    def delete(self, _node: str) -> None:
+        instance = self.instance() if self.is_agent else ""
+        released = bool(instance) and self.manager.agent_leases.release(self.node, instance)
+        if released:
+            log.info("Agent %s of node %s stopped and gave the node up", instance, self.node)
+        self.write_json({"node": self.node, "released": released})
+
+
 NODE = r"([^/]+)"
 
 default_handlers = [
@@ -212,4 +249,5 @@ default_handlers = [
     (rf"api/v1/nodes/{NODE}/utilization", UtilizationHandler),
     (rf"api/v1/nodes/{NODE}/memory", MemoryHandler),
     (rf"api/v1/nodes/{NODE}/boundary", BoundaryHandler),
+    (rf"api/v1/nodes/{NODE}/agent", AgentLeaseHandler),
 ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any
@@ -79,10 +80,15 @@ def _validator_class() -> Any:
     """The JSON Schema validator, with JSON integers as whole numbers as sent (``1.0`` and
     ``true`` are no GPU index, count or byte size).
 
-    Imported here, not at the top: jsonschema loads its format checkers at import,
-    about 2.5 s of CPU with rfc3987-syntax installed (as Jupyter's packages install
-    it), which would lengthen every service start and so every hub restart.
-    :func:`warm_up` imports it on a thread once the service listens."""
+    jsonschema loads its optional format checkers at import; with rfc3987-syntax
+    installed (Jupyter's packages install it) that one builds a grammar for
+    about 2.5 s of CPU, in which a loaded machine's first body check timed out
+    (8.5 s seen at load 8). Bodies are checked without format checking, so that
+    module is kept out of this process (0.2 s instead), unless something loaded
+    it already. Still imported here, not at the top, and :func:`warm_up` builds
+    the validators on a thread once the service listens."""
+    if "jsonschema" not in sys.modules:
+        sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[assignment]  # an ImportError for jsonschema
     from jsonschema import Draft202012Validator, validators
 
     strict = Draft202012Validator.TYPE_CHECKER.redefine(

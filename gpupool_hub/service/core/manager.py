@@ -36,6 +36,7 @@ from ...placement.state import Pool
 from ...reasons import AuditAction
 from ...usage import UsageSource
 from .accounts import Accounts
+from .agentlease import AgentLeases
 from .admission import Admission
 from .debits import Debits
 from .enforcement import TAKEN_WATCH, Enforcement
@@ -65,6 +66,7 @@ class PoolManager:
         self.notices = Notices(ledger, self.cache, clock)
         self.inventory = PoolInventory(pool, settings.price_table(), clock, source)
         self.enforcement = Enforcement(clock=clock)
+        self.agent_leases = AgentLeases(settings.agent_timeout, clock)
         self.memory = MemoryWarnings()
         self.accounts = Accounts(settings, ledger, self.cache, clock)
         self.reclaims = Reclaims(settings, ledger, self.inventory, self.cache, clock, record=self.notices.record,

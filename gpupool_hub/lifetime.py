@@ -1,4 +1,5 @@
-"""The service lives and dies with its hub.
+"""The pool's programs live and die cleanly: the service with its hub, and one
+process per port (the service's, a node agent's metrics port).
 
 A hub that dies without stopping its managed services (``kill -9``, the OOM
 killer, a crash) would leave the gpupool service running with parent PID 1:
@@ -14,7 +15,12 @@ service cannot start. Two mechanisms, both Linux:
 SIGTERM and SIGINT stop the service within ``STOP_DEADLINE`` seconds: it stops
 accepting requests and starting jobs, gives the jobs lease up, and exits.
 Work in flight is one database transaction at a time, so abandoning it loses
-nothing: an interval not marked done is charged by the next service.
+nothing: an interval not marked done is charged by the next service. The node
+agent stops the same way (``gpupool_hub/agent/app.py``).
+
+A program that finds its port held by an older copy of itself (a service whose
+hub is gone, an agent that hung) tells it to stop and takes the port over;
+held by anything else, it stops at once with a message naming the process.
 """
 
 from __future__ import annotations
@@ -28,12 +34,14 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 import psutil
 from tornado.ioloop import IOLoop, PeriodicCallback
 from tornado.netutil import bind_sockets
 
 log = logging.getLogger("gpupool")
+T = TypeVar("T")
 
 #: Seconds from SIGTERM to exit, at most.
 STOP_DEADLINE = 5.0
@@ -72,55 +80,67 @@ def on_stop_signals(stop: Callable[[str], None]) -> None:
 
     def handler(signum: int, _frame: object) -> None:
         name = signal.Signals(signum).name
-        timer = threading.Timer(STOP_DEADLINE, _hard_exit, (name,))
-        timer.daemon = True
-        timer.start()
+        exit_hard_later(name)
         loop.add_callback_from_signal(stop, name)
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
 
 
-def _hard_exit(why: str) -> None:
-    log.error("gpupool: not stopped %.0f s after %s; exiting now", STOP_DEADLINE, why)
+def exit_hard_later(why: str, program: str = "gpupool") -> None:
+    """A stop has begun: should it hang, exit the process ``STOP_DEADLINE`` seconds from now."""
+    timer = threading.Timer(STOP_DEADLINE, _hard_exit, (why, program))
+    timer.daemon = True
+    timer.start()
+
+
+def _hard_exit(why: str, program: str) -> None:
+    log.error("%s: not stopped %.0f s after %s; exiting now", program, STOP_DEADLINE, why)
     logging.shutdown()
     os._exit(1)
 
 
 def listen_sockets(port: int, address: str, config_file: str) -> list[socket.socket]:
-    """Bind the service's port. An orphaned gpupool service of the same configuration
-    holding it (its hub died) is told to stop and the port taken over; anything else
-    holding it stops this service at once with a message naming that process."""
+    """Bind the service's port, taking it over from an orphaned gpupool service of the same
+    configuration (its hub died)."""
+    return bind_or_take_over(lambda: bind_sockets(port, address=address), port, f"{port} on {address}",
+                             lambda holder: _orphaned_service_of(holder, config_file),
+                             program="gpupool", older="an orphaned gpupool service, whose hub is gone,",
+                             advice="stop it or give the service another URL in c.JupyterHub.services")
+
+
+def bind_or_take_over(bind: Callable[[], T], port: int, where: str, takes_over: Callable[[psutil.Process], bool],
+                      *, program: str, older: str, advice: str) -> T:
+    """``bind()``; when the port is taken by a process ``takes_over`` accepts, SIGTERM it (SIGKILL
+    after ``STOP_DEADLINE`` + 1 s) and bind again; taken by anything else, exit naming the process."""
     try:
-        return bind_sockets(port, address=address)
+        return bind()
     except OSError as e:
         if e.errno != errno.EADDRINUSE:
             raise
-    holder = _listener(port)
+    holder = listener_of(port)
     if holder is None:
-        raise SystemExit(f"gpupool: port {port} on {address} is in use by a process this user cannot see; "
-                         "stop it or give the service another URL in c.JupyterHub.services")
+        raise SystemExit(f"{program}: port {where} is in use by a process this user cannot see; {advice}")
     described = f"PID {holder.pid} ({' '.join(_cmdline(holder))[:200]})"
-    if not _orphaned_service_of(holder, config_file):
-        raise SystemExit(f"gpupool: port {port} on {address} is in use by {described}; stop it or give "
-                         "the service another URL in c.JupyterHub.services")
-    log.warning("gpupool: port %d is held by an orphaned gpupool service, %s, whose hub is gone; "
-                "stopping it and taking over", port, described)
+    if not takes_over(holder):
+        raise SystemExit(f"{program}: port {where} is in use by {described}; {advice}")
+    log.warning("%s: port %d is held by %s %s; stopping it and taking over", program, port, older, described)
     holder.terminate()
     deadline = time.monotonic() + STOP_DEADLINE + 1
     while time.monotonic() < deadline:
         try:
-            return bind_sockets(port, address=address)
+            return bind()
         except OSError as e:
             if e.errno != errno.EADDRINUSE:
                 raise
         time.sleep(0.1)
     holder.kill()
     time.sleep(0.5)
-    return bind_sockets(port, address=address)
+    return bind()
 
 
-def _listener(port: int) -> psutil.Process | None:
+def listener_of(port: int) -> psutil.Process | None:
+    """The process listening on TCP ``port`` (None: nobody, or one this user cannot see)."""
     try:
         for conn in psutil.net_connections(kind="tcp"):
             if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:

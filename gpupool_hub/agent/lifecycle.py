@@ -1,0 +1,118 @@
+"""How the node agent runs and stops: its loop, its signals, its metrics port, its node's lease.
+
+A stop (SIGTERM, SIGINT) does not wait for the tick in flight, and a hard exit
+follows ``STOP_DEADLINE`` seconds later should anything hang
+(``gpupool_hub/lifetime.py``). The metrics port is taken back from an older
+agent of this node (one that hung, one started by hand); held by anything
+else, the agent stops at once naming that process. On its way out the agent
+gives its node up at the service (``service/core/agentlease.py``), so a
+successor is served at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import time
+from typing import TYPE_CHECKING, Any
+
+from .. import __version__
+from ..lifetime import bind_or_take_over, exit_hard_later
+
+if TYPE_CHECKING:
+    from .app import GPUPoolAgent
+
+log = logging.getLogger("gpupool.agent")
+
+#: the exit status of an agent refused because another agent process holds its node
+ANOTHER_AGENT_EXIT = 3
+
+
+class AgentLifecycle:
+    """The running half of :class:`~gpupool_hub.agent.app.GPUPoolAgent` (the other: its settings and its tick)."""
+
+
+    async def run(self: GPUPoolAgent) -> None:
+        """Tick until :meth:`stop`; a tick's duration is not added to the interval.
+
+        A stop does not wait for the tick in flight: its service calls are abandoned (each
+        report is sent again whole next time; a stop already signalled stays signalled)."""
+        self._stopping = asyncio.Event()
+        while not self._stopping.is_set():
+            started = time.monotonic()
+            tick = asyncio.ensure_future(self.tick())
+            stopping = asyncio.ensure_future(self._stopping.wait())
+            await asyncio.wait({tick, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if not tick.done():
+                tick.cancel()
+                await asyncio.gather(tick, return_exceptions=True)
+            try:
+                await asyncio.wait_for(stopping, max(0.0, self.interval - (time.monotonic() - started)))
+            except asyncio.TimeoutError:
+                pass
+        await self._release()
+        self._close_nvml()
+
+    async def _release(self: GPUPoolAgent) -> None:
+        """Give the node's lease up at the service (best effort: it lapses after agent_timeout anyway)."""
+        if self.client is None or self.exit_status == ANOTHER_AGENT_EXIT:
+            return
+        try:
+            await self.client.release(timeout=min(2.0, self.request_timeout))
+        except Exception as e:  # best effort: the lease lapses after agent_timeout anyway
+            self.log.info("Could not give node %s up at the service: %s", self.node_name, e)
+
+    def stop(self: GPUPoolAgent) -> None:
+        if self._stopping is not None:
+            self._stopping.set()
+
+    def _serve_metrics(self: GPUPoolAgent) -> Any:
+        """The /metrics server, on a port taken over from an older agent of this node if one holds it."""
+        return bind_or_take_over(
+            lambda: self.metrics.serve(self.metrics_port, self.metrics_address), self.metrics_port,
+            f"{self.metrics_port} on {self.metrics_address}", _is_gpupool_agent, program="gpupool-agent",
+            older="an older gpupool agent", advice="stop it or choose another port (c.GPUPoolAgent.metrics_port, --port)")
+
+    def start(self: GPUPoolAgent) -> None:
+        if self.once:
+            result = asyncio.run(self.tick())
+            self._close_nvml()
+            print(json.dumps(result.as_dict(), indent=2, default=str))
+            if not result.nvml_ok:
+                raise SystemExit(1)
+            return
+        server = self._serve_metrics()
+        self.log.info("gpupool-agent %s on node %s: metrics on http://%s:%d/metrics, service %s%s",
+                      __version__, self.node_name, self.metrics_address, server.server_port,
+                      self.service_url or "(none: metrics only)", ", DRY RUN" if self.dry_run else "")
+
+        async def main() -> None:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self._stop_signal, sig)
+            await self.run()
+
+        asyncio.run(main())
+        server.shutdown()
+        if self.exit_status:
+            raise SystemExit(self.exit_status)
+
+    def _stop_signal(self: GPUPoolAgent, sig: int) -> None:
+        """SIGTERM/SIGINT: stop now, and exit hard should anything hang past STOP_DEADLINE."""
+        self.log.info("%s: stopping", signal.Signals(sig).name)
+        exit_hard_later(signal.Signals(sig).name, "gpupool-agent")
+        self.stop()
+
+
+def _is_gpupool_agent(proc: Any) -> bool:
+    """``proc`` (psutil) is a gpupool node agent (``python -m gpupool_hub.agent`` or ``gpupool-agent``)."""
+    try:
+        cmd = proc.cmdline()
+    except Exception:
+        return False
+    return any(part in ("gpupool_hub.agent", "gpupool_hub.agent.app") or part.endswith("/gpupool-agent")
+               or part == "gpupool-agent" for part in cmd)
+
+
