@@ -103,8 +103,8 @@ class InventoryHandler(AgentHandler):
             raise web.HTTPError(400, f"invalid inventory: {e}") from None
         self.touch()
         try:  # on the writer thread: with the agents inventory a report may rebuild the pool
-            report = await self.core(self.manager.inventory.accept_report, self.node, body, node,
-                                     self.manager.ledger, move_remembered=not self.is_agent)
+            report = await self.manager.inventory.accept_report.off_loop(
+                self.node, body, node, self.manager.ledger, move_remembered=not self.is_agent)
         except DeviceOfAnotherNode as e:
             raise web.HTTPError(403 if self.is_agent else 400, f"invalid inventory: {e}") from None
         except InventoryError as e:
@@ -128,7 +128,7 @@ class EnforceHandler(AgentHandler):
         # the hub culls those); "allowed": GPUs still held by users whose kernels were culled
         held: dict[str, list[str]] = {}
         if self.manager.enforcement.stray_users():
-            for r in await self.read_db(self.manager.ledger.active_allocations):
+            for r in await self.manager.records.active_allocations.off_loop():
                 held.setdefault(r.user, []).extend(g["uuid"] for g in r.gpus)
         self.write_json({**self.manager.enforcement.agent_list(held), "dry_run": self.context.agent_dry_run,
                          # e.g. after a restart of the service: the agent sends its inventory at once
@@ -167,7 +167,7 @@ class MemoryHandler(AgentHandler):
 
     async def get(self, _node: str) -> None:
         self.touch()
-        records = await self.read_db(self.manager.ledger.active_allocations)
+        records = await self.manager.records.active_allocations.off_loop()
         self.write_json({"shares": shares_on(records, self.node), "dry_run": self.context.agent_dry_run})
 
     async def put(self, _node: str) -> None:
@@ -179,7 +179,7 @@ class MemoryHandler(AgentHandler):
         new = self.manager.memory.report(self.node, warnings, dry)
         events = memory_events(self.node, new, actions, dry, datetime.now(timezone.utc))
         for event in events:
-            await self.core(self.manager.notices.record, event)
+            await self.manager.notices.record.off_loop(event)
         self.write_json({"node": self.node, "warnings": len(warnings), "audited": len(events)})
 
 
@@ -189,7 +189,7 @@ class BoundaryHandler(AgentHandler):
 
     async def get(self, _node: str) -> None:
         self.touch()
-        records = await self.read_db(self.manager.ledger.active_allocations)
+        records = await self.manager.records.active_allocations.off_loop()
         self.write_json({"holders": holders_on(records, self.node), "dry_run": self.context.agent_dry_run})
 
     async def put(self, _node: str) -> None:
@@ -200,7 +200,7 @@ class BoundaryHandler(AgentHandler):
         self.touch()
         events = boundary_events(self.node, warnings, actions, dry, datetime.now(timezone.utc))
         for event in events:
-            await self.core(self.manager.notices.record, event)
+            await self.manager.notices.record.off_loop(event)
         self.write_json({"node": self.node, "audited": len(events)})
 
 
