@@ -128,7 +128,8 @@ def main() -> None:
                 new = [r[fig] for r in runs[name]["new"]]
                 ratio = statistics.median(slowdown(o, n, larger_is_better) for o, n in zip(old, new))
                 key = f"{name}.{fig}"
-                figures[key] = {"old": statistics.median(old), "new": statistics.median(new), "ratio": round(ratio, 3)}
+                figures[key] = {"old": round(statistics.median(old), 3), "new": round(statistics.median(new), 3),
+                                "ratio": round(ratio, 3)}
                 print(f"{key:<34} {figures[key]['old']:>11} {figures[key]['new']:>11} {ratio:>8.3f} "
                       f"{f'<= {TARGET_RATIO}':>8}{'' if ratio <= TARGET_RATIO else '  SLOWER'}")
         result["figures"] = figures
