@@ -5,7 +5,8 @@ core units it needs, never from the PoolManager; only a unit changes its own
 state (``Enforcement.warn()``, not ``enforcement.warnings[user] = …``); core/
 imports no web framework and no other wing; the API keeps one module per path
 family, none past 350 lines; no class past 400 lines; only usage/ talks to
-Prometheus.
+Prometheus; handlers, pages and jobs call the core's methods directly, never
+by handing a function value to the thread helpers.
 """
 
 from __future__ import annotations
@@ -110,6 +111,36 @@ def test_no_job_takes_the_pool_manager():
             if isinstance(node, ast.arg) and node.arg == "manager":
                 found.append(f"{path.name}:{node.lineno} takes a 'manager'")
     assert found == [], "jobs take the units they need:\n" + "\n".join(found)
+
+
+#: CoreThreads' methods that take a function to run: only core/threads.py (``@writes``, ``@reads``) calls them
+THREAD_HELPERS = {"write", "read", "run_write", "write_until"}
+#: the handlers' former helpers that took a function value (``await self.core(fn, …)``)
+FUNCTION_TAKERS = {"core", "read_db"}
+
+
+def function_values_for_threads(path: Path) -> list[str]:
+    """Calls in ``path`` that hand the core's threads a function instead of calling a method."""
+    found = []
+    for node in ast.walk(tree(path)):
+        where = f"{path.relative_to(PACKAGE.parent)}:{getattr(node, 'lineno', 0)}"
+        if isinstance(node, ast.Name) and node.id == "CoreThreads":
+            found.append(f"{where} names CoreThreads")
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        receiver = node.func.value
+        name = receiver.attr if isinstance(receiver, ast.Attribute) else getattr(receiver, "id", None)
+        if (node.func.attr in THREAD_HELPERS and name == "threads") or node.func.attr in FUNCTION_TAKERS:
+            found.append(f"{where} {ast.unparse(node)[:80]}")
+    return found
+
+
+def test_api_pages_and_jobs_call_core_methods_not_function_values():
+    outside_core = [p for p in modules(SERVICE) if "core" not in p.relative_to(SERVICE).parts]
+    assert any(p.parent.name == "jobs" for p in outside_core) and any(p.parent.name == "api" for p in outside_core)
+    found = [f for path in outside_core for f in function_values_for_threads(path)]
+    assert found == [], ("say where a core method runs with @writes or @reads at its definition and await "
+                         "unit.method.off_loop(...) (docs/architecture.md, rule 6):\n" + "\n".join(found))
 
 
 def test_core_imports_no_web_framework_and_no_other_wing():

@@ -267,11 +267,11 @@ class GPUPoolService(Application):
             self.culler.hub_public_url = hub_cfg.get("bind_url") or (
                 f"http://{hub_cfg.get('ip') or '127.0.0.1'}:{hub_cfg.get('port', 8000)}")
         m = self.manager
-        self.lease = JobsLease(self.ledger, self.jobs_lease_ttl)
+        self.lease = JobsLease(self.ledger, self.jobs_lease_ttl, threads=m.threads)
         self.jobs = JobRunner(self.metrics, self.lease)
         self.server: HTTPServer | None = None
-        self.reconciler = ReconcileJob(self.hub, self.ledger, m.admission, m.threads, self.reconcile_grace)
-        self.reclaimer = ReclaimExecutor(self.hub, m.reclaims, m.threads)
+        self.reconciler = ReconcileJob(self.hub, m.records, m.admission, self.reconcile_grace)
+        self.reclaimer = ReclaimExecutor(self.hub, m.reclaims)
         m.reclaims.announce_to(self.reclaimer.schedule)
         self.utilization = (PrometheusUtilization(self.prometheus_url, self.utilization_metric,
                                                   self.utilization_uuid_label, self.utilization_scale,
@@ -392,26 +392,26 @@ class GPUPoolService(Application):
 
     async def start_jobs(self) -> None:
         m, jobs = self.manager, self.jobs
-        await m.threads.write(self.lease.renew)  # before the first run: is it ours to run the jobs?
-        jobs.every(self.jobs_lease_ttl / 3, "lease", lambda: m.threads.write(self.lease.renew), leased=False)
-        jobs.every(self.replenish_interval, "replenish", ReplenishJob(self.hub, self.groups, m.accounts, m.threads))
+        await self.lease.renew.off_loop()  # before the first run: is it ours to run the jobs?
+        jobs.every(self.jobs_lease_ttl / 3, "lease", self.lease.renew.off_loop, leased=False)
+        jobs.every(self.replenish_interval, "replenish", ReplenishJob(self.hub, self.groups, m.accounts))
         # an interval is charged once the servers were reconciled after it closed (jobs/reconcile.py)
         debit = DebitAfterReconcile(self.reconciler, DebitJob(m.debits, jobs.in_thread), m.debits)
         jobs.every(self.debit_check_interval, "debit", debit)
         jobs.every(self.reconcile_interval, "reconcile", self.reconciler)
-        jobs.every(self.queue_interval, "queue", QueueJob(m.queue, m.threads))
+        jobs.every(self.queue_interval, "queue", QueueJob(m.queue))
         if m.settings.idle_reclaim:
             jobs.every(self.idle_interval, "idle", IdleJob(
-                self.hub, self.utilization, settings=m.settings, ledger=m.ledger, threads=m.threads, idle=m.idle,
+                self.hub, self.utilization, settings=m.settings, records=m.records, idle=m.idle,
                 queue=m.queue, admission=m.admission, enforcement=m.enforcement, notices=m.notices, cache=m.cache))
         if self.inventory_source.dynamic:
             jobs.every(self.inventory_source.refresh_interval, "inventory",  # this service's own pool view
-                       InventoryRefreshJob(self.inventory_source, m.inventory, m.threads, jobs.in_thread),
+                       InventoryRefreshJob(self.inventory_source, m.inventory, jobs.in_thread),
                        leased=False)
         if self.culler.enabled:
             probe = UtilizationProbe(self.culler, self.prometheus_url, self.prometheus_token)
             jobs.every(self.culler.interval, "cull", CullJob(
-                self.hub, self.culler, self.groups, probe, settings=m.settings, ledger=m.ledger, threads=m.threads,
+                self.hub, self.culler, self.groups, probe, settings=m.settings, records=m.records,
                 inventory=m.inventory, queue=m.queue, admission=m.admission, enforcement=m.enforcement,
                 notices=m.notices, cache=m.cache))
 
@@ -442,7 +442,7 @@ class GPUPoolService(Application):
 
     async def _release_and_end(self) -> None:
         try:
-            await asyncio.wait_for(self.manager.threads.write(self.lease.release), STOP_DEADLINE / 2)
+            await asyncio.wait_for(self.lease.release.off_loop(), STOP_DEADLINE / 2)
         except Exception as e:  # it expires by itself
             self.log.warning("gpupool: jobs lease not released (%s); it expires in %.0f s", e, self.jobs_lease_ttl)
         IOLoop.current().stop()

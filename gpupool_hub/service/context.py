@@ -55,7 +55,7 @@ class ServiceContext:
 
         Raises :class:`~gpupool_hub.service.hubapi.HubError` when the hub cannot be asked."""
         try:
-            await self.manager.threads.read(self.manager.ledger.account, name)
+            await self.manager.records.account.off_loop(name)
             return True
         except UnknownAccount:
             pass

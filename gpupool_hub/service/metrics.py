@@ -9,9 +9,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from .core.threads import writes
 
 if TYPE_CHECKING:
     from .core.manager import PoolManager
@@ -74,6 +76,7 @@ class PoolCollector(Collector):
 
 class ServiceMetrics:
     def __init__(self, manager: PoolManager) -> None:
+        self.threads = manager.threads
         self.registry = CollectorRegistry()
         self.registry.register(PoolCollector(manager))
         self.job_duration = Histogram(
@@ -86,3 +89,9 @@ class ServiceMetrics:
             "gpupool_api_request_duration_seconds", "API request latency", ["handler", "method", "code"],
             registry=self.registry, buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
         )
+
+    @writes
+    def exposition(self) -> bytes:
+        """The metrics in Prometheus' text format. On the writer thread: the collectors read
+        the pool and the core's caches, which only the writer changes."""
+        return generate_latest(self.registry)

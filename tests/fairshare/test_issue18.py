@@ -34,7 +34,7 @@ def vision_borrows(m):
 
 def run_executor(m, rc):
     hub = FakeHub()
-    asyncio.run(ReclaimExecutor(hub, m.reclaims, m.threads).run(rc))
+    asyncio.run(ReclaimExecutor(hub, m.reclaims).run(rc))
     return hub
 
 

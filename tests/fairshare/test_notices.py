@@ -90,12 +90,12 @@ def test_18_6_reconcile_is_quiet_about_the_services_own_cull(tmp_path, caplog):
     m = make_manager(f"sqlite:///{tmp_path / 'l.sqlite'}")
     culled = ask(m, "u", None, 1)
     m.admission.release(culled.id, "cull_kernels: balance below zero past the grace period")
-    job = ReconcileJob(Hub("u", culled.id), m.ledger, m.admission, m.threads, grace=0)
+    job = ReconcileJob(Hub("u", culled.id), m.records, m.admission, grace=0)
     with caplog.at_level(logging.DEBUG, "gpupool.reconcile"):
         asyncio.run(job())
     assert job.report() == [] and not [r for r in caplog.records if r.levelno >= logging.WARNING]
     # an allocation the pool never made is still an error
-    job = ReconcileJob(Hub("u", "no-such-allocation"), m.ledger, m.admission, m.threads, grace=0)
+    job = ReconcileJob(Hub("u", "no-such-allocation"), m.records, m.admission, grace=0)
     with caplog.at_level(logging.ERROR, "gpupool.reconcile"):
         asyncio.run(job())
     assert [f["allocation"] for f in job.report()] == ["no-such-allocation"]

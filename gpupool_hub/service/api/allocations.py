@@ -18,7 +18,7 @@ class AllocationsHandler(APIHandler):
     async def get(self) -> None:
         self.require_spawner_or_admin()
         views = self.manager.views
-        active = await self.read_db(self.manager.ledger.active_allocations)
+        active = await self.manager.records.active_allocations.off_loop()
         self.write_json({"allocations": [views.allocation_json(r) for r in active]})
 
     async def post(self) -> None:
@@ -35,7 +35,7 @@ class AllocationsHandler(APIHandler):
         if groups is None:
             groups = await self.groups_of(user)
         try:
-            record = await self.core(self.manager.admission.admit, user, groups, server, req, models, key=key)
+            record = await self.manager.admission.admit.off_loop(user, groups, server, req, models, key=key)
         except BadRequest as e:
             raise web.HTTPError(400, str(e)) from None
         except AttemptAbandoned as e:
@@ -50,7 +50,7 @@ class AllocationsHandler(APIHandler):
 class AllocationHandler(APIHandler):
     async def get(self, alloc_id: str) -> None:
         self.require_spawner_or_admin()
-        record = await self.read_db(self.manager.ledger.allocation, self.path_name(alloc_id, "allocation id"))
+        record = await self.manager.records.allocation.off_loop(self.path_name(alloc_id, "allocation id"))
         if record is None:
             raise web.HTTPError(404, f"no allocation {alloc_id!r}")
         self.write_json({"allocation": self.manager.views.allocation_json(record)})
@@ -63,8 +63,8 @@ class AllocationHandler(APIHandler):
             stopped = parse_instant(at) if at is not None else None
         except ValueError as e:
             raise web.HTTPError(400, f"'at' must be an ISO 8601 instant: {e}") from None
-        record = await self.core(self.manager.admission.release, self.path_name(alloc_id, "allocation id"), reason,
-                                 at=stopped)
+        record = await self.manager.admission.release.off_loop(self.path_name(alloc_id, "allocation id"), reason,
+                                                               at=stopped)
         if record is None:
             raise web.HTTPError(404, f"no allocation {alloc_id!r}")
         self.write_json({"allocation": self.manager.views.allocation_json(record)})
@@ -78,8 +78,8 @@ class AllocationHandler(APIHandler):
             raise web.HTTPError(403, "only the hub's spawner records the GPUs a job was bound to")
         indices = self.json_body()["gpu_indices"]
         try:
-            record = await self.core(self.manager.inventory.rebind, self.manager.ledger,
-                                     self.path_name(alloc_id, "allocation id"), indices)
+            record = await self.manager.inventory.rebind.off_loop(
+                self.manager.ledger, self.path_name(alloc_id, "allocation id"), indices)
         except LookupError:
             raise web.HTTPError(404, f"no held allocation {alloc_id!r}") from None
         except ValueError as e:
@@ -97,7 +97,7 @@ class ReclaimsHandler(APIHandler):
             raise web.HTTPError(400, "'user' is required")
         server = self.text_arg("server", "") or ""
         why = self.text_arg("reason", "the spawn was cancelled", max_length=1000)[:200]  # type: ignore[index]
-        cancelled = await self.core(self.manager.reclaims.cancel_pending, user, server, why)
+        cancelled = await self.manager.reclaims.cancel_pending.off_loop(user, server, why)
         self.write_json({"cancelled": cancelled})
 
 
@@ -110,7 +110,7 @@ class AllocationByKeyHandler(APIHandler):
         if not 0 < len(key) <= KEY_MAX_LENGTH:
             raise web.HTTPError(400, f"a spawn attempt's key has 1-{KEY_MAX_LENGTH} characters")
         reason = self.text_arg("reason", "spawn abandoned", max_length=1000)[:200]  # type: ignore[index]
-        record = await self.core(self.manager.admission.release_key, key, reason)
+        record = await self.manager.admission.release_key.off_loop(key, reason)
         views = self.manager.views
         self.write_json({"allocation": views.allocation_json(record) if record is not None else None})
 

@@ -19,8 +19,7 @@ import hmac
 import json
 import logging
 import time
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from tornado import web
 
@@ -29,13 +28,12 @@ from ..context import ServiceContext
 from .httpargs import QueryArgs
 from ..hubapi import HubError
 from ..core.manager import PoolManager
+from ..core.threads import share_write_deadline
 from .schema import check_body, parse_json, text_problem
 
 log = logging.getLogger("gpupool.api")
 
 MAX_PAGE = 500
-
-T = TypeVar("T")
 
 #: the largest request body the service's HTTP server reads by default: the pages' forms, which
 #: tornado reads whole. API endpoints stream theirs and keep at most their own, much smaller
@@ -74,8 +72,6 @@ class APIHandler(QueryArgs):
     _refusal: web.HTTPError | None = None
     #: prepare finished: the body will be read (an error before that leaves it unread)
     _prepared = False
-    #: when this request's writes give up (``time.monotonic()``), set by its first write
-    _write_deadline: float | None = None
 
     @property
     def context(self) -> ServiceContext:
@@ -89,20 +85,6 @@ class APIHandler(QueryArgs):
         self.set_header("Content-Type", "application/json; charset=utf-8")
         self.set_header("Cache-Control", "no-store")
 
-    async def core(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run a core call that may write on the core's writer thread (never on the event loop).
-
-        All the writes of one request share one deadline, ``db_write_timeout`` after
-        the first: a grant (open the account, then post) answers 503 within it, not twice it."""
-        threads = self.manager.threads
-        if self._write_deadline is None:
-            self._write_deadline = threads.deadline()
-        return await threads.write_until(self._write_deadline, fn, *args, **kwargs)
-
-    async def read_db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run a call that only reads the database on a reader thread."""
-        return await self.manager.threads.read(fn, *args, **kwargs)
-
     def check_xsrf_cookie(self) -> None:
         """Token-authenticated API: no cookies are honoured, so XSRF does not apply."""
 
@@ -115,6 +97,7 @@ class APIHandler(QueryArgs):
 
     async def prepare(self) -> None:
         self._started = time.perf_counter()
+        share_write_deadline()  # the core writes this request awaits give up together
         self._body = bytearray()
         # read (and drop) a refused body rather than close on it; chunked ones declare no length
         self.request.connection.set_max_body_size(MAX_DRAINED_BODY)  # type: ignore[union-attr]

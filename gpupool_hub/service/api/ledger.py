@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import io
-from itertools import islice
 
 from ...timefmt import iso as _iso
 from ...units import format_tokens
@@ -14,7 +13,7 @@ from .base import MAX_PAGE, APIHandler
 class VerifyHandler(APIHandler):
     async def get(self) -> None:
         self.require_admin()
-        report = await self.read_db(self.manager.ledger.verify)
+        report = await self.manager.records.verify.off_loop()
         self.write_json({
             "ok": report.ok, "accounts": report.accounts, "entries": report.entries,
             "mismatches": [{"user": m.account, "stored": format_tokens(m.stored), "computed": format_tokens(m.computed)}
@@ -34,7 +33,7 @@ class ExportHandler(APIHandler):
         writer.writerow(["id", "user", "kind", "amount", "created_at", "interval_start", "interval_end",
                          "model", "gpu_seconds", "reason", "actor", "idempotency_key"])
         entries = self.manager.ledger.iter_entries()
-        while batch := await self.read_db(lambda: list(islice(entries, 1000))):
+        while batch := await self.manager.records.take.off_loop(entries, 1000):
             for e in batch:
                 writer.writerow([e.id, e.account, e.kind, format_tokens(e.amount), _iso(e.created_at),
                                  _iso(e.interval_start), _iso(e.interval_end), e.model or "", e.gpu_seconds or "",
@@ -55,7 +54,7 @@ class AuditHandler(APIHandler):
         limit = self.int_arg("limit", 100, minimum=1, maximum=MAX_PAGE)
         before = self.int_arg("before", None, minimum=1)
         user = self.text_arg("user")
-        events = await self.read_db(self.manager.ledger.audit_log, limit=limit, before=before, user=user)  # type: ignore[arg-type]
+        events = await self.manager.records.audit_log.off_loop(limit=limit, before=before, user=user)  # type: ignore[arg-type]
         self.write_json({
             "events": [{"id": e.id, "at": _iso(e.at), "user": e.user, "server": e.server, "action": e.action,
                         "reason": e.reason, "dry_run": e.dry_run, "detail": e.detail} for e in events],

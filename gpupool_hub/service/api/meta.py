@@ -39,13 +39,13 @@ class MetricsHandler(APIHandler):
         self.set_header("Cache-Control", "no-store")
 
     async def get(self) -> None:
-        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+        from prometheus_client import CONTENT_TYPE_LATEST
 
         scopes = set(self.identity.get("scopes", []))
         if not (self.is_admin or self.is_spawner or "read:metrics" in scopes):
             raise web.HTTPError(403, "metrics need the admin scope or read:metrics")
         self.set_header("Content-Type", CONTENT_TYPE_LATEST)
-        self.finish(await self.core(generate_latest, self.context.metrics.registry))  # type: ignore[union-attr]
+        self.finish(await self.context.metrics.exposition.off_loop())  # type: ignore[union-attr]
 
 
 default_handlers = [

@@ -30,10 +30,12 @@ import hmac
 import logging
 from collections.abc import Iterable
 from datetime import datetime, timezone
+from typing import Any
 
 from tornado import web
 
 from ...inventory.agents import NodeReport
+from ...ledger import AllocationRecord, AuditEvent
 from ...placement.errors import InventoryError
 from ...placement.inventory import load_node
 from ...timefmt import iso as _iso
@@ -127,8 +129,8 @@ class InventoryHandler(AgentHandler):
             raise web.HTTPError(400, f"invalid inventory: {e}") from None
         self.touch()
         try:  # on the writer thread: with the agents inventory a report may rebuild the pool
-            report = await self.core(self.manager.inventory.accept_report, self.node, body, node,
-                                     self.manager.ledger, move_remembered=not self.is_agent)
+            report = await self.manager.inventory.accept_report.off_loop(
+                self.node, body, node, self.manager.ledger, move_remembered=not self.is_agent)
         except DeviceOfAnotherNode as e:
             raise web.HTTPError(403 if self.is_agent else 400, f"invalid inventory: {e}") from None
         except InventoryError as e:
@@ -152,7 +154,7 @@ class EnforceHandler(AgentHandler):
         # the hub culls those); "allowed": GPUs still held by users whose kernels were culled
         held: dict[str, list[str]] = {}
         if self.manager.enforcement.stray_users():
-            for r in await self.read_db(self.manager.ledger.active_allocations):
+            for r in await self.manager.records.active_allocations.off_loop():
                 held.setdefault(r.user, []).extend(g["uuid"] for g in r.gpus)
         self.write_json({**self.manager.enforcement.agent_list(held), "dry_run": self.context.agent_dry_run,
                          # e.g. after a restart of the service: the agent sends its inventory at once
@@ -185,47 +187,59 @@ class UtilizationHandler(AgentHandler):
 MAX_REPORT_BYTES = 256 * 1024
 
 
-class MemoryHandler(AgentHandler):
+class GuardHandler(AgentHandler):
+    """A node guard's two calls (the memory guard's, the boundary guard's): GET the node's
+    allocations in the guard's shape; PUT its warnings and actions, which become audit
+    events (and the users' notices)."""
+
     max_body_bytes = MAX_REPORT_BYTES
+
+    def holdings(self, records: list[AllocationRecord]) -> dict[str, Any]:
+        raise NotImplementedError("Subclass must provide implementation")
+
+    def audit(self, warnings: list[dict[str, Any]], actions: list[dict[str, Any]], dry: bool,
+              now: datetime) -> tuple[list[AuditEvent], dict[str, Any]]:
+        """The events to record for a report, and the answer's counts besides ``audited``."""
+        raise NotImplementedError("Subclass must provide implementation")
+
+    async def get(self, _node: str) -> None:
+        self.touch()
+        records = await self.manager.records.active_allocations.off_loop()
+        self.write_json({**self.holdings(records), "dry_run": self.context.agent_dry_run})
+
+    async def put(self, _node: str) -> None:
+        body = self.json_body()
+        warnings, actions = body["warnings"], body.get("actions", [])
+        dry = body.get("dry_run", False) or self.context.agent_dry_run
+        self.check_own_devices({x["gpu_uuid"] for x in warnings + actions})
+        self.touch()
+        events, counts = self.audit(warnings, actions, dry, datetime.now(timezone.utc))
+        for event in events:
+            await self.manager.notices.record.off_loop(event)
+        self.write_json({"node": self.node, **counts, "audited": len(events)})
+
+
+class MemoryHandler(GuardHandler):
     openapi_path = "/nodes/{node}/memory"
 
-    async def get(self, _node: str) -> None:
-        self.touch()
-        records = await self.read_db(self.manager.ledger.active_allocations)
-        self.write_json({"shares": shares_on(records, self.node), "dry_run": self.context.agent_dry_run})
+    def holdings(self, records: list[AllocationRecord]) -> dict[str, Any]:
+        return {"shares": shares_on(records, self.node)}
 
-    async def put(self, _node: str) -> None:
-        body = self.json_body()
-        warnings, actions = body["warnings"], body.get("actions", [])
-        dry = body.get("dry_run", False) or self.context.agent_dry_run
-        self.check_own_devices({x["gpu_uuid"] for x in warnings + actions})
-        self.touch()
+    def audit(self, warnings: list[dict[str, Any]], actions: list[dict[str, Any]], dry: bool,
+              now: datetime) -> tuple[list[AuditEvent], dict[str, Any]]:
         new = self.manager.memory.report(self.node, warnings, dry)
-        events = memory_events(self.node, new, actions, dry, datetime.now(timezone.utc))
-        for event in events:
-            await self.core(self.manager.notices.record, event)
-        self.write_json({"node": self.node, "warnings": len(warnings), "audited": len(events)})
+        return memory_events(self.node, new, actions, dry, now), {"warnings": len(warnings)}
 
 
-class BoundaryHandler(AgentHandler):
-    max_body_bytes = MAX_REPORT_BYTES
+class BoundaryHandler(GuardHandler):
     openapi_path = "/nodes/{node}/boundary"
 
-    async def get(self, _node: str) -> None:
-        self.touch()
-        records = await self.read_db(self.manager.ledger.active_allocations)
-        self.write_json({"holders": holders_on(records, self.node), "dry_run": self.context.agent_dry_run})
+    def holdings(self, records: list[AllocationRecord]) -> dict[str, Any]:
+        return {"holders": holders_on(records, self.node)}
 
-    async def put(self, _node: str) -> None:
-        body = self.json_body()
-        warnings, actions = body["warnings"], body.get("actions", [])
-        dry = body.get("dry_run", False) or self.context.agent_dry_run
-        self.check_own_devices({x["gpu_uuid"] for x in warnings + actions})
-        self.touch()
-        events = boundary_events(self.node, warnings, actions, dry, datetime.now(timezone.utc))
-        for event in events:
-            await self.core(self.manager.notices.record, event)
-        self.write_json({"node": self.node, "audited": len(events)})
+    def audit(self, warnings: list[dict[str, Any]], actions: list[dict[str, Any]], dry: bool,
+              now: datetime) -> tuple[list[AuditEvent], dict[str, Any]]:
+        return boundary_events(self.node, warnings, actions, dry, now), {}
 
 
 class AgentLeaseHandler(AgentHandler):

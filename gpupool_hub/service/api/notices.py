@@ -21,7 +21,7 @@ class NoticesHandler(APIHandler):
 
     async def get(self) -> None:
         user = self.require_user()
-        self.write_json({"user": user, "notices": await self.read_db(self.manager.notices.for_user, user)})
+        self.write_json({"user": user, "notices": await self.manager.notices.for_user.off_loop(user)})
 
 
 class NoticeHandler(APIHandler):
@@ -31,7 +31,7 @@ class NoticeHandler(APIHandler):
         user = self.require_user()
         if not NOTICE_ID.fullmatch(notice):
             raise web.HTTPError(404, f"no notice {notice[:40]!r} for {user!r}")
-        if not await self.core(self.manager.notices.dismiss, user, int(notice)):
+        if not await self.manager.notices.dismiss.off_loop(user, int(notice)):
             raise web.HTTPError(404, f"no notice {notice[:40]!r} for {user!r}")
         self.set_status(204)
         self.finish()

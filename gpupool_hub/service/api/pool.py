@@ -4,17 +4,16 @@ from __future__ import annotations
 
 from tornado import web
 
-from ..core.catalog import catalog as models_catalog
 from .base import APIHandler
 
 
 class PoolHandler(APIHandler):
     async def get(self) -> None:
         self.require_admin()
-        active = await self.read_db(self.manager.ledger.active_allocations)
+        active = await self.manager.records.active_allocations.off_loop()
         idle = self.manager.idle.idle_since()  # as of the idle job's last run
-        report = await self.core(self.manager.views.pool_report, active, idle)
-        teams = await self.core(self.manager.reclaims.team_report)
+        report = await self.manager.views.pool_report.off_loop(active, idle)
+        teams = await self.manager.reclaims.team_report.off_loop()
         self.write_json({**report, "unallocated_servers": self.context.reconcile_report(), "teams": teams["teams"]})
 
 
@@ -24,8 +23,8 @@ class ModelsHandler(APIHandler):
     within the hub); the pool itself, not ``c.GPUPool.nodes``, is the source."""
 
     async def get(self) -> None:
-        catalog = await self.core(models_catalog, self.manager.inventory, self.manager.settings.min_start_hours)
-        waiting = await self.core(self.manager.queue.cached_summary)
+        catalog = await self.manager.views.models.off_loop()
+        waiting = await self.manager.queue.cached_summary.off_loop()
         for entry in catalog["models"]:  # "full — 2 waiting, about 20 min" on the spawn form
             entry.update(waiting.get(entry["model"], {"waiting": 0, "eta": None}))
         self.write_json(catalog)
@@ -38,7 +37,7 @@ class QueueHandler(APIHandler):
 
     async def get(self) -> None:
         self.require_admin()
-        self.write_json(await self.core(self.manager.queue.report))
+        self.write_json(await self.manager.queue.report.off_loop())
 
     async def delete(self) -> None:
         self.require_spawner_or_admin()
@@ -46,7 +45,7 @@ class QueueHandler(APIHandler):
         if not user:
             raise web.HTTPError(400, "'user' (the waiting server's user) is required")
         server = self.text_arg("server", "") or ""
-        self.write_json({"left": await self.core(self.manager.queue.leave, user, server)})
+        self.write_json({"left": await self.manager.queue.leave.off_loop(user, server)})
 
 
 class TeamsHandler(APIHandler):
@@ -54,7 +53,7 @@ class TeamsHandler(APIHandler):
 
     async def get(self) -> None:
         self.require_admin()
-        self.write_json(await self.core(self.manager.reclaims.team_report))
+        self.write_json(await self.manager.reclaims.team_report.off_loop())
 
 
 default_handlers = [

@@ -39,7 +39,7 @@ class HistoryHandler(APIHandler):
                 raise web.HTTPError(404, f"no such user {user!r}")
         limit = self.int_arg("limit", 50, minimum=1, maximum=MAX_PAGE)
         before = self.int_arg("before", None, minimum=1)
-        rows = await self.read_db(self.manager.ledger.history, user, limit=limit, before=before)  # type: ignore[arg-type]
+        rows = await self.manager.records.history.off_loop(user, limit=limit, before=before)  # type: ignore[arg-type]
         nxt = rows[-1].id if len(rows) == limit else None
         self.write_json({"user": user, "entries": [entry_json(e) for e in rows], "next_before": nxt})
 
@@ -49,7 +49,7 @@ class UsersHandler(APIHandler):
         self.require_admin()
         limit = self.int_arg("limit", 100, minimum=1, maximum=MAX_PAGE)
         after = self.text_arg("after")
-        rows = await self.read_db(self.manager.ledger.accounts, limit=limit, after=after)  # type: ignore[arg-type]
+        rows = await self.manager.records.accounts.off_loop(limit=limit, after=after)  # type: ignore[arg-type]
         self.write_json({
             "users": [{"name": a.name, "balance": format_tokens(a.balance)} for a in rows],
             "next_after": rows[-1].name if len(rows) == limit else None,
@@ -88,13 +88,13 @@ class GrantHandler(APIHandler):
             raise web.HTTPError(400, f"Idempotency-Key {text_problem(key, max_length=200)}")
         if not await self.known_user(user):
             raise web.HTTPError(404, f"no such user {user!r}")
-        await self.core(self.manager.accounts.ensure, user, await self.groups_of(user))
+        await self.manager.accounts.ensure.off_loop(user, await self.groups_of(user))
         try:
-            entry, created = await self.core(self.manager.accounts.grant, user, amount, reason.strip(),
-                                             self.identity["name"], key)
+            entry, created = await self.manager.accounts.grant.off_loop(user, amount, reason.strip(),
+                                                                        self.identity["name"], key)
         except IdempotencyConflict:
             raise web.HTTPError(409, f"Idempotency-Key {key!r} was already used for a different grant") from None
-        balance = await self.read_db(self.manager.ledger.balance, user)
+        balance = await self.manager.records.balance.off_loop(user)
         self.write_json({"entry": entry_json(entry), "created": created,
                          "balance": format_tokens(balance)}, 201 if created else 200)
 

@@ -17,6 +17,7 @@ from ...config import GPUPool
 from ...credits import due_credits
 from ...keys import entry_key
 from ...ledger import Ledger, Posting, UnknownAccount
+from .threads import CoreThreads, reads, writes
 
 if TYPE_CHECKING:
     from .views import ViewCache
@@ -25,11 +26,13 @@ if TYPE_CHECKING:
 class Accounts:
     """Opens accounts and posts credits and grants; forgets cached views it changes."""
 
-    def __init__(self, settings: GPUPool, ledger: Ledger, cache: "ViewCache", clock: Callable[[], datetime]) -> None:
+    def __init__(self, settings: GPUPool, ledger: Ledger, cache: "ViewCache", clock: Callable[[], datetime],
+                 *, threads: CoreThreads | None = None) -> None:
         self.settings = settings
         self.ledger = ledger
         self.cache = cache
         self.clock = clock
+        self.threads = threads
 
     def today(self) -> date:
         return self.clock().astimezone(self.settings.tz).date()
@@ -43,6 +46,7 @@ class Accounts:
             return False
         return through is not None and through >= self.today()
 
+    @reads
     def needing_credits(self, users: Iterable[tuple[str, Iterable[str]]]) -> list[tuple[str, list[str]]]:
         """The (user, groups) pairs whose accounts ``ensure`` would change: read only,
         so the replenish job keeps the writer thread for the few that need it."""
@@ -51,6 +55,7 @@ class Accounts:
         today = self.today()
         return [(u, g) for u, g in pairs if through.get(u) is None or through[u] < today]  # type: ignore[operator]
 
+    @writes
     def ensure(self, user: str, groups: Iterable[str] = ()) -> bool:
         """Open the account and post the credits due (the initial grant for a new user).
 
@@ -69,6 +74,7 @@ class Accounts:
         self.cache.forget(user)
         return True
 
+    @writes
     def replenish(self, users: Iterable[tuple[str, Iterable[str]]]) -> int:
         """Credits for every (user, groups) pair; returns how many users were looked at."""
         n = 0
@@ -80,6 +86,7 @@ class Accounts:
             self.cache.forget()
         return n
 
+    @writes
     def grant(self, user: str, amount: Decimal, reason: str, actor: str,
               idempotency_key: str | None) -> tuple[Any, bool]:
         """An admin's grant (or, negative, adjustment); the same key never posts twice."""

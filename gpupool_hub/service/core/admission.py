@@ -35,6 +35,7 @@ from .inventory import PoolInventory
 from .queue import WaitQueue
 from .reclaims import Reclaims
 from .views import ViewCache
+from .threads import CoreThreads, writes
 
 log = logging.getLogger("gpupool.admission")
 
@@ -88,7 +89,8 @@ class Admission:
 
     def __init__(self, settings: GPUPool, ledger: Ledger, inventory: PoolInventory, accounts: Accounts,
                  reclaims: Reclaims, enforcement: Enforcement, cache: ViewCache,
-                 clock: Callable[[], datetime], queue: WaitQueue | None = None) -> None:
+                 clock: Callable[[], datetime], queue: WaitQueue | None = None,
+                 threads: CoreThreads | None = None) -> None:
         self.settings = settings
         self.queue = queue
         self.ledger = ledger
@@ -98,6 +100,7 @@ class Admission:
         self.enforcement = enforcement
         self.cache = cache
         self.clock = clock
+        self.threads = threads
         self.tombstones = Tombstones()  # keys of spawn attempts released by key (see attempts.py)
 
     @property
@@ -157,6 +160,7 @@ class Admission:
             "floor": format_tokens(rules.floor), "held_price_per_hour": format_tokens(held_price),
             "held": [{"server": r.server, "price_per_hour": format_tokens(r.price_per_hour)} for r in held]})
 
+    @writes
     def admit(self, user: str, groups: Iterable[str], server: str, request: Request,
               requested_models: list[str] | None = None, key: str | None = None) -> AllocationRecord:
         """Place a server's GPUs if the user can pay and the pool has room; else ``Refused``.
@@ -289,6 +293,7 @@ class Admission:
         log.info("Allocated %s to %s/%s: %s", alloc_id, user, server, self.pool.describe(placement))
         return record
 
+    @writes
     def release(self, alloc_id: str, reason: str, at: datetime | None = None) -> AllocationRecord | None:
         """End an allocation: its charge stops now, or at ``at`` (when its server stopped, if
         the release comes late), kept within [its start, now]; its GPUs go back to the pool."""
@@ -306,6 +311,15 @@ class Admission:
             self.cache.forget(record.user)
         return record
 
+    @writes
+    def release_all(self, alloc_ids: list[str], reason: str) -> list[str]:
+        """Release what a stopped server held (the cull job's); a no-op for allocations its
+        spawner already released while stopping. Their ids, for the audit log."""
+        for alloc_id in alloc_ids:
+            self.release(alloc_id, reason)
+        return alloc_ids
+
+    @writes
     def release_key(self, key: str, reason: str) -> AllocationRecord | None:
         """Abandon a spawn attempt: release what its ``key`` got as never charged (at its start),
         and refuse the key's ``POST`` from now on (it may still be on its way)."""

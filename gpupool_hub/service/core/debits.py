@@ -1,7 +1,7 @@
 """Charging GPU time: every closed interval once, oldest first, exactly.
 
 Runs in the job thread (usage sources may be slow); each interval's entries are
-posted through ``serialize`` (the service's writer thread). The only writer of
+posted by ``post`` on the service's writer thread. The only writer of
 debit entries. Rounding remainders are carried per (user, model) so totals stay
 exact for any interval length.
 
@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Any, TypeVar
+from typing import Any
 
 from ...keys import entry_key
 from ...ledger import Ledger, Posting
@@ -25,14 +25,9 @@ from ...pricing import PriceTable, PricingError
 from ...timefmt import align_down, iso
 from ...units import round_milli
 from ...usage import Usage, UsageNotSettled, UsageSource, UsageUnavailable
+from .threads import CoreThreads, writes
 
 log = logging.getLogger("gpupool.debits")
-
-T = TypeVar("T")
-
-
-def _direct(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    return fn(*args, **kwargs)
 
 DEBIT_JOB = "debit"
 
@@ -53,8 +48,7 @@ class Debits:
 
     def __init__(self, ledger: Ledger, prices: PriceTable, usage_source: UsageSource, *,
                  interval: int, delay_tolerance: int, clock: Callable[[], datetime],
-                 on_charged: Callable[[], None] = lambda: None,
-                 serialize: Callable[..., Any] = _direct) -> None:
+                 on_charged: Callable[[], None] = lambda: None, threads: CoreThreads | None = None) -> None:
         self.ledger = ledger
         self.prices = prices
         self.usage_source = usage_source
@@ -62,7 +56,7 @@ class Debits:
         self.delay_tolerance = delay_tolerance
         self.clock = clock
         self.on_charged = on_charged
-        self.serialize = serialize
+        self.threads = threads
         self.status = DebitStatus()
         self._lock = threading.Lock()
         self._last: tuple[tuple[datetime, datetime] | None] | None = None
@@ -123,8 +117,7 @@ class Debits:
                     self.changed += 1
                     log.warning("Debit delayed: %s", self.status.last_error)
                     break
-                self.serialize(self.ledger.post_many, postings, complete_interval=(DEBIT_JOB, start, end),
-                               carry=carry)
+                self.post.blocking(postings, start, end, carry)
                 self._last = ((start, end),)
                 self.status.settling_until = None
                 self.status.last_error = None
@@ -134,6 +127,12 @@ class Debits:
                 charged += 1
                 log.info("Charged %s–%s: %d debit(s)", iso(start), iso(end), len(postings))
             return charged
+
+    @writes
+    def post(self, postings: list[Posting], start: datetime, end: datetime,
+             carry: dict[tuple[str, str], Decimal]) -> None:
+        """One interval's debits, its completion and the carried remainders, in one transaction."""
+        self.ledger.post_many(postings, complete_interval=(DEBIT_JOB, start, end), carry=carry)
 
     def postings(
         self, usage: Iterable[Usage], start: datetime, end: datetime

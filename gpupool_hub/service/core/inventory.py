@@ -36,6 +36,7 @@ from ...pricing import PriceTable, PricingError, model_matches
 from ...profiles import Profile
 from ...reasons import RefusalReason
 from .errors import Refused
+from .threads import CoreThreads, writes
 
 log = logging.getLogger("gpupool.inventory")
 
@@ -56,10 +57,11 @@ class PoolInventory:
     """The placement pool and its prices; the single owner of hardware facts."""
 
     def __init__(self, pool: Pool, prices: PriceTable, clock: Callable[[], datetime],
-                 source: InventorySource | None = None) -> None:
+                 source: InventorySource | None = None, *, threads: CoreThreads | None = None) -> None:
         self.pool = pool
         self.prices = prices
         self.clock = clock
+        self.threads = threads
         # with inventory "agents" the pool follows the agents' reports; the source shares their store
         self.source = source
         self.follows_reports = source is not None and source.follows_reports
@@ -223,6 +225,7 @@ class PoolInventory:
         report = self.reports.get(name)
         return report is None or report.inventory is None
 
+    @writes
     def accept_report(self, name: str, inventory: dict[str, Any], node: Node,
                       ledger: Ledger | None = None, *, move_remembered: bool = False) -> NodeReport:
         """Store a node's validated inventory; with the agents inventory, a new or changed
@@ -318,6 +321,7 @@ class PoolInventory:
             if node is None or alloc_id.split(":", 1)[1] == node:
                 self.pool.release(alloc_id)
 
+    @writes
     def apply_node_status(self, status: dict[str, NodeStatus]) -> None:
         """Make the pool refuse what its source says the hub cannot have.
 
@@ -383,6 +387,7 @@ class PoolInventory:
             return ""
         return " Held outside the hub (jobs it did not start, or nodes it may not use): " + "; ".join(parts) + "."
 
+    @writes
     def rebind(self, ledger: Ledger, alloc_id: str, indices: list[int]) -> AllocationRecord:
         """Record the GPUs a server's job really got (same node, same models, same count).
 

@@ -17,6 +17,7 @@ import socket
 import psutil
 
 from ...ledger import Ledger
+from .threads import CoreThreads, writes
 
 log = logging.getLogger("gpupool.lease")
 
@@ -48,13 +49,16 @@ def holder_gone(holder: str) -> bool:
 class JobsLease:
     """This service's claim on the periodic jobs; ``held`` is what the job runner reads."""
 
-    def __init__(self, ledger: Ledger, ttl: float = 30.0, holder: str | None = None) -> None:
+    def __init__(self, ledger: Ledger, ttl: float = 30.0, holder: str | None = None, *,
+                 threads: CoreThreads | None = None) -> None:
         self.ledger = ledger
+        self.threads = threads
         self.ttl = ttl
         self.holder = holder or this_process()
         self.held = False
         self.current: str | None = None
 
+    @writes
     def renew(self) -> bool:
         """Take or renew the lease (a database write: call it on the writer thread).
         A failed renewal counts as not held: two runners are worse than a skipped run."""
@@ -76,6 +80,7 @@ class JobsLease:
         self.held = current == self.holder
         return self.held
 
+    @writes
     def release(self) -> None:
         """At a clean stop, so that a successor takes over at once."""
         if self.held:

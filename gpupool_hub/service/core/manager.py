@@ -4,6 +4,7 @@
 owns its state and is the only one to change it:
 
 ========== ================================================================
+records    the ledger's reads for the event loop (reader threads)
 inventory  the placement pool, prices, node agents' reports
 accounts   opening accounts, credits, grants
 admission  affordability, placement, allocation records, release
@@ -17,10 +18,11 @@ memory     the node agents' memory warnings of GPU shares
 notices    what users are told after GPUs were taken back (from the audit log)
 ========== ================================================================
 
-The units are plain synchronous code. The service runs them off its event
-loop through ``threads`` (:class:`CoreThreads`): every call that may write, or
-change the pool and caches, on the one writer thread; calls that only read the
-database on reader threads. In-process tests call the units directly.
+The units are plain synchronous code. Each method that the event loop calls
+says at its definition where it runs (``@writes``: the one writer thread, for
+anything that may write or change the pool and caches; ``@reads``: a reader
+thread, for database reads), and the loop awaits ``unit.method.off_loop(...)``
+(:mod:`.threads`). In-process tests call the units directly.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from .memory import MemoryWarnings
 from .notices import Notices
 from .queue import WaitQueue
 from .reclaims import Reclaims
+from .records import Records
 from .threads import CoreThreads
 from .views import ViewCache, Views
 
@@ -62,23 +65,25 @@ class PoolManager:
         self.ledger = ledger
         self.clock = clock
         self.threads = threads or CoreThreads(ledger.busy_timeout, concurrent_reads=ledger.concurrent_reads)
+        threads = self.threads
         self.cache = ViewCache()
-        self.notices = Notices(ledger, self.cache, clock)
-        self.inventory = PoolInventory(pool, settings.price_table(), clock, source)
+        self.records = Records(ledger, threads=threads)
+        self.notices = Notices(ledger, self.cache, clock, threads=threads)
+        self.inventory = PoolInventory(pool, settings.price_table(), clock, source, threads=threads)
         self.enforcement = Enforcement(clock=clock)
         self.agent_leases = AgentLeases(settings.agent_timeout, clock)
         self.memory = MemoryWarnings()
-        self.accounts = Accounts(settings, ledger, self.cache, clock)
+        self.accounts = Accounts(settings, ledger, self.cache, clock, threads=threads)
         self.reclaims = Reclaims(settings, ledger, self.inventory, self.cache, clock, record=self.notices.record,
-                                 revoke=self.enforcement.gpus_taken)
-        self.queue = WaitQueue(settings, ledger, self.inventory, self.reclaims, clock)
+                                 revoke=self.enforcement.gpus_taken, threads=threads)
+        self.queue = WaitQueue(settings, ledger, self.inventory, self.reclaims, clock, threads=threads)
         self.idle = IdleWarnings()
         self.queue.expected_ends = self.idle.deadlines
         self.admission = Admission(settings, ledger, self.inventory, self.accounts, self.reclaims,
-                                   self.enforcement, self.cache, clock, queue=self.queue)
+                                   self.enforcement, self.cache, clock, queue=self.queue, threads=threads)
         self.debits = Debits(ledger, self.inventory.prices, usage_source, interval=debit_interval,
                              delay_tolerance=debit_delay_tolerance, clock=clock,
-                             on_charged=self.cache.forget, serialize=self.threads.run_write)
+                             on_charged=self.cache.forget, threads=threads)
         self.views = Views(settings, ledger, self.inventory, self.debits, self.accounts, self.cache,
                            self.warning_for, clock, self.threads, self.activity,
                            memory_warnings=self.memory.for_user, notices=self.notices.for_user)

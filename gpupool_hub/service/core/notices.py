@@ -24,6 +24,7 @@ from ...ledger import AuditEvent, Ledger
 from ...reasons import AuditAction
 from ...timefmt import iso
 from .views import ViewCache
+from .threads import CoreThreads, reads, writes
 
 #: the most notices a user is shown (the newest); older ones stay in the audit log
 MAX_NOTICES = 10
@@ -65,17 +66,21 @@ def notice_json(event: AuditEvent) -> dict[str, Any]:
 class Notices:
     """Users' notices, derived from the audit log; records the events they come from."""
 
-    def __init__(self, ledger: Ledger, cache: ViewCache, clock: Callable[[], datetime]) -> None:
+    def __init__(self, ledger: Ledger, cache: ViewCache, clock: Callable[[], datetime],
+                 *, threads: CoreThreads | None = None) -> None:
         self.ledger = ledger
         self.cache = cache
         self.clock = clock
+        self.threads = threads
 
+    @writes
     def record(self, event: AuditEvent) -> AuditEvent:
         """Write an audit event and drop the user's cached view (it may carry a new notice)."""
         written = self.ledger.add_audit(event)
         self.cache.forget(event.user)
         return written
 
+    @reads
     def for_user(self, user: str) -> list[dict[str, Any]]:
         """The user's notices not dismissed yet, newest first (database reads only)."""
         return [notice_json(e) for e in self._pending(user)[:MAX_NOTICES]]
@@ -86,6 +91,7 @@ class Notices:
                      if e.action == AuditAction.NOTICE_DISMISSED.value}
         return [e for e in events if e.action in KINDS and e.id not in dismissed]
 
+    @writes
     def dismiss(self, user: str, notice_id: int) -> bool:
         """Dismiss one of ``user``'s notices (writer thread). False when ``user`` has no
         such notice: another user's event is not theirs to dismiss, nor to learn about."""

@@ -40,6 +40,7 @@ from ...waitqueue import (BORROWER, ExpectedRelease, Waiter, dispatch, estimate_
 from .errors import Refused
 from .inventory import PoolInventory
 from .reclaims import Reclaims
+from .threads import CoreThreads, writes
 
 log = logging.getLogger("gpupool.queue")
 
@@ -90,12 +91,13 @@ class WaitQueue:
     """Waiting servers: join, dispatch, claim, leave, expire, positions and estimates."""
 
     def __init__(self, settings: GPUPool, ledger: Ledger, inventory: PoolInventory, reclaims: Reclaims,
-                 clock: Callable[[], datetime]) -> None:
+                 clock: Callable[[], datetime], *, threads: CoreThreads | None = None) -> None:
         self.settings = settings
         self.ledger = ledger
         self.inventory = inventory
         self.reclaims = reclaims
         self.clock = clock
+        self.threads = threads
         self.entries: dict[tuple[str, str], Entry] = {}
         # (user, server) whose place was given up by a cancel: their spawner's next retry ends
         self.cancelled: dict[tuple[str, str], datetime] = {}
@@ -206,6 +208,7 @@ class WaitQueue:
                 self.pool.release(entry.waiter.id)
             self.dispatch()
 
+    @writes
     def leave(self, user: str, server: str) -> bool:
         """The spawn was cancelled: give up the place. False when (user, server) did not wait."""
         entry = self.entries.get((user, server))
@@ -222,6 +225,14 @@ class WaitQueue:
             raise Refused(RefusalReason.NO_CAPACITY,
                           "Your place in the GPU queue was given up (the spawn was cancelled); "
                           "start the server again to queue anew.", details={"cancelled_at": iso(at)})
+
+    @writes
+    def housekeeping(self) -> None:
+        """The queue job's run: drop entries whose spawner stopped asking, and dispatch after
+        releases that did not go through admission (a reclaim's victims, a lapsed reservation)."""
+        if self.entries:
+            self.expire()
+            self.dispatch()
 
     def expire(self) -> int:
         """Drop entries whose spawner stopped asking; mark those past ``max_wait``."""
@@ -381,6 +392,7 @@ class WaitQueue:
             out[model] = {"waiting": n, "eta": iso(eta)}
         return out
 
+    @writes
     def cached_summary(self) -> dict[str, dict[str, Any]]:
         """``summary``, reused for a few seconds (every spawn form asks)."""
         stamp = self.clock().timestamp()
@@ -388,6 +400,7 @@ class WaitQueue:
             self._summary = (stamp, self.summary())
         return self._summary[1]
 
+    @writes
     def report(self) -> dict[str, Any]:
         """The admin view: who waits for what, since when, position and estimate."""
         now = self.clock()
@@ -425,6 +438,7 @@ class WaitQueue:
 
     # ---------------------------------------------------------------- demand
 
+    @writes
     def demand_for(self, user: str, models: set[str]) -> datetime | None:
         """The newest retry of another user's waiting entry that GPUs of ``models``
         (pool model strings) would serve: the pressure signal for culling ``user``.

@@ -36,6 +36,7 @@ from ...cull import CullWarning
 from .errors import Refused
 from .inventory import PoolInventory
 from .views import ViewCache
+from .threads import CoreThreads, writes
 
 log = logging.getLogger("gpupool.reclaims")
 
@@ -88,13 +89,15 @@ class Reclaims:
 
     def __init__(self, settings: GPUPool, ledger: Ledger, inventory: PoolInventory, cache: ViewCache,
                  clock: Callable[[], datetime], *, record: Callable[[AuditEvent], Any] | None = None,
-                 revoke: Callable[[str, str, datetime], None] | None = None) -> None:
+                 revoke: Callable[[str, str, datetime], None] | None = None,
+                 threads: CoreThreads | None = None) -> None:
         self.settings = settings
         self.teams = settings.team_table()
         self.ledger = ledger
         self.inventory = inventory
         self.cache = cache
         self.clock = clock
+        self.threads = threads
         # writes a preempt event (the victim's notice comes from it); the node agents are told
         # that the victim's processes on GPUs it no longer holds are stray (``revoke``)
         self.record = record or ledger.add_audit
@@ -141,6 +144,7 @@ class Reclaims:
                     created_at=rc.created_at, node=rc.placement.node, user=rc.user, server=rc.server))
         return out
 
+    @writes
     def team_report(self) -> dict[str, Any]:
         holdings = self.holdings()
         now = self.clock()
@@ -217,6 +221,7 @@ class Reclaims:
         del self.active[(rc.user, rc.server)]
         return rc
 
+    @writes
     def preempt(self, rc: Reclaim, victim: AllocationRecord, *, stopped: bool = True, error: str | None = None) -> None:
         """A victim's server was stopped (or could not be): release its allocation, audit it.
 
@@ -262,6 +267,7 @@ class Reclaims:
             self.cache.forget(v.user)
         log.info("Reclaim for %s/%s dropped: %s", rc.user, rc.server, why)
 
+    @writes
     def cancel_pending(self, user: str, server: str, why: str) -> bool:
         """The spawn waiting for a reclaim is gone (stopped, timed out): drop the reclaim
         now, so its victims not yet stopped keep their GPUs. False if there was none."""
@@ -271,6 +277,7 @@ class Reclaims:
         self.cancel(rc, why)
         return True
 
+    @writes
     def expire(self) -> None:
         """Drop reclaims never claimed after their grace + 5 minutes, and those whose
         requester stopped asking (``ABANDONED_AFTER``) before their victims are stopped."""

@@ -29,7 +29,8 @@ from .accounts import Accounts
 from .debits import Debits
 from ...cull import CullWarning
 from .inventory import PoolInventory
-from .threads import CoreThreads
+from .catalog import catalog
+from .threads import CoreThreads, reads, writes
 
 ViewKey = tuple[frozenset[str], date]
 
@@ -93,6 +94,17 @@ class Views:
         self.notices = notices
         self._clock_cache: tuple[int, int, int, dict[str, Any]] | None = None
 
+    @writes
+    def models(self) -> dict[str, Any]:
+        """``GET pool/models``' catalog (writer thread: the pool lives there)."""
+        return catalog(self.inventory, self.settings.min_start_hours)
+
+    @writes
+    def pool_snapshot(self) -> list[dict[str, Any]]:
+        """Every node and GPU with its holders, as the pool holds them now (writer thread)."""
+        return self.inventory.pool.snapshot()
+
+    @writes
     def pool_report(self, active: Iterable[AllocationRecord], idle_since: dict[str, datetime]) -> dict[str, Any]:
         """``GET pool``'s nodes and free GPUs (writer thread: the pool lives there): each GPU
         and MIG instance with its holders (user, server, idle since), and what the inventory
@@ -146,8 +158,8 @@ class Views:
     async def serve_me(self, user: str, groups: Iterable[str] = ()) -> dict[str, Any]:
         """``GET me`` off the event loop: cache, else a reader thread, else the writer."""
         groups = frozenset(groups)
-        return (self.cached_me(user, groups) or await self.threads.read(self.read_me, user, groups)
-                or await self.threads.write(self.me, user, groups))
+        return (self.cached_me(user, groups) or await self.read_me.off_loop(user, groups)
+                or await self.me.off_loop(user, groups))
 
     def cached_me(self, user: str, groups: Iterable[str] = ()) -> dict[str, Any] | None:
         """The view from memory only, or None."""
@@ -155,6 +167,7 @@ class Views:
         view = self.cache.get(user, self._key(groups))
         return None if view is None else self._finish(user, view)
 
+    @reads
     def read_me(self, user: str, groups: Iterable[str] = ()) -> dict[str, Any] | None:
         """The view from database reads only; None when the account must be written first."""
         groups = frozenset(groups)
@@ -166,6 +179,7 @@ class Views:
         self.cache.store(user, key, view, token)
         return self._finish(user, view)
 
+    @writes
     def me(self, user: str, groups: Iterable[str] = ()) -> dict[str, Any]:
         """The view, opening and crediting the account first if needed (may write)."""
         groups = frozenset(groups)

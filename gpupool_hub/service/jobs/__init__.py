@@ -28,7 +28,7 @@ Job = Callable[[], Awaitable[Any]]
 class JobRunner:
     """Runs jobs periodically on the event loop. Slow work that is not the core's (a
     debit job's usage queries) goes to one job thread; the core's own calls go to
-    its writer and reader threads (``CoreThreads``)."""
+    its writer and reader threads (``@writes``, ``@reads`` in ``core/threads.py``)."""
 
     def __init__(self, metrics: ServiceMetrics | None, lease: JobsLease | None = None) -> None:
         self.metrics = metrics

@@ -8,14 +8,13 @@ from typing import Any
 from ..core.accounts import Accounts
 from ..core.debits import Debits
 from ..hubapi import GroupCache, HubClient
-from ..core.threads import CoreThreads
 
 InThread = Callable[..., Awaitable[Any]]
 
 
 class DebitJob:
     """Charge every closed interval not yet charged: usage is fetched in the job thread,
-    each interval posted on the writer thread (``Debits.serialize``)."""
+    each interval posted on the writer thread (``Debits.post``)."""
 
     def __init__(self, debits: Debits, in_thread: InThread) -> None:
         self.debits = debits
@@ -34,16 +33,15 @@ class ReplenishJob:
 
     BATCH = 100
 
-    def __init__(self, hub: HubClient, groups: GroupCache, accounts: Accounts, threads: CoreThreads) -> None:
+    def __init__(self, hub: HubClient, groups: GroupCache, accounts: Accounts) -> None:
         self.hub = hub
         self.groups = groups
         self.accounts = accounts
-        self.threads = threads
 
     async def __call__(self) -> None:
         pairs = [(u["name"], u.get("groups", [])) async for u in self.hub.users()]
         for name, groups in pairs:
             self.groups.remember(name, groups)
-        due = await self.threads.read(self.accounts.needing_credits, pairs)
+        due = await self.accounts.needing_credits.off_loop(pairs)
         for i in range(0, len(due), self.BATCH):
-            await self.threads.write(self.accounts.replenish, due[i:i + self.BATCH])
+            await self.accounts.replenish.off_loop(due[i:i + self.BATCH])

@@ -10,7 +10,7 @@ from typing import Any
 
 from ...config import GPUPool
 from ...cull import Culler, CullWarning, Decision, UserState, decide, pressure
-from ...ledger import AuditEvent, Ledger
+from ...ledger import AuditEvent
 from ...reasons import AuditAction
 from ...usage.utilization import PrometheusUtilization
 from ..core.admission import Admission
@@ -18,7 +18,7 @@ from ..core.enforcement import Enforcement
 from ..core.inventory import PoolInventory
 from ..core.notices import Notices
 from ..core.queue import WaitQueue
-from ..core.threads import CoreThreads
+from ..core.records import Records
 from ..core.views import ViewCache
 from ..hubapi import HubClient, HubError
 from .userserver import UserServerAPI
@@ -47,11 +47,11 @@ class CullJob:
     """Built from the units it reads and drives (kueue-style explicit dependencies)."""
 
     def __init__(self, hub: HubClient, culler: Culler, groups: Callable[[str], Awaitable[list[str]]],
-                 utilization: Callable[[], Awaitable[float | None]], *, settings: GPUPool, ledger: Ledger,
-                 threads: CoreThreads, inventory: PoolInventory, queue: WaitQueue, admission: Admission,
+                 utilization: Callable[[], Awaitable[float | None]], *, settings: GPUPool, records: Records,
+                 inventory: PoolInventory, queue: WaitQueue, admission: Admission,
                  enforcement: Enforcement, notices: Notices, cache: ViewCache) -> None:
         self.hub = hub
-        self.settings, self.ledger, self.threads, self.inventory = settings, ledger, threads, inventory
+        self.settings, self.records, self.inventory = settings, records, inventory
         self.queue, self.admission, self.enforcement, self.notices, self.cache = (queue, admission, enforcement,
                                                                                  notices, cache)
         self.culler = culler
@@ -61,11 +61,11 @@ class CullJob:
 
     async def __call__(self) -> None:
         now = datetime.now(timezone.utc)
-        culler, enforcement, threads = self.culler, self.enforcement, self.threads
+        culler, enforcement = self.culler, self.enforcement
         servers: dict[str, set[str]] = {}
         allocated = Decimal(0)
         models: dict[str, set[str]] = {}
-        for record in await threads.read(self.ledger.active_allocations):
+        for record in await self.records.active_allocations.off_loop():
             servers.setdefault(record.user, set()).add(record.server)
             models.setdefault(record.user, set()).update(g["model"] for g in record.gpus)
             allocated += sum((Decimal(g["milli"]) / 1000 for g in record.gpus), Decimal(0))
@@ -80,7 +80,7 @@ class CullJob:
             try:
                 groups = set(await self.groups(user))
                 rules = self.settings.rules_for(groups)
-                balance = await threads.read(self.ledger.balance, user)
+                balance = await self.records.balance.off_loop(user)
             except Exception:
                 log.exception("Cull: cannot judge %s this time", user)
                 continue
@@ -91,7 +91,7 @@ class CullJob:
             # the pool is under pressure for this user when someone else waits for what they hold
             # (with the queue off: others' refusals), never by their own request
             if self.settings.queue_enabled:
-                demand = await threads.write(self.queue.demand_for, user, models.get(user, set()))
+                demand = await self.queue.demand_for.off_loop(user, models.get(user, set()))
             else:
                 demand = enforcement.last_refusal_excluding(user)
             why = pressure(allocated, capacity, demand, now, culler, utilization)
@@ -117,7 +117,7 @@ class CullJob:
             self.cache.forget(d.user)
         elif not dry:
             # what the server holds now: stopping it makes its spawner release these itself
-            held = [r.id for r in await self.threads.read(self.ledger.active_allocations, d.user) if r.server == d.server]
+            held = [r.id for r in await self.records.active_allocations.off_loop(d.user) if r.server == d.server]
             try:
                 if d.action == AuditAction.CULL_KERNELS:
                     detail["kernels"] = await self.shutdown_kernels(d.user, d.server)
@@ -127,25 +127,18 @@ class CullJob:
                 elif d.action == AuditAction.STOP_SERVER:
                     await self.hub.stop_server(d.user, d.server)
                     self.enforcement.server_stopped(d.user, d.server)
-                detail["released"] = await self.threads.write(self.release, d, held)
+                detail["released"] = await self.admission.release_all.off_loop(held, f"{d.action}: {d.reason}")
                 log.warning("%s for %s/%s: %s", d.action, d.user, d.server, d.reason)
             except HubError as e:
                 log.error("Could not %s for %s/%s: %s", d.action, d.user, d.server, e)
-                await self.threads.write(self.notices.record, AuditEvent(
+                await self.notices.record.off_loop(AuditEvent(
                     now, d.user, d.server, AuditAction.FAILED.value, f"{d.action}: {e}", dry))
                 return
-        await self.threads.write(self.notices.record,  # the user's notice of a cull or floor stop comes from it
-                              AuditEvent(now, d.user, d.server, str(d.action), d.reason, dry, detail or None))
-
-    def release(self, d: Decision, held: list[str]) -> list[str]:
-        """Release what the server held (on the writer thread; a no-op for allocations its
-        spawner already released while stopping); their ids, for the audit log."""
-        for alloc in held:
-            self.admission.release(alloc, f"{d.action}: {d.reason}")
-        return held
+        await self.notices.record.off_loop(  # the user's notice of a cull or floor stop comes from it
+            AuditEvent(now, d.user, d.server, str(d.action), d.reason, dry, detail or None))
 
     async def holds(self, user: str, server: str) -> bool:
-        records = await self.threads.read(self.ledger.active_allocations, user)
+        records = await self.records.active_allocations.off_loop(user)
         return any(r.server == server for r in records)
 
     async def shutdown_kernels(self, user: str, server: str) -> list[str]:

@@ -10,7 +10,7 @@ from typing import Any
 from ...config import GPUPool
 from ...cull import CullWarning
 from ...idle import IdleDecision, IdleServer, decide_idle, server_idleness
-from ...ledger import AuditEvent, Ledger
+from ...ledger import AuditEvent
 from ...reasons import AuditAction
 from ...usage.utilization import UtilizationSource
 from ..core.admission import Admission
@@ -18,7 +18,7 @@ from ..core.enforcement import Enforcement
 from ..core.idle import IdleWarnings
 from ..core.notices import Notices
 from ..core.queue import WaitQueue
-from ..core.threads import CoreThreads
+from ..core.records import Records
 from ..core.views import ViewCache
 from ..hubapi import HubClient, HubError
 
@@ -28,18 +28,18 @@ log = logging.getLogger("gpupool.idle")
 class IdleJob:
     """Built from the units it reads and drives (kueue-style explicit dependencies)."""
 
-    def __init__(self, hub: HubClient, source: UtilizationSource, *, settings: GPUPool, ledger: Ledger,
-                 threads: CoreThreads, idle: IdleWarnings, queue: WaitQueue, admission: Admission,
+    def __init__(self, hub: HubClient, source: UtilizationSource, *, settings: GPUPool, records: Records,
+                 idle: IdleWarnings, queue: WaitQueue, admission: Admission,
                  enforcement: Enforcement, notices: Notices, cache: ViewCache) -> None:
         self.hub = hub
-        self.settings, self.ledger, self.threads, self.idle, self.queue = settings, ledger, threads, idle, queue
+        self.settings, self.records, self.idle, self.queue = settings, records, idle, queue
         self.admission, self.enforcement, self.notices, self.cache = admission, enforcement, notices, cache
         self.source = source
 
     async def __call__(self) -> None:
         s = self.settings
         now = datetime.now(timezone.utc)
-        records = await self.threads.read(self.ledger.active_allocations)
+        records = await self.records.active_allocations.off_loop()
         uuids = [g["uuid"] for r in records for g in r.gpus]
         try:
             readings = await self.source.readings(uuids, max(s.idle_after, s.max_idle))
@@ -63,7 +63,7 @@ class IdleJob:
                 user=r.user, server=r.server, allocation=r.id, started=r.created_at,
                 idle=all(u in peak and peak[u] < s.idle_threshold for u in ids),
                 idle_long=bool(s.max_idle) and all(u in peak_long and peak_long[u] < s.idle_threshold for u in ids),
-                wanted=await self.threads.write(self.queue.demand_for, r.user, models) is not None))
+                wanted=await self.queue.demand_for.off_loop(r.user, models) is not None))
         warnings = self.idle.warnings_for(s.idle_dry_run)
         for d in decide_idle(servers, warnings, now, grace=s.idle_grace, min_runtime=s.min_runtime,
                              idle_after=s.idle_after, max_idle=s.max_idle):
@@ -93,16 +93,16 @@ class IdleJob:
                 await self.hub.stop_server(d.user, d.server)
             except HubError as e:
                 log.error("Could not stop idle %s/%s: %s", d.user, d.server or "-", e)
-                await self.threads.write(self.notices.record, AuditEvent(
+                await self.notices.record.off_loop(AuditEvent(
                     now, d.user, d.server, AuditAction.FAILED.value, f"{d.action}: {e}", dry))
                 return
             self.idle.clear(d.user, d.server, dry_run=dry)
             self.cache.forget(d.user)
             # the spawner releases on stop; release here too (a no-op then) so a waiter starts at once
-            await self.threads.write(self.admission.release, d.allocation, f"{d.action}: {d.reason}")
+            await self.admission.release.off_loop(d.allocation, f"{d.action}: {d.reason}")
             self.enforcement.gpus_taken(d.user, d.server, now)
             log.warning("Stopped idle %s/%s: %s", d.user, d.server or "-", d.reason)
         elif d.action == AuditAction.IDLE_RECLAIM:
             self.idle.clear(d.user, d.server, dry_run=dry)
-        await self.threads.write(self.notices.record, AuditEvent(now, d.user, d.server, str(d.action), d.reason, dry,
-                                                             detail))
+        await self.notices.record.off_loop(AuditEvent(now, d.user, d.server, str(d.action), d.reason, dry,
+                                                      detail))

@@ -9,7 +9,6 @@ from typing import Any
 
 from ...inventory.sources import InventorySource
 from ..core.inventory import PoolInventory
-from ..core.threads import CoreThreads
 
 log = logging.getLogger("gpupool.inventory")
 
@@ -17,13 +16,12 @@ log = logging.getLogger("gpupool.inventory")
 class InventoryRefreshJob:
     """Read the source's node status off the event loop; apply it on the writer thread."""
 
-    def __init__(self, source: InventorySource, inventory: PoolInventory, threads: CoreThreads,
+    def __init__(self, source: InventorySource, inventory: PoolInventory,
                  in_thread: Callable[..., Awaitable[Any]]) -> None:
         self.source = source
         self.inventory = inventory
-        self.threads = threads
         self.in_thread = in_thread
 
     async def __call__(self) -> None:
         status = await self.in_thread(self.source.node_status)
-        await self.threads.write(self.inventory.apply_node_status, status)
+        await self.inventory.apply_node_status.off_loop(status)

@@ -5,19 +5,11 @@ a lapsed reservation)."""
 from __future__ import annotations
 
 from ..core.queue import WaitQueue
-from ..core.threads import CoreThreads
 
 
 class QueueJob:
-    def __init__(self, queue: WaitQueue, threads: CoreThreads) -> None:
+    def __init__(self, queue: WaitQueue) -> None:
         self.queue = queue
-        self.threads = threads
 
     async def __call__(self) -> None:
-        await self.threads.write(self.tick)
-
-    def tick(self) -> None:
-        queue = self.queue
-        if queue.entries:
-            queue.expire()
-            queue.dispatch()
+        await self.queue.housekeeping.off_loop()

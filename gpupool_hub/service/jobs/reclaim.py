@@ -15,7 +15,6 @@ from tornado.ioloop import IOLoop
 
 from ..hubapi import HubClient, HubError
 from ..core.reclaims import Reclaim, Reclaims
-from ..core.threads import CoreThreads
 
 log = logging.getLogger("gpupool.reclaims")
 
@@ -24,11 +23,9 @@ class ReclaimExecutor:
     """Runs reclaims on the event loop ``loop`` (set when the service starts): the
     reclaims unit announces them from the writer thread."""
 
-    def __init__(self, hub: HubClient, reclaims: Reclaims, threads: CoreThreads,
-                 loop: IOLoop | None = None) -> None:
+    def __init__(self, hub: HubClient, reclaims: Reclaims, loop: IOLoop | None = None) -> None:
         self.hub = hub
         self.reclaims = reclaims
-        self.threads = threads
         self.loop = loop
 
     def schedule(self, reclaim: Reclaim) -> None:
@@ -39,7 +36,7 @@ class ReclaimExecutor:
         delay = (reclaim.deadline - self.reclaims.clock()).total_seconds()
         if delay > 0:
             await asyncio.sleep(delay)
-        await self.threads.write(self.reclaims.expire)  # a spawn that stopped asking keeps nobody waiting
+        await self.reclaims.expire.off_loop()  # a spawn that stopped asking keeps nobody waiting
         for victim in reclaim.victims:
             if self.reclaims.pending(reclaim.user, reclaim.server) is not reclaim:
                 return  # cancelled meanwhile: the remaining victims keep their GPUs
@@ -49,4 +46,4 @@ class ReclaimExecutor:
             except HubError as e:  # released anyway: the GPUs are reassigned as announced
                 error = str(e)
                 log.error("Could not stop %s/%s to reclaim its borrowed GPUs: %s", victim.user, victim.server, e)
-            await self.threads.write(self.reclaims.preempt, reclaim, victim, stopped=error is None, error=error)
+            await self.reclaims.preempt.off_loop(reclaim, victim, stopped=error is None, error=error)

@@ -18,11 +18,11 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 from urllib.parse import quote
 
-from ...ledger import AllocationRecord, Ledger
+from ...ledger import AllocationRecord
 from ..core.admission import Admission
 from ..core.debits import Debits
+from ..core.records import Records
 from ..hubapi import HubClient, HubError
-from ..core.threads import CoreThreads
 
 log = logging.getLogger("gpupool.reconcile")
 
@@ -52,12 +52,11 @@ class ReconcileJob:
     whose server the hub saw after the allocation began and reports stopped.
     """
 
-    def __init__(self, hub: HubClient, ledger: Ledger, admission: Admission, threads: CoreThreads, grace: float,
+    def __init__(self, hub: HubClient, records: Records, admission: Admission, grace: float,
                  clock: Clock = _utcnow) -> None:
         self.hub = hub
-        self.ledger = ledger
+        self.records = records
         self.admission = admission
-        self.threads = threads
         self.grace = timedelta(seconds=grace)
         self.clock = clock
         self.findings: list[dict[str, Any]] = []
@@ -77,7 +76,7 @@ class ReconcileJob:
         async for user in self.hub.users(state="active"):
             for server_name, server in (user.get("servers") or {}).items():
                 running[(user["name"], server_name)] = server
-        active = await self.threads.read(self.ledger.active_allocations)
+        active = await self.records.active_allocations.off_loop()
         models: dict[str, dict[str, Any] | None] = {}
         for record in active:
             if (record.user, record.server) in running or record.created_at >= started:
@@ -94,7 +93,7 @@ class ReconcileJob:
             alloc = (server.get("state") or {}).get("gpupool_allocation")
             if not alloc or alloc in known:
                 continue
-            record = await self.threads.read(self.ledger.allocation, alloc)
+            record = await self.records.allocation.off_loop(alloc)
             if record is not None and record.released_at is not None and taken_back(record):
                 # the service itself took these GPUs back (kernels culled, reclaimed) and the server
                 # runs on without them, as intended: the node agents stop its GPU work; no finding
@@ -134,7 +133,7 @@ class ReconcileJob:
         at = min(max(seen, record.created_at), now) if seen is not None else now
         log.warning("Releasing allocation %s: server %s/%s is not running (last seen by the hub %s)",
                     record.id, record.user, record.server, seen.isoformat() if seen else "never")
-        await self.threads.write(self.admission.release, record.id, "reconcile: server not running", at=at)
+        await self.admission.release.off_loop(record.id, "reconcile: server not running", at=at)
 
 
 #: release reasons of the service's own enforcement (see jobs/cull.py, reclaims.py, jobs/idle.py):

@@ -15,7 +15,7 @@ from typing import Any
 
 from tornado import web
 
-from ...ledger import SORTS, IdempotencyConflict, search_accounts
+from ...ledger import SORTS, IdempotencyConflict
 from ...units import AmountError, format_tokens, from_milli, parse_amount
 from ..api.httpargs import INT64_MAX
 from .base import PageHandler
@@ -41,10 +41,10 @@ class PoolMapHandler(AdminPage):
 
     async def get(self) -> None:
         m = self.manager
-        active = {r.id: r for r in await m.threads.read(m.ledger.active_allocations)}
+        active = {r.id: r for r in await m.records.active_allocations.off_loop()}
         # reservations of a reclaim in progress are not allocations: their cells say "reserved"
         who = {a: (r.user, r.server, r.borrowed) for a, r in active.items()}
-        snapshot = await m.threads.write(m.pool.snapshot)  # the pool lives on the writer thread
+        snapshot = await m.views.pool_snapshot.off_loop()
         colours = holder_colours(who.get(a, (RESERVED,))[0]
                                  for n in snapshot for g in n["gpus"] for a in g["holders"])
         nodes = []
@@ -78,8 +78,8 @@ class AccountsHandler(AdminPage):
             raise web.HTTPError(400, f"sort must be one of {sorted(SORTS)}")
         negative = self.get_argument("negative", "") == "1"
         page = self.int_arg("page", 1, minimum=1, maximum=INT64_MAX // ACCOUNTS_PAGE)
-        rows, total = await self.manager.threads.read(
-            search_accounts, self.manager.ledger, query=query, negative=negative, sort=sort,
+        rows, total = await self.manager.records.search_accounts.off_loop(
+            query=query, negative=negative, sort=sort,
             limit=ACCOUNTS_PAGE, offset=(page - 1) * ACCOUNTS_PAGE)
         self.render_page("admin/accounts.html", rows=rows, total=total, q=query, sort=sort, negative=negative,
                          page=page, pages=max(1, -(-total // ACCOUNTS_PAGE)), from_milli=from_milli)
@@ -137,16 +137,13 @@ class GrantHandler(AdminPage):
         groups = await self.groups_of(user)
         m = self.manager
 
-        def grant() -> tuple[Any, bool, Decimal]:
-            m.accounts.ensure(user, groups)  # a first visit posts the initial grant
-            entry, created = m.accounts.grant(user, amount, reason, self.user["name"], f"page:{key}")
-            return entry, created, m.ledger.balance(user)
-
+        await m.accounts.ensure.off_loop(user, groups)  # a first visit posts the initial grant
         try:
-            entry, created, balance = await m.threads.write(grant)
+            entry, created = await m.accounts.grant.off_loop(user, amount, reason, self.user["name"], f"page:{key}")
         except IdempotencyConflict:
             return self.show(form=form, status=409,
                              error="This form was already used for a different grant; nothing was changed.")
+        balance = await m.records.balance.off_loop(user)
         result = {"entry": entry, "created": created, "user": user, "balance": format_tokens(balance)}
         self.show(form={"user": "", "amount": "", "reason": ""}, result=result, status=201 if created else 200)
 
@@ -155,7 +152,7 @@ class TeamsHandler(AdminPage):
     title = "Teams"
 
     async def get(self) -> None:
-        self.render_page("admin/teams.html", report=await self.manager.threads.write(self.manager.reclaims.team_report))
+        self.render_page("admin/teams.html", report=await self.manager.reclaims.team_report.off_loop())
 
 
 class AuditHandler(AdminPage):
@@ -164,8 +161,7 @@ class AuditHandler(AdminPage):
     async def get(self) -> None:
         user = self.get_argument("user", "").strip() or None
         before = self.int_arg("before", None, minimum=1)
-        events = await self.manager.threads.read(self.manager.ledger.audit_log, limit=AUDIT_PAGE, before=before,
-                                                 user=user)
+        events = await self.manager.records.audit_log.off_loop(limit=AUDIT_PAGE, before=before, user=user)
         self.render_page("admin/audit.html", events=events, user=user or "",
                          next_before=events[-1].id if len(events) == AUDIT_PAGE else None)
 
@@ -180,4 +176,4 @@ class LedgerHandler(AdminPage):
         self.render_page("admin/ledger.html", report=None)
 
     async def post(self) -> None:
-        self.render_page("admin/ledger.html", report=await self.manager.threads.read(self.manager.ledger.verify))
+        self.render_page("admin/ledger.html", report=await self.manager.records.verify.off_loop())

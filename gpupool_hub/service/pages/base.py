@@ -36,6 +36,7 @@ from ..api.base import BUSY_RETRY_AFTER
 from ..api.httpargs import QueryArgs
 from ..hubapi import HubError
 from ..core.manager import PoolManager
+from ..core.threads import share_write_deadline
 
 log = logging.getLogger("gpupool.pages")
 
@@ -127,6 +128,7 @@ class PageHandler(HubOAuthenticated, QueryArgs):
 
     async def prepare(self) -> None:
         self._started = time.perf_counter()
+        share_write_deadline()  # the core writes this request awaits give up together
         if self.hub_auth is None:
             raise web.HTTPError(503, "The gpupool pages need hub OAuth: run the service as a hub service with a URL.")
         model = await self.hub_auth.get_user(self, sync=False)

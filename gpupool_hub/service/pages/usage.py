@@ -22,7 +22,7 @@ from urllib.parse import quote
 
 from tornado import web
 
-from ...ledger import Entry, daily_totals, iter_user_entries
+from ...ledger import Entry, Window, iter_user_entries
 from ...timefmt import iso
 from ...units import format_tokens, from_milli
 from ..core.manager import PoolManager
@@ -48,15 +48,16 @@ class UsageView:
     before: int | None
 
 
-def daily_series(manager: PoolManager, user: str, days: int, now: datetime
-                 ) -> tuple[list[DayPoint], dict[date, dict[str, Decimal]], list[date]]:
-    """End-of-day balances with each day's credits and debits, and spend per day and
-    GPU model, for the ``days`` local days up to today (the pool's time zone)."""
-    tz = manager.settings.tz
+def local_days(now: datetime, tz: Any, days: int) -> list[date]:
+    """The ``days`` local days up to today (the pool's time zone), oldest first."""
     today = now.astimezone(tz).date()
-    day_list = [today - timedelta(days=days - 1 - i) for i in range(days)]
-    starts = [datetime.combine(d, time.min, tz) for d in day_list]
-    window = daily_totals(manager.ledger, user, starts)
+    return [today - timedelta(days=days - 1 - i) for i in range(days)]
+
+
+def daily_series(window: Window, day_list: list[date]) -> tuple[list[DayPoint], dict[date, dict[str, Decimal]]]:
+    """End-of-day balances with each day's credits and debits, and spend per day and
+    GPU model, for the days of ``day_list`` (``window`` holds their totals)."""
+    days = len(day_list)
     credits = [0] * days
     debits = [0] * days
     spend: dict[date, dict[str, int]] = defaultdict(lambda: defaultdict(int))
@@ -71,7 +72,7 @@ def daily_series(manager: PoolManager, user: str, days: int, now: datetime
         balance += credits[i] + debits[i]
         points.append(DayPoint(day, from_milli(balance), from_milli(credits[i]), from_milli(debits[i])))
     spent = {d: {m: from_milli(v) for m, v in per.items()} for d, per in spend.items()}
-    return points, spent, day_list
+    return points, spent
 
 
 def forecast_text(me: dict[str, Any], now: datetime, tz: Any) -> str:
@@ -101,11 +102,15 @@ def next_credits(me: dict[str, Any]) -> list[tuple[str, datetime, str]]:
     return sorted(out, key=lambda c: c[1])
 
 
-def build_view(manager: PoolManager, user: str, me: dict[str, Any], days: int, before: int | None) -> UsageView:
-    """The page's numbers from database reads only (``me`` is the user's ``GET me`` view)."""
+async def build_view(manager: PoolManager, user: str, me: dict[str, Any], days: int,
+                     before: int | None) -> UsageView:
+    """The page's numbers (``me`` is the user's ``GET me`` view), read on a reader thread."""
     now = manager.clock()
-    points, spend, day_list = daily_series(manager, user, days, now)
-    history = manager.ledger.history(user, limit=PAGE, before=before)
+    tz = manager.settings.tz
+    day_list = local_days(now, tz, days)
+    starts = [datetime.combine(d, time.min, tz) for d in day_list]
+    window, history = await manager.records.usage.off_loop(user, starts, limit=PAGE, before=before)
+    points, spend = daily_series(window, day_list)
     return UsageView(
         user=user, me=me, days=days, balance_chart=balance_chart(points, Decimal(me["floor"])),
         spend_chart=stacked_bars(day_list, spend),
@@ -145,7 +150,7 @@ class UsageBase(PageHandler):
         m = self.manager
         # as GET me: opens the account and posts credits due, on the writer only when it must
         me = await m.views.serve_me(user, await self.groups_of(user))
-        view = await m.threads.read(build_view, m, user, me, days, before)
+        view = await build_view(m, user, me, days, before)
         self.render_page("usage.html", view=view, base=base, csv_url=csv_url, ranges=RANGES)
 
     async def send_csv(self, user: str) -> None:
@@ -153,8 +158,8 @@ class UsageBase(PageHandler):
         self.set_header("Content-Disposition", f"attachment; filename*=UTF-8''{quote(f'gpupool-{user}.csv')}")
         self.write(",".join(CSV_HEADER) + "\r\n")
         pages = iter_user_entries(self.manager.ledger, user)
-        while page := await self.manager.threads.read(next, pages, None):
-            self.write(csv_rows(page))
+        while page := await self.manager.records.take.off_loop(pages, 1):
+            self.write(csv_rows(page[0]))
             await self.flush()
         self.finish()
 

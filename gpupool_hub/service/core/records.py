@@ -1,0 +1,81 @@
+"""The ledger's reads that the event loop asks for, each on a reader thread.
+
+Handlers, pages and jobs read the database through this unit, so that every
+read they make is a method a reader can follow to ``ledger.py`` and that says,
+at its definition, that it runs on a reader thread (``@reads``): no read here
+takes the write lock. Code already off the loop calls the ledger directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from datetime import datetime
+from decimal import Decimal
+from itertools import islice
+from typing import TypeVar
+
+from ...ledger import (Account, AccountRow, AllocationRecord, AuditEvent, Entry, Ledger, VerifyReport, Window,
+                       daily_totals, search_accounts)
+from .threads import CoreThreads, reads
+
+T = TypeVar("T")
+
+
+class Records:
+    """Reads of accounts, entries, allocations and the audit log, for the event loop."""
+
+    def __init__(self, ledger: Ledger, *, threads: CoreThreads | None = None) -> None:
+        self.ledger = ledger
+        self.threads = threads
+
+    @reads
+    def balance(self, name: str) -> Decimal:
+        return self.ledger.balance(name)
+
+    @reads
+    def account(self, name: str) -> Account:
+        """The account, or :class:`~gpupool_hub.ledger.UnknownAccount`."""
+        return self.ledger.account(name)
+
+    @reads
+    def accounts(self, *, limit: int = 100, after: str | None = None) -> list[Account]:
+        return self.ledger.accounts(limit=limit, after=after)
+
+    @reads
+    def history(self, name: str, *, limit: int = 50, before: int | None = None) -> list[Entry]:
+        return self.ledger.history(name, limit=limit, before=before)
+
+    @reads
+    def usage(self, name: str, starts: Sequence[datetime], *, limit: int,
+              before: int | None = None) -> tuple[Window, list[Entry]]:
+        """The usage page's reads: per-day totals from ``starts`` on, and a page of history."""
+        return daily_totals(self.ledger, name, starts), self.ledger.history(name, limit=limit, before=before)
+
+    @reads
+    def search_accounts(self, *, query: str = "", negative: bool = False, sort: str = "name",
+                        limit: int = 50, offset: int = 0) -> tuple[list[AccountRow], int]:
+        return search_accounts(self.ledger, query=query, negative=negative, sort=sort, limit=limit, offset=offset)
+
+    @reads
+    def allocation(self, alloc_id: str) -> AllocationRecord | None:
+        return self.ledger.allocation(alloc_id)
+
+    @reads
+    def active_allocations(self, user: str | None = None) -> list[AllocationRecord]:
+        return self.ledger.active_allocations(user)
+
+    @reads
+    def audit_log(self, *, limit: int = 100, before: int | None = None,
+                  user: str | None = None) -> list[AuditEvent]:
+        return self.ledger.audit_log(limit=limit, before=before, user=user)
+
+    @reads
+    def verify(self) -> VerifyReport:
+        """Every balance recomputed from its entries (a long read: never on the loop)."""
+        return self.ledger.verify()
+
+    @reads
+    def take(self, rows: Iterator[T], count: int) -> list[T]:
+        """The next ``count`` rows of a ledger iterator (``iter_entries``, ``iter_user_entries``),
+        read page by page so a long export never holds the loop."""
+        return list(islice(rows, count))
