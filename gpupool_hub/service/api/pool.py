@@ -13,7 +13,7 @@ class PoolHandler(APIHandler):
         self.require_admin()
         active = await self.read_db(self.manager.ledger.active_allocations)
         idle = self.manager.idle.idle_since()  # as of the idle job's last run
-        report = await self.core(self.manager.views.pool_report, active, idle)
+        report = await self.core(self.manager.views.pool_report, active, idle, self.manager.idle.own_utilization())
         teams = await self.core(self.manager.reclaims.team_report)
         self.write_json({**report, "unallocated_servers": self.context.reconcile_report(), "teams": teams["teams"]})
 
