@@ -1,7 +1,10 @@
 """Idle GPUs taken back: the pure rules ``decide_idle`` and ``server_idleness``.
 
 A server is *idle* when every GPU it holds stayed under ``c.GPUPool.idle_threshold``
-for ``idle_after`` seconds. An idle server whose GPUs someone else waits for
+for ``idle_after`` seconds. On a GPU that several servers share, that is the
+server's own processes there (their user's per-process figure from the node
+agent), never the GPU's: an idle server next to a busy one is idle, and the
+reverse. A server whose own figure is unknown is never idle. An idle server whose GPUs someone else waits for
 (the wait queue) gets a warning with a deadline (``GET me``'s ``cull_warning``,
 shown by the lab widget); after ``idle_grace`` it is stopped through the hub
 API (files untouched) and audited as ``idle_reclaim``. With ``max_idle`` set, a
@@ -52,6 +55,8 @@ class IdleServer:
     idle: bool            # every GPU under the threshold for idle_after
     idle_long: bool       # ... and for max_idle (when set)
     wanted: bool          # another user waits for GPUs like these
+    peak: float | None = None  # the highest busy fraction over idle_after (its own, on shared GPUs)
+    shared: bool = False  # holds a share of a GPU others hold too
 
 
 @dataclass(frozen=True)
@@ -77,11 +82,14 @@ def decide_idle(servers: Iterable[IdleServer], warnings: Mapping[tuple[str, str]
         warning = warnings.get(key)
         young = (now - s.started).total_seconds() < min_runtime
         why = None
+        what, busy = "its GPUs have", ""
+        if s.shared:  # "idle for over 60 minutes at 0 % of its share"
+            what = "its own processes on its shared GPU have"
+            busy = "" if s.peak is None else f" at {s.peak * 100:.0f} % of its share"
         if s.idle and s.wanted and not young:
-            why = (f"its GPUs have been idle for over {_span(idle_after)} and another user is waiting "
-                   "for them")
+            why = f"{what} been idle for over {_span(idle_after)}{busy} and another user is waiting for them"
         elif s.idle_long and not young:
-            why = f"its GPUs have been idle for over {_span(max_idle)}"
+            why = f"{what} been idle for over {_span(max_idle)}{busy}"
         if why is None:
             if warning is not None:
                 out.append(IdleDecision(s.user, s.server, s.allocation, AuditAction.CLEAR_WARNING,

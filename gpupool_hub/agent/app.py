@@ -53,6 +53,7 @@ from traitlets.config import Application, catch_config_error
 
 from .. import __version__
 from ..service.core.agentlease import CONFLICT_MARK, INSTANCE_HEADER
+from .activity import AttributionHealth
 from .attribution import Snapshot, take_snapshot
 from .boundary import BoundaryGuard, BoundaryWarning
 from .enforce import Action, Enforcer
@@ -211,11 +212,19 @@ class ServiceClient:
         return await self._call("PUT", "/boundary", report)
 
     async def report_utilization(self, snapshot: Snapshot) -> Any:
-        """The GPUs' utilization (0-1) and memory ([used, total] bytes) where NVML knows them."""
+        """The GPUs' utilization (0-1) and memory ([used, total] bytes) where NVML knows them, and
+        each user's busy fraction of every GPU whose use the agent can attribute (a user left out
+        there has no process on it: 0); a GPU missing from ``users`` is unknown per user."""
         return await self._call("PUT", "/utilization", {
             "gpus": {g.uuid: g.utilization for g in snapshot.gpus if g.utilization is not None},
             "memory": {g.uuid: [g.memory_used_bytes, g.memory_total_bytes] for g in snapshot.gpus
-                       if g.memory_used_bytes is not None and g.memory_used_bytes <= g.memory_total_bytes}})
+                       if g.memory_used_bytes is not None and g.memory_used_bytes <= g.memory_total_bytes},
+            "users": {g.uuid: {u: v for u, v in g.users.items() if v is not None} for g in snapshot.gpus
+                      if g.attribution_ok}})
+
+    async def report_attribution(self, snapshot: Snapshot) -> Any:
+        """Which GPUs' use the agent cannot attribute, and why (the admins' pool map)."""
+        return await self._call("PUT", "/attribution", {"gpus": {g.uuid: g.why_not() for g in snapshot.gpus}})
 
 
 class GPUPoolAgent(AgentLifecycle, Application):
@@ -375,6 +384,9 @@ class GPUPoolAgent(AgentLifecycle, Application):
         self._gpu_key: Any = None
         self._reported: tuple[float, str] | None = None  # (when, json) of the last accepted report
         self._report_utilization = True  # until the service says it reads Prometheus (409)
+        self._samples_seen: dict[str, int] = {}  # per GPU: the newest per-process sample read
+        self.health = AttributionHealth()
+        self._attribution_sent: str | None = None  # the last attribution report the service accepted
         self._stopping: asyncio.Event | None = None
 
     # ------------------------------------------------------------------ steps
@@ -404,7 +416,9 @@ class GPUPoolAgent(AgentLifecycle, Application):
                     self.node_name, gpus, discover_links(self.nvml, gpus), cpu_milli=self.cpu_milli or None,
                     memory_mib=self.memory_mib or None, labels=self.labels)
                 self._gpu_key = key
-            return gpus, self._inventory, take_snapshot(self.nvml, gpus)
+            snapshot = take_snapshot(self.nvml, gpus, self._samples_seen)
+            self.health.update(snapshot.gpus)
+            return gpus, self._inventory, snapshot
         except Exception:
             self._close_nvml()
             raise
@@ -462,9 +476,24 @@ class GPUPoolAgent(AgentLifecycle, Application):
             await self._guard_memory(result)
         if self.boundary_guard and result.service_ok and result.snapshot is not None:
             await self._guard_boundary(result)
-        if self._report_utilization and result.service_ok and result.snapshot is not None:
-            await self._send_utilization(result.snapshot)
+        if result.service_ok and result.snapshot is not None:
+            await self._send_attribution(result.snapshot, result.inventory_reported)
+            if self._report_utilization:
+                await self._send_utilization(result.snapshot)
         return result
+
+    async def _send_attribution(self, snapshot: Snapshot, again: bool) -> None:
+        """What the agent cannot attribute, when it changed (or the inventory was just sent:
+        the service may have restarted)."""
+        text = json.dumps({g.uuid: g.why_not() for g in snapshot.gpus}, sort_keys=True)
+        if text == self._attribution_sent and not again:
+            return
+        try:
+            await self.client.report_attribution(snapshot)  # type: ignore[union-attr]
+            self._attribution_sent = text
+        except ServiceError as e:
+            self.log.warning("Could not report which GPUs cannot be attributed: %s", e)
+            self.metrics.loop_errors.labels("attribution").inc()
 
     async def _guard_boundary(self, result: TickResult) -> None:
         """Warn, report, stop what is due; nothing is stopped unless its warning reached the service."""

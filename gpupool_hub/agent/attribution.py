@@ -24,7 +24,8 @@ from typing import Any, Iterable, Sequence
 
 import psutil
 
-from .nvml import GpuInfo
+from .activity import MEMORY_EMPTY, PROCESS_UTILIZATION, sample_processes, user_utilization
+from .nvml import GpuInfo, nvml_error_code
 
 log = logging.getLogger("gpupool.agent.attribution")
 
@@ -129,7 +130,7 @@ class GpuProcess:
     gpu_index: int
     gpu_uuid: str
     model: str
-    memory_bytes: int = 0
+    memory_bytes: int | None = 0  # None: NVML left it empty (unknown, not 0)
     kinds: tuple[str, ...] = ("compute",)
     mig_uuid: str | None = None
     uid: int | None = None  # None: the pid is not visible here (other pid namespace, or gone)
@@ -138,6 +139,7 @@ class GpuProcess:
     cmdline: list[str] = field(default_factory=list)
     kernel_id: str | None = None
     server_pid: int | None = None
+    sm_util: float | None = None  # busy fraction since the last sample; None: NVML cannot say
 
     @property
     def is_kernel(self) -> bool:
@@ -152,13 +154,16 @@ class GpuProcess:
             "pid": self.pid, "gpu_index": self.gpu_index, "gpu_uuid": self.gpu_uuid, "model": self.model,
             "mig_uuid": self.mig_uuid, "memory_bytes": self.memory_bytes, "kinds": list(self.kinds),
             "uid": self.uid, "user": self.user, "kernel_id": self.kernel_id, "server_pid": self.server_pid,
-            "cmdline": " ".join(self.cmdline)[:300],
+            "sm_util": self.sm_util, "cmdline": " ".join(self.cmdline)[:300],
         }
 
 
 @dataclass
 class GpuStatus:
-    """Per-GPU gauges; ``None`` where NVML cannot say (utilization of a MIG-enabled GPU)."""
+    """Per-GPU gauges; ``None`` where NVML cannot say (utilization of a MIG-enabled GPU).
+
+    ``problems``: NVML calls whose failure leaves this GPU's use unattributed (call ->
+    why); ``users``: each user's busy fraction of it (``None``: unknown)."""
 
     index: int
     uuid: str
@@ -166,6 +171,16 @@ class GpuStatus:
     memory_total_bytes: int
     memory_used_bytes: int | None
     utilization: float | None  # 0..1
+    problems: dict[str, str] = field(default_factory=dict)
+    users: dict[str, float | None] = field(default_factory=dict)
+
+    @property
+    def attribution_ok(self) -> bool:
+        return not self.problems
+
+    def why_not(self) -> str | None:
+        """What keeps this GPU's use from being attributed, in a line; None when nothing does."""
+        return "; ".join(self.problems[c] for c in sorted(self.problems)) or None
 
 
 @dataclass
@@ -175,29 +190,41 @@ class Snapshot:
     processes: list[GpuProcess]
 
 
-def _nvml_processes(nvml: Any, gpu: GpuInfo) -> list[GpuProcess]:
-    """Compute and graphics processes of one GPU; a pid in both lists is one process."""
+def _nvml_processes(nvml: Any, gpu: GpuInfo, problems: dict[str, str]) -> list[GpuProcess]:
+    """Compute and graphics processes of one GPU; a pid in both lists is one process.
+    A list NVML cannot give, or memory it leaves empty, is added to ``problems``."""
     by_pid: dict[int, GpuProcess] = {}
+    empty: set[int] = set()
     mig_by_gi = {m.gpu_instance_id: m.uuid for m in gpu.mig if m.gpu_instance_id is not None}
-    for kind, fn in (("compute", nvml.nvmlDeviceGetComputeRunningProcesses),
-                     ("graphics", nvml.nvmlDeviceGetGraphicsRunningProcesses)):
+    for kind, call in (("compute", "nvmlDeviceGetComputeRunningProcesses"),
+                       ("graphics", "nvmlDeviceGetGraphicsRunningProcesses")):
         try:
-            procs = fn(gpu.handle)
+            procs = getattr(nvml, call)(gpu.handle)
         except nvml.NVMLError as e:
-            log.debug("GPU %d: %s processes unavailable: %s", gpu.index, kind, e)
+            if kind == "graphics" and nvml_error_code(nvml, e) == nvml.NVML_ERROR_NOT_SUPPORTED:
+                continue  # compute-only GPUs: no graphics list to miss
+            problems[call] = f"{call} failed: {e}"
             continue
         for p in procs:
             pid = int(p.pid)
-            mem = int(getattr(p, "usedGpuMemory", None) or 0)
+            raw = getattr(p, "usedGpuMemory", None)
+            mem = None if raw is None else int(raw)
+            if mem is None:
+                empty.add(pid)
             mig = mig_by_gi.get(getattr(p, "gpuInstanceId", None))
             if pid in by_pid:
                 known = by_pid[pid]
                 known.kinds = tuple(sorted({*known.kinds, kind}))
-                known.memory_bytes = max(known.memory_bytes, mem)  # same allocation, seen twice
+                if mem is not None:  # the same allocation, seen twice
+                    known.memory_bytes = mem if known.memory_bytes is None else max(known.memory_bytes, mem)
                 known.mig_uuid = known.mig_uuid or mig
             else:
                 by_pid[pid] = GpuProcess(pid=pid, gpu_index=gpu.index, gpu_uuid=gpu.uuid, model=gpu.model,
                                          memory_bytes=mem, kinds=(kind,), mig_uuid=mig)
+    if any(by_pid[pid].memory_bytes is None for pid in empty):
+        pids = sorted(pid for pid in empty if by_pid[pid].memory_bytes is None)
+        problems[MEMORY_EMPTY] = (f"NVML left usedGpuMemory empty for pid(s) {', '.join(map(str, pids[:5]))}"
+                                  f"{' …' if len(pids) > 5 else ''} (their memory is unknown)")
     return list(by_pid.values())
 
 
@@ -237,10 +264,22 @@ def gpu_status(nvml: Any, gpu: GpuInfo) -> GpuStatus:
                      memory_used_bytes=used, utilization=util)
 
 
-def take_snapshot(nvml: Any, gpus: Iterable[GpuInfo]) -> Snapshot:
-    """Every GPU's gauges and every GPU process with its owner, at one moment."""
+def take_snapshot(nvml: Any, gpus: Iterable[GpuInfo], last_seen: dict[str, int] | None = None) -> Snapshot:
+    """Every GPU's gauges and every GPU process with its owner and busy fraction, at one
+    moment; ``last_seen`` carries the process samples' timestamps from one snapshot to the next."""
     statuses, processes = [], []
+    last_seen = {} if last_seen is None else last_seen
     for gpu in gpus:
-        statuses.append(gpu_status(nvml, gpu))
-        processes.extend(attribute(p) for p in _nvml_processes(nvml, gpu))
+        status = gpu_status(nvml, gpu)
+        procs = [attribute(p) for p in _nvml_processes(nvml, gpu, status.problems)]
+        samples, error = sample_processes(nvml, gpu, last_seen) if procs else ({}, "")
+        for p in procs:
+            p.sm_util = None if samples is None else samples.get(p.pid, 0.0)
+        if not any(c.endswith("RunningProcesses") for c in status.problems):
+            status.users, needed = user_utilization(status.utilization, procs, samples)
+            if needed:
+                status.problems[PROCESS_UTILIZATION] = (
+                    f"{PROCESS_UTILIZATION} failed: {error} (several users' processes share the GPU)")
+        statuses.append(status)
+        processes.extend(procs)
     return Snapshot(taken_at=time.time(), gpus=statuses, processes=processes)

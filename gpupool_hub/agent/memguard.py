@@ -9,6 +9,9 @@ guarded (nobody shares them), nor MIG instances (the hardware isolates them).
 The rules, per (GPU, user) with a share on a GPU of this node:
 
 1. the user's memory on the GPU is the sum over their processes there (NVML);
+   memory NVML leaves empty is unknown, not 0: those processes get the GPU's used
+   memory minus what NVML attributes (split evenly between them), and the
+   warning says the figure is estimated;
 2. over the limit: a warning (limit, current use, deadline, what stops) goes to
    the service, which shows it in ``GET me`` and the lab widget; the deadline
    is counted from the moment the service *accepted* the warning, so nothing is
@@ -27,7 +30,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any, Protocol, TypeVar
 
@@ -62,6 +65,7 @@ class Usage:
     limit_bytes: int
     used_bytes: int
     processes: tuple[GpuProcess, ...]
+    estimated: bool = False  # some memory NVML left empty: used memory minus what it attributes
 
     @property
     def over(self) -> bool:
@@ -112,25 +116,37 @@ def measure(snapshot: Snapshot, shares: Iterable[Share], tolerance: float) -> li
         gpu = gpus.get(uuid)
         if gpu is None or milli >= 1000:
             continue
-        procs = tuple(p for p in snapshot.processes
-                      if p.gpu_uuid == uuid and p.user == user and p.mig_uuid is None)
+        procs = tuple(p for p in _with_unknown_memory(snapshot, gpu.uuid, gpu.memory_used_bytes)
+                      if p.user == user and p.mig_uuid is None)
         limit = int(gpu.memory_total_bytes * milli * (1 + tolerance)) // 1000
+        estimated = any(p.memory_bytes is None for p in snapshot.processes if p.gpu_uuid == uuid and p.user == user)
         out.append(Usage(uuid, gpu.index, user, tuple(sorted(set(servers))), milli, limit,
-                         sum(p.memory_bytes for p in procs), procs))
+                         sum(p.memory_bytes or 0 for p in procs), procs, estimated))
     return out
+
+
+def _with_unknown_memory(snapshot: Snapshot, uuid: str, used: int | None) -> list[GpuProcess]:
+    """The GPU's processes, those whose memory NVML left empty given an even part of
+    what the GPU uses beyond the memory NVML attributes (pure)."""
+    procs = [p for p in snapshot.processes if p.gpu_uuid == uuid]
+    unknown = [p for p in procs if p.memory_bytes is None]
+    if not unknown:
+        return procs
+    rest = max(0, (used or 0) - sum(p.memory_bytes or 0 for p in procs)) // len(unknown)
+    return [replace(p, memory_bytes=rest) if p.memory_bytes is None else p for p in procs]
 
 
 def pick_victims(usage: Usage, spared: Iterable[int] = ()) -> list[GpuProcess]:
     """The fewest processes to stop, biggest first, for what is left to fit the limit (pure);
     ``spared`` pids are never picked (their memory stays counted)."""
     left, out, spared = usage.used_bytes, [], set(spared)
-    for p in sorted(usage.processes, key=lambda p: (-p.memory_bytes, p.pid)):
+    for p in sorted(usage.processes, key=lambda p: (-(p.memory_bytes or 0), p.pid)):
         if left <= usage.limit_bytes:
             break
         if p.pid in spared:
             continue
         out.append(p)
-        left -= p.memory_bytes
+        left -= p.memory_bytes or 0
     return out
 
 
@@ -152,8 +168,10 @@ class MemoryGuard:
             key = (u.gpu_uuid, u.user)
             w = self.warnings.get(key)
             if w is None:
-                log.warning("%s uses %d MiB on GPU %s, over the %d MiB limit of a %.3f share",
-                            u.user, u.used_bytes // MIB, u.gpu_uuid, u.limit_bytes // MIB, u.milli / 1000)
+                log.warning("%s uses %d MiB on GPU %s, over the %d MiB limit of a %.3f share%s",
+                            u.user, u.used_bytes // MIB, u.gpu_uuid, u.limit_bytes // MIB, u.milli / 1000,
+                            " (estimated: NVML leaves some of the user's memory empty, so the GPU's used memory "
+                            "minus what it attributes counts as theirs)" if u.estimated else "")
                 w = MemoryWarning(u, since=now)
             else:
                 w.usage = u

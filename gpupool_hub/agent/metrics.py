@@ -10,6 +10,12 @@ data.
 
 ``gpupool_agent_user_gpu_active{user,gpu_uuid,model,node}`` is the series the
 service's ``usage_preset="agent"`` reads; its name and labels are a contract.
+``gpupool_agent_user_gpu_utilization_ratio`` (same labels) is how busy the user's
+processes kept the GPU; it is absent where unknown (several users and no
+per-process samples), never someone else's figure. ``gpupool_agent_attribution_ok``
+is 0 for a GPU whose use the agent cannot attribute (a failing process query,
+memory NVML leaves empty, no per-process samples on a shared GPU); with 0, a
+user without series on that GPU is unknown, not idle.
 """
 
 from __future__ import annotations
@@ -44,6 +50,12 @@ class _SnapshotCollector(Collector):
         active = GaugeMetricFamily("gpupool_agent_user_gpu_active",
                                    "1 while the user has a process on the GPU (read by usage_preset='agent').",
                                    labels=USER_LABELS)
+        busy = GaugeMetricFamily("gpupool_agent_user_gpu_utilization_ratio",
+                                 "How busy a user's processes kept a GPU since the last sample (0-1); absent "
+                                 "where unknown.", labels=USER_LABELS)
+        attributed = GaugeMetricFamily("gpupool_agent_attribution_ok",
+                                       "1 while every NVML call the per-user figures of a GPU rest on answers.",
+                                       labels=["gpu_uuid", "node"])
         other = GaugeMetricFamily("gpupool_agent_gpu_other_processes",
                                   "Processes on a GPU not counted for any user: system accounts (uid below "
                                   "metrics_min_uid) or pids this agent cannot see.", labels=GPU_LABELS + ["kind"])
@@ -52,7 +64,7 @@ class _SnapshotCollector(Collector):
         used = GaugeMetricFamily("gpupool_agent_gpu_memory_used_bytes", "GPU memory in use.", labels=GPU_LABELS)
         total = GaugeMetricFamily("gpupool_agent_gpu_memory_total_bytes", "GPU memory in total.", labels=GPU_LABELS)
         if snap is not None:
-            per_user: dict[tuple[str, str, str], list[int]] = defaultdict(lambda: [0, 0])
+            per_user: dict[tuple[str, str, str], list[int | None]] = defaultdict(lambda: [0, 0])
             others: dict[tuple[str, str], int] = defaultdict(int)
             for p in snap.processes:
                 if p.uid is None or p.user is None:
@@ -61,14 +73,19 @@ class _SnapshotCollector(Collector):
                     others[(p.gpu_uuid, "system")] += 1
                 else:
                     acc = per_user[(p.user, p.gpu_uuid, p.model)]
-                    acc[0] += p.memory_bytes
-                    acc[1] += 1
+                    acc[0] = None if acc[0] is None or p.memory_bytes is None else acc[0] + p.memory_bytes
+                    acc[1] += 1  # type: ignore[operator]
+            users = {(u, g.uuid): v for g in snap.gpus for u, v in g.users.items()}
             for (user, uuid, model), (m, n) in sorted(per_user.items()):
                 labels = [user, uuid, model, node]
-                mem.add_metric(labels, m)
+                if m is not None:  # memory NVML left empty is unknown, not 0
+                    mem.add_metric(labels, m)
                 count.add_metric(labels, n)
                 active.add_metric(labels, 1)
+                if users.get((user, uuid)) is not None:
+                    busy.add_metric(labels, users[(user, uuid)])
             for g in snap.gpus:
+                attributed.add_metric([g.uuid, node], 1 if g.attribution_ok else 0)
                 labels = [g.uuid, g.model, node, str(g.index)]
                 total.add_metric(labels, g.memory_total_bytes)
                 if g.memory_used_bytes is not None:
@@ -78,7 +95,7 @@ class _SnapshotCollector(Collector):
                 for kind in ("system", "unknown"):
                     if others.get((g.uuid, kind)):
                         other.add_metric(labels + [kind], others[(g.uuid, kind)])
-        yield from (mem, count, active, other, util, used, total)
+        yield from (mem, count, active, busy, attributed, other, util, used, total)
 
 
 class AgentMetrics:

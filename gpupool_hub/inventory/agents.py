@@ -49,6 +49,8 @@ class NodeReport:
     received_at: datetime | None = None
     last_seen: datetime | None = None
     differences: list[str] = field(default_factory=list)
+    #: GPU UUID -> why the agent cannot attribute that GPU's use to users (absent: it can)
+    unattributed: dict[str, str] = field(default_factory=dict)
 
 
 class AgentReports:
@@ -84,6 +86,12 @@ class AgentReports:
         report.node = node
         report.received_at = at
         report.differences = differences
+        return report
+
+    def attribution(self, name: str, unattributed: dict[str, str], at: datetime) -> NodeReport:
+        """The node's agent says which of its GPUs' use it cannot attribute, and why."""
+        report = self.seen(name, at)
+        report.unattributed = dict(unattributed)
         return report
 
     def inventories(self) -> list[dict[str, Any]]:

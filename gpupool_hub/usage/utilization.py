@@ -27,6 +27,9 @@ log = logging.getLogger("gpupool.idle")
 #: a GPU without a report for this long is unknown (its agent is down), never idle
 REPORT_STALE_SECONDS = 300.0
 
+#: (user, GPU UUID): one user's own use of a GPU that several users share
+UserGpu = tuple[str, str]
+
 
 class UtilizationSource(Protocol):
     async def peak(self, uuids: Iterable[str], window: float) -> dict[str, float]:
@@ -37,6 +40,17 @@ class UtilizationSource(Protocol):
     async def readings(self, uuids: Iterable[str], window: float) -> dict[str, GpuReading]:
         """The latest reading of each GPU, its idle run looked for over ``window`` seconds;
         GPUs without data are left out."""
+        ...
+
+    async def user_peak(self, pairs: Iterable[UserGpu], window: float) -> dict[UserGpu, float]:
+        """Like :meth:`peak`, for one user's own processes on a GPU that several users
+        share; left out where the node's agent could not attribute that GPU's use for
+        the whole window (unknown, never idle)."""
+        ...
+
+    async def user_readings(self, pairs: Iterable[UserGpu], window: float) -> dict[UserGpu, GpuReading]:
+        """Like :meth:`readings`, for one user's own processes on a shared GPU (memory:
+        the whole GPU's); left out where unknown."""
         ...
 
 
@@ -132,6 +146,62 @@ class PrometheusUtilization:
         return out
 
 
+    # ------------------------------------------------------------ per user, on shared GPUs
+
+    user_metric = "gpupool_agent_user_gpu_utilization_ratio"
+    attribution_metric = "gpupool_agent_attribution_ok"
+
+    async def _pairs(self, promql: str, at: float | None = None) -> dict[UserGpu, float]:
+        """An instant query's value per (user, GPU UUID)."""
+        out = {}
+        for item in await self._instant(promql, at):
+            labels = item["metric"]
+            if "user" in labels and "gpu_uuid" in labels:
+                out[(labels["user"], labels["gpu_uuid"])] = float(item["value"][1])
+        return out
+
+    async def _by_gpu(self, promql: str, at: float | None = None) -> dict[str, float]:
+        return {item["metric"]["gpu_uuid"]: float(item["value"][1]) for item in await self._instant(promql, at)
+                if "gpu_uuid" in item["metric"]}
+
+    async def user_peak(self, pairs: Iterable[UserGpu], window: float) -> dict[UserGpu, float]:
+        wanted = set(pairs)
+        if not wanted:
+            return {}
+        seconds, ok = max(int(window), 1), self.attribution_metric
+        peaks, attributed = await asyncio.gather(
+            self._pairs(f"max by (user, gpu_uuid) (max_over_time({self.user_metric}[{seconds}s]))"),
+            self._by_gpu(f"min by (gpu_uuid) (min_over_time({ok}[{seconds}s])) "
+                         f"and on (gpu_uuid) max by (gpu_uuid) ({ok} offset {seconds}s)"))
+        # attributable all along: a user without a series had no process there (0)
+        return {p: peaks.get(p, 0.0) for p in wanted if attributed.get(p[1]) == 1}
+
+    async def user_readings(self, pairs: Iterable[UserGpu], window: float) -> dict[UserGpu, GpuReading]:
+        wanted = set(pairs)
+        if not wanted:
+            return {}
+        at = datetime.now(timezone.utc).timestamp()
+        seconds, step, ok, metric = max(int(window), 1), _subquery_step(window), self.attribution_metric, self.user_metric
+        now, attributed, last_busy, last_bad, first = await asyncio.gather(
+            self._pairs(f"max by (user, gpu_uuid) ({metric})", at),
+            self._by_gpu(f"min by (gpu_uuid) ({ok})", at),
+            self._pairs(f"max by (user, gpu_uuid) (max_over_time(timestamp({metric} >= {self.threshold:g})"
+                        f"[{seconds}s:{step}s]))", at),
+            self._by_gpu(f"max by (gpu_uuid) (max_over_time(timestamp({ok} == 0)[{seconds}s:{step}s]))", at),
+            self._by_gpu(f"min by (gpu_uuid) (min_over_time(timestamp({ok})[{seconds}s:{step}s]))", at))
+        out = {}
+        for pair in wanted:
+            if attributed.get(pair[1]) != 1:
+                continue  # unknown now
+            util = now.get(pair, 0.0)
+            since = None
+            if util < self.threshold:
+                since = max(last_busy.get(pair, 0.0), last_bad.get(pair[1], 0.0), first.get(pair[1], 0.0),
+                            at - seconds)
+            out[pair] = GpuReading(util, None, None, None if since is None else datetime.fromtimestamp(since, timezone.utc))
+        return out
+
+
 class ReportedUtilization:
     """Utilization from the node agents' reports, kept in memory: per GPU, since when
     it has been reported and when it was last busy (and memory, when reported)."""
@@ -140,10 +210,17 @@ class ReportedUtilization:
         self.threshold = threshold
         self._gpus: dict[str, tuple[datetime, datetime | None, datetime, float]] = {}  # first, busy, last, value
         self._memory: dict[str, tuple[int, int]] = {}  # used, total bytes
+        # per GPU: since when its use has been attributable without a break, and the last report
+        self._attributed: dict[str, tuple[datetime | None, datetime]] = {}
+        self._users: dict[UserGpu, tuple[datetime | None, float]] = {}  # last busy, latest value
         self._lock = threading.Lock()
 
     def report(self, values: Mapping[str, float], at: datetime,
-               memory: Mapping[str, tuple[int, int]] | None = None) -> None:
+               memory: Mapping[str, tuple[int, int]] | None = None,
+               users: Mapping[str, Mapping[str, float]] | None = None) -> None:
+        """A node's report: GPUs' utilization and memory, and per GPU whose use its agent
+        could attribute, each user's figure (a user not named there used it not at all).
+        A reported GPU without ``users`` is unknown per user from now on."""
         with self._lock:
             for uuid, value in values.items():
                 first, busy, last, _ = self._gpus.get(uuid, (at, None, at, 0.0))
@@ -153,6 +230,56 @@ class ReportedUtilization:
                     busy = at
                 self._gpus[uuid] = (first, busy, at, value)
             self._memory.update(memory or {})
+            per_gpu = users or {}
+            for uuid in set(values) | set(per_gpu):
+                since, last = self._attributed.get(uuid, (None, at))
+                if uuid not in per_gpu:
+                    self._attributed[uuid] = (None, at)
+                    continue
+                if since is None or (at - last).total_seconds() > REPORT_STALE_SECONDS:
+                    since = at
+                self._attributed[uuid] = (since, at)
+                known = {u for (u, g) in self._users if g == uuid} | set(per_gpu[uuid])
+                for user in known:
+                    value = float(per_gpu[uuid].get(user, 0.0))
+                    busy_at = self._users.get((user, uuid), (None, 0.0))[0]
+                    self._users[(user, uuid)] = (at if value >= self.threshold else busy_at, value)
+
+    def _user_entry(self, pair: UserGpu, now: datetime, window: float) -> tuple[datetime, datetime | None, float] | None:
+        """(attributable since, last busy, latest value) of one user on one GPU; None when the
+        GPU's use is not attributable now or its agent went quiet."""
+        since, last = self._attributed.get(pair[1], (None, now))
+        if since is None or (now - last).total_seconds() > REPORT_STALE_SECONDS:
+            return None
+        busy, value = self._users.get(pair, (None, 0.0))
+        return since, busy, value
+
+    async def user_peak(self, pairs: Iterable[UserGpu], window: float) -> dict[UserGpu, float]:
+        now = datetime.now(timezone.utc)
+        start = now - timedelta(seconds=window)
+        out = {}
+        with self._lock:
+            for pair in pairs:
+                entry = self._user_entry(pair, now, window)
+                if entry is None or entry[0] > start:
+                    continue  # not attributable for the whole window
+                _, busy, value = entry
+                out[pair] = 1.0 if busy is not None and busy >= start else value
+        return out
+
+    async def user_readings(self, pairs: Iterable[UserGpu], window: float) -> dict[UserGpu, GpuReading]:
+        now = datetime.now(timezone.utc)
+        out = {}
+        with self._lock:
+            for pair in pairs:
+                entry = self._user_entry(pair, now, window)
+                if entry is None:
+                    continue
+                since, busy, value = entry
+                idle = None if value >= self.threshold else max(busy or since, now - timedelta(seconds=window))
+                used, total = self._memory.get(pair[1], (None, None))
+                out[pair] = GpuReading(value, used, total, idle)
+        return out
 
     async def peak(self, uuids: Iterable[str], window: float) -> dict[str, float]:
         now = datetime.now(timezone.utc)

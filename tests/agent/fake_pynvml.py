@@ -17,12 +17,22 @@ Table::
          "mig": [{"uuid": "MIG-0a", "name": "NVIDIA A100-SXM4-80GB MIG 3g.40gb",
                   "gi_id": 1, "slices": 3, "memory_total": 40 << 30}],
          "nvlinks": {0: "00000000:18:00.0", 1: "00000000:18:00.0"},   # link -> remote bus id
-         "processes": [{"pid": 1234, "memory": 512 << 20, "kind": "compute", "gi_id": 1}],
+         "processes": [{"pid": 1234, "memory": 512 << 20, "kind": "compute", "gi_id": 1,
+                        "sm": 90, "mem_util": 30}],
          "fail": {"nvmlDeviceGetNvLinkState": NVML_ERROR_NOT_SUPPORTED}},
       ],
       "topology": {(0, 1): 10},      # NVML level per pair; absent pairs are SYSTEM
       "init_error": None,            # e.g. NVML_ERROR_LIBRARY_NOT_FOUND: nvmlInit fails
     }
+
+A process's ``"memory": None`` is memory NVML leaves empty (``usedGpuMemory``
+is ``None``, as in containers without the host's pid namespace); no ``"memory"``
+key means 0 bytes. ``"sm"`` (0-100, with ``"mem_util"``) gives the process a
+sample in ``nvmlDeviceGetProcessUtilization``; a process without ``"sm"`` did no
+work since the last sample and has none, and with no sample at all the call
+raises ``NVMLError_NotFound``, as the real library does. ``"fail"`` makes any
+device call of that GPU fail with the given code; a top-level ``"fail"`` does the
+same for every GPU. Removing the entry is the recovery.
 
 The table may be edited between calls (add a process, drop a GPU); every call
 reads it afresh, like NVML does.
@@ -31,6 +41,7 @@ reads it afresh, like NVML does.
 from __future__ import annotations
 
 import copy
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,6 +89,13 @@ class NVMLError(Exception):
         return _MESSAGES.get(self.value, f"Unknown Error {self.value}")
 
 
+class NVMLError_NotFound(NVMLError):  # noqa: N801 (pynvml's own name)
+    """pynvml raises a subclass per code; the agent only reads ``.value``."""
+
+    def __init__(self) -> None:
+        super().__init__(NVML_ERROR_NOT_FOUND)
+
+
 @dataclass
 class _Handle:
     gpu: int
@@ -95,6 +113,7 @@ class FakeNVML:
     """One fake NVML library over a table; pass it wherever the agent takes ``nvml=``."""
 
     NVMLError = NVMLError
+    NVMLError_NotFound = NVMLError_NotFound
 
     def __init__(self, table: dict[str, Any]) -> None:
         self.table = copy.deepcopy(table)
@@ -116,7 +135,7 @@ class FakeNVML:
     def _check(self, fn: str, handle: _Handle) -> dict[str, Any]:
         self.calls.append(fn)
         gpu = self._gpu(handle)
-        code = gpu.get("fail", {}).get(fn)
+        code = gpu.get("fail", {}).get(fn, self.table.get("fail", {}).get(fn))
         if code is not None:
             raise NVMLError(code)
         return gpu
@@ -243,7 +262,7 @@ class FakeNVML:
         out = []
         for p in gpu.get("processes", []):
             if p.get("kind", "compute") == kind:
-                out.append(_Obj(pid=p["pid"], usedGpuMemory=p.get("memory"),
+                out.append(_Obj(pid=p["pid"], usedGpuMemory=p.get("memory", 0),
                                 gpuInstanceId=p.get("gi_id", 0xFFFFFFFF), computeInstanceId=0xFFFFFFFF))
         return out
 
@@ -252,6 +271,18 @@ class FakeNVML:
 
     def nvmlDeviceGetGraphicsRunningProcesses(self, handle: _Handle) -> list[_Obj]:
         return self._procs("nvmlDeviceGetGraphicsRunningProcesses", handle, "graphics")
+
+    def nvmlDeviceGetProcessUtilization(self, handle: _Handle, lastSeenTimeStamp: int) -> list[_Obj]:
+        """``c_nvmlProcessUtilizationSample_t`` entries (timestamps in microseconds) of the
+        processes that worked since ``lastSeenTimeStamp``; none: ``NVMLError_NotFound``."""
+        gpu = self._check("nvmlDeviceGetProcessUtilization", handle)
+        now_us = int(time.time() * 1_000_000)
+        out = [_Obj(pid=p["pid"], timeStamp=now_us, smUtil=p["sm"], memUtil=p.get("mem_util", 0), encUtil=0,
+                    decUtil=0)
+               for p in gpu.get("processes", []) if p.get("sm") is not None and now_us > lastSeenTimeStamp]
+        if not out:
+            raise NVMLError_NotFound()
+        return out
 
 
 def load(table: dict[str, Any]) -> FakeNVML:

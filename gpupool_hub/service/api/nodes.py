@@ -1,6 +1,7 @@
 """``nodes/{node}/…``: the endpoints node agents call. ``inventory``: report the node's
 GPUs; ``enforce``: fetch the enforcement list; ``utilization``: GPU utilization, for idle
-reclaim without Prometheus; ``memory``: the memory guard's shares to watch, its warnings and
+reclaim without Prometheus; ``attribution``: which GPUs' use the agent cannot attribute to users, and why (the
+admins' pool map); ``memory``: the memory guard's shares to watch, its warnings and
 stops (rules in ``service/core/memory.py`` and ``agent/memguard.py``); ``boundary``: who holds
 each GPU, and the processes found out of bounds (rules in ``agent/boundary.py``). New
 warnings and every stop go to the audit log.
@@ -162,8 +163,9 @@ class EnforceHandler(AgentHandler):
 
 
 class UtilizationHandler(AgentHandler):
-    """Body: ``{"gpus": {"<GPU UUID>": 0.0-1.0, ...}, "memory": {"<GPU UUID>": [used, total], ...}}``
-    (memory in bytes, optional), the node's own agent token or an admin."""
+    """Body: ``{"gpus": {"<GPU UUID>": 0.0-1.0, ...}, "memory": {"<GPU UUID>": [used, total], ...},
+    "users": {"<GPU UUID>": {"<user>": 0.0-1.0}}}`` (memory in bytes; ``users`` per GPU whose use
+    the agent can attribute; both optional), the node's own agent token or an admin."""
 
     max_body_bytes = 64 * 1024
     openapi_path = "/nodes/{node}/utilization"
@@ -173,15 +175,30 @@ class UtilizationHandler(AgentHandler):
         if source is None:
             raise web.HTTPError(409, "this service reads GPU utilization from Prometheus; reports are not used")
         body = self.json_body()
-        gpus, memory = body["gpus"], body.get("memory", {})
+        gpus, memory, users = body["gpus"], body.get("memory", {}), body.get("users", {})
         for uuid, (used, total) in memory.items():
             if used > total:
                 raise web.HTTPError(400, f"request body field /memory/{uuid} says more used than the GPU has")
-        self.check_own_devices(set(gpus) | set(memory))
+        self.check_own_devices(set(gpus) | set(memory) | set(users))
         self.touch()
         source.report({k: float(v) for k, v in gpus.items()}, datetime.now(timezone.utc),
-                      {k: (v[0], v[1]) for k, v in memory.items()})
+                      {k: (v[0], v[1]) for k, v in memory.items()},
+                      {k: {u: float(x) for u, x in v.items()} for k, v in users.items()})
         self.write_json({"node": self.node, "accepted": len(gpus)})
+
+
+class AttributionHandler(AgentHandler):
+    """Body: ``{"gpus": {"<GPU UUID>": null | "why its use cannot be attributed"}}``."""
+
+    max_body_bytes = 64 * 1024
+    openapi_path = "/nodes/{node}/attribution"
+
+    def put(self, _node: str) -> None:
+        gpus = self.json_body()["gpus"]
+        self.check_own_devices(gpus)
+        self.touch()
+        self.manager.inventory.attribution_reported(self.node, {u: why for u, why in gpus.items() if why})
+        self.write_json({"node": self.node, "unattributed": sum(1 for why in gpus.values() if why)})
 
 
 MAX_REPORT_BYTES = 256 * 1024
@@ -261,6 +278,7 @@ default_handlers = [
     (rf"api/v1/nodes/{NODE}/inventory", InventoryHandler),
     (rf"api/v1/nodes/{NODE}/enforce", EnforceHandler),
     (rf"api/v1/nodes/{NODE}/utilization", UtilizationHandler),
+    (rf"api/v1/nodes/{NODE}/attribution", AttributionHandler),
     (rf"api/v1/nodes/{NODE}/memory", MemoryHandler),
     (rf"api/v1/nodes/{NODE}/boundary", BoundaryHandler),
     (rf"api/v1/nodes/{NODE}/agent", AgentLeaseHandler),

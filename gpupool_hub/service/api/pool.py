@@ -12,7 +12,7 @@ class PoolHandler(APIHandler):
         self.require_admin()
         active = await self.manager.records.active_allocations.off_loop()
         idle = self.manager.idle.idle_since()  # as of the idle job's last run
-        report = await self.manager.views.pool_report.off_loop(active, idle)
+        report = await self.manager.views.pool_report.off_loop(active, idle, self.manager.idle.own_utilization())
         teams = await self.manager.reclaims.team_report.off_loop()
         self.write_json({**report, "unallocated_servers": self.context.reconcile_report(), "teams": teams["teams"]})
 

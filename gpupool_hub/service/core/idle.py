@@ -21,7 +21,9 @@ class IdleWarnings:
         self.warnings: dict[tuple[str, str], CullWarning] = {}
         self.dry: dict[tuple[str, str], CullWarning] = {}
         self.allocations: dict[tuple[str, str], str] = {}
-        self.measured: tuple[datetime | None, dict[str, GpuReading], dict[str, ServerIdleness]] = (None, {}, {})
+        # when measured; per (allocation id, GPU UUID) what the server's own processes did; per allocation its idleness
+        self.measured: tuple[datetime | None, dict[tuple[str, str], GpuReading], dict[str, ServerIdleness]] = (
+            None, {}, {})
 
     def warnings_for(self, dry_run: bool) -> dict[tuple[str, str], CullWarning]:
         """The idle warnings standing now (a dry run's apart), for the rules to read."""
@@ -37,14 +39,23 @@ class IdleWarnings:
         self.warnings_for(dry_run).pop((user, server), None)
         self.allocations.pop((user, server), None)
 
-    def publish(self, at: datetime | None, readings: dict[str, GpuReading],
+    def publish(self, at: datetime | None, readings: dict[tuple[str, str], GpuReading],
                 servers: dict[str, ServerIdleness]) -> None:
-        """The idle job's new readings (per GPU UUID) and idleness (per allocation id)."""
+        """The idle job's new readings (per allocation id and GPU UUID: the server's own
+        figure) and idleness (per allocation id)."""
         self.measured = (at, readings, servers)
 
     def idle_since(self) -> dict[str, datetime]:
         """Allocation id -> since when the server is idle (the admins' pool view)."""
         return {a: s.idle_since for a, s in self.measured[2].items()}
+
+    def own_utilization(self) -> dict[str, float]:
+        """Allocation id -> the busiest of its GPUs as its own processes used them (the
+        admins' pool view); left out where any of them is unknown."""
+        per: dict[str, list[float | None]] = {}
+        for (alloc, _uuid), r in self.measured[1].items():
+            per.setdefault(alloc, []).append(r.utilization)
+        return {a: max(v) for a, v in per.items() if v and all(x is not None for x in v)}  # type: ignore[type-var]
 
     def activity(self, user: str, allocations: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """``GET me``'s ``gpu_servers``: the user's held GPUs as measured, and each
@@ -54,7 +65,7 @@ class IdleWarnings:
         for a in allocations:
             gpus = []
             for g in a["gpus"]:
-                r = readings.get(g["uuid"])
+                r = readings.get((a["id"], g["uuid"]))
                 gpus.append({"uuid": g["uuid"], "index": g["index"], "model": g["model"],
                              "utilization": None if r is None or r.utilization is None else round(r.utilization, 4),
                              "memory_used_bytes": r.memory_used_bytes if r else None,

@@ -220,6 +220,10 @@ class PoolInventory:
         keeps the node taking placements)."""
         return self.reports.seen(name, self.clock())
 
+    def attribution_reported(self, name: str, unattributed: dict[str, str]) -> NodeReport:
+        """Node ``name``'s agent cannot attribute these GPUs' use (UUID -> why); the others it can."""
+        return self.reports.attribution(name, unattributed, self.clock())
+
     def wants_report(self, name: str) -> bool:
         """Whether the service holds no inventory of node ``name`` (the agent should send it)."""
         report = self.reports.get(name)

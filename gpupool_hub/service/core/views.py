@@ -105,10 +105,13 @@ class Views:
         return self.inventory.pool.snapshot()
 
     @writes
-    def pool_report(self, active: Iterable[AllocationRecord], idle_since: dict[str, datetime]) -> dict[str, Any]:
+    def pool_report(self, active: Iterable[AllocationRecord], idle_since: dict[str, datetime],
+                    utilization: dict[str, float] | None = None) -> dict[str, Any]:
         """``GET pool``'s nodes and free GPUs (writer thread: the pool lives there): each GPU
-        and MIG instance with its holders (user, server, idle since), and what the inventory
+        and MIG instance with its holders (user, server, idle since, the server's own
+        utilization), why a node agent cannot attribute a GPU's use, and what the inventory
         source holds outside the hub or reports unavailable."""
+        own = utilization or {}
         held_by = {r.id: r for r in active}
         inv = self.inventory
         nodes = inv.pool.snapshot()
@@ -117,7 +120,8 @@ class Views:
             return [{"allocation": a, "fraction": format_tokens(Decimal(m) / 1000),
                      "user": held_by[a].user if a in held_by else None,
                      "server": held_by[a].server if a in held_by else None,
-                     **({"idle_since": iso(idle_since[a])} if a in idle_since else {})}
+                     **({"idle_since": iso(idle_since[a])} if a in idle_since else {}),
+                     **({"utilization": round(own[a], 4)} if a in own else {})}
                     for a, m in held.items()]
 
         for node in nodes:
@@ -131,7 +135,10 @@ class Views:
             node["held_outside"] = list(inv.held_outside.get(node["node"], []))
             if node["node"] in inv.unavailable:
                 node["unavailable"] = inv.unavailable[node["node"]]
+            report = inv.reports.get(node["node"])
             for gpu in node["gpus"]:
+                if report is not None and gpu["uuid"] in report.unattributed:
+                    gpu["cannot_attribute"] = report.unattributed[gpu["uuid"]]
                 for h in gpu["holders"]:
                     if inv.is_outside(h["allocation"]):
                         h["held_outside"] = True

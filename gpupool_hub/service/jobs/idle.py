@@ -9,10 +9,10 @@ from typing import Any
 
 from ...config import GPUPool
 from ...cull import CullWarning
-from ...idle import IdleDecision, IdleServer, decide_idle, server_idleness
+from ...idle import GpuReading, IdleDecision, IdleServer, decide_idle, server_idleness
 from ...ledger import AuditEvent
 from ...reasons import AuditAction
-from ...usage.utilization import UtilizationSource
+from ...usage.utilization import UserGpu, UtilizationSource
 from ..core.admission import Admission
 from ..core.enforcement import Enforcement
 from ..core.idle import IdleWarnings
@@ -41,17 +41,28 @@ class IdleJob:
         now = datetime.now(timezone.utc)
         records = await self.records.active_allocations.off_loop()
         uuids = [g["uuid"] for r in records for g in r.gpus]
+        # a GPU several servers hold: each is judged by its own processes there, never the GPU's figure
+        shared = {u for u in uuids if uuids.count(u) > 1}
+        pairs = sorted({(r.user, g["uuid"]) for r in records for g in r.gpus if g["uuid"] in shared})
+        window = max(s.idle_after, s.max_idle)
         try:
-            readings = await self.source.readings(uuids, max(s.idle_after, s.max_idle))
+            readings = await self.source.readings(uuids, window)
             peak = await self.source.peak(uuids, s.idle_after)
             peak_long = await self.source.peak(uuids, s.max_idle) if s.max_idle else {}
+            if pairs:
+                mine = await self.source.user_readings(pairs, window)
+                own_peak = await self.source.user_peak(pairs, s.idle_after)
+                own_long = await self.source.user_peak(pairs, s.max_idle) if s.max_idle else {}
+            else:
+                mine, own_peak, own_long = {}, {}, {}
         except Exception as e:  # no data, no idleness: never stop a server on a guess
             log.warning("GPU utilization unavailable for idle reclaim (nothing is reclaimed): %s", e)
             self.idle.publish(None, {}, {})
             return
-        self.idle.publish(now, readings, {
+        own = own_readings(records, shared, readings, mine)
+        self.idle.publish(now, own, {
             r.id: idle for r in records if r.gpus and (idle := server_idleness(
-                r.created_at, [readings.get(g["uuid"]) for g in r.gpus], idle_after=s.idle_after,
+                r.created_at, [own.get((r.id, g["uuid"])) for g in r.gpus], idle_after=s.idle_after,
                 min_runtime=s.min_runtime, max_idle=s.max_idle)) is not None})
         servers = []
         for r in records:
@@ -59,11 +70,15 @@ class IdleJob:
             if not ids:
                 continue
             models = {g["model"] for g in r.gpus}
+            highs = [own_peak.get((r.user, u)) if u in shared else peak.get(u) for u in ids]
+            longs = [own_long.get((r.user, u)) if u in shared else peak_long.get(u) for u in ids]
             servers.append(IdleServer(
                 user=r.user, server=r.server, allocation=r.id, started=r.created_at,
-                idle=all(u in peak and peak[u] < s.idle_threshold for u in ids),
-                idle_long=bool(s.max_idle) and all(u in peak_long and peak_long[u] < s.idle_threshold for u in ids),
-                wanted=await self.queue.demand_for.off_loop(r.user, models) is not None))
+                idle=all(h is not None and h < s.idle_threshold for h in highs),
+                idle_long=bool(s.max_idle) and all(h is not None and h < s.idle_threshold for h in longs),
+                wanted=await self.queue.demand_for.off_loop(r.user, models) is not None,
+                peak=max(h for h in highs) if all(h is not None for h in highs) else None,
+                shared=any(u in shared for u in ids)))
         warnings = self.idle.warnings_for(s.idle_dry_run)
         for d in decide_idle(servers, warnings, now, grace=s.idle_grace, min_runtime=s.min_runtime,
                              idle_after=s.idle_after, max_idle=s.max_idle):
@@ -106,3 +121,23 @@ class IdleJob:
             self.idle.clear(d.user, d.server, dry_run=dry)
         await self.notices.record.off_loop(AuditEvent(now, d.user, d.server, str(d.action), d.reason, dry,
                                                       detail))
+
+
+def own_readings(records: Any, shared: set[str], readings: dict[str, GpuReading],
+                 mine: dict[UserGpu, GpuReading]) -> dict[tuple[str, str], GpuReading]:
+    """Per (allocation id, GPU UUID): what the server's own processes did there. The GPU's
+    reading where it holds the GPU alone; on a shared GPU its user's own figure (with the
+    GPU's memory), or nothing when that is unknown."""
+    out = {}
+    for r in records:
+        for g in r.gpus:
+            uuid = g["uuid"]
+            if uuid not in shared:
+                if uuid in readings:
+                    out[(r.id, uuid)] = readings[uuid]
+                continue
+            own, gpu = mine.get((r.user, uuid)), readings.get(uuid)
+            if own is not None:
+                out[(r.id, uuid)] = GpuReading(own.utilization, gpu.memory_used_bytes if gpu else None,
+                                               gpu.memory_total_bytes if gpu else None, own.idle_since)
+    return out

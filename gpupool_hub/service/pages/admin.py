@@ -10,6 +10,7 @@ through the same service units as the API (``pool.snapshot``,
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from decimal import Decimal
 from typing import Any
 
@@ -49,12 +50,16 @@ class PoolMapHandler(AdminPage):
                                  for n in snapshot for g in n["gpus"] for a in g["holders"])
         nodes = []
         holders: dict[str, float] = {}
+        own = m.idle.own_utilization()  # each server's own figure, as of the idle job's last run
         for node in snapshot:
+            report = m.inventory.reports.get(node["node"])
             cells = [gpu_cell(g, who, colours) for g in node["gpus"]]
+            for cell in cells:
+                cell.parts = [replace(p, utilization=own.get(p.allocation)) for p in cell.parts]
+                cell.cannot_attribute = report.unattributed.get(cell.uuid) if report is not None else None
             for cell in cells:
                 for part in cell.parts:
                     holders[part.user] = holders.get(part.user, 0.0) + float(part.fraction)
-            report = m.inventory.reports.get(node["node"])
             nodes.append({"name": node["node"], "labels": node["labels"], "cells": cells,
                           "cpu": (node["cpu_milli"] - node["cpu_free"], node["cpu_milli"]),
                           "memory": (node["memory_mib"] - node["memory_free"], node["memory_mib"]),

@@ -215,6 +215,7 @@ class CellPart:
     borrowed: bool
     colour: str
     reserved: bool = False  # held for a reclaim in progress, not by an allocation yet
+    utilization: float | None = None  # how busy the holder's server kept it (its own figure); None: unknown
 
 
 @dataclass(frozen=True)
@@ -237,6 +238,7 @@ class GpuCell:
     parts: list[CellPart] = field(default_factory=list)
     free_fraction: str = "1.000"
     instances: list[MigCell] = field(default_factory=list)  # a MIG-mode GPU's instances, in order
+    cannot_attribute: str | None = None  # why the node's agent cannot tell whose use this GPU's is
 
 
 #: The holder shown for GPUs reserved by a reclaim in progress (not yet an allocation).
