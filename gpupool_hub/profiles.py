@@ -325,7 +325,7 @@ def _check_mps(profiles: list[Profile], trait: str) -> None:
         for b in mps[i:]:
             if a.gpu_milli + b.gpu_milli > 1000 or not _may_share_models(a, b):
                 continue
-            pair = f"two {a.slug!r} servers" if a is b else f"an {a.slug!r} and a {b.slug!r} server"
+            pair = f"two {a.slug!r} servers" if a is b else f"a {a.slug!r} and a {b.slug!r} server"
             raise TraitError(
                 f"c.{trait}: {pair} fit on one GPU together ({format_decimal(Decimal(a.gpu_milli) / 1000)} + "
                 f"{format_decimal(Decimal(b.gpu_milli) / 1000)} <= 1), so servers of two users (two Unix users) "
