@@ -19,9 +19,10 @@ from typing import Any
 from traitlets import TraitError
 
 from .mig import MigProfileError, parse_mig_profile
+from .pricing import model_matches
 
 __all__ = [
-    "MAX_GPUS", "PROFILE_KEYS", "InvalidOptions", "Profile", "choose_profile", "default_profile",
+    "MAX_GPUS", "PROFILE_KEYS", "SHARE_CLASSES", "InvalidOptions", "Profile", "choose_profile", "default_profile",
     "format_decimal", "parse_memory", "parse_profile", "parse_profiles",
 ]
 
@@ -38,6 +39,7 @@ PROFILE_KEYS = {
     "gpus": "whole GPUs (0-16); 0 or absent with no gpu_fraction = a CPU-only profile",
     "gpu_fraction": "a share of one GPU (0 < f < 1, at most 3 decimals), instead of gpus",
     "mig": "one MIG instance of this profile, e.g. '1g.10gb' or '3g.40gb', instead of gpus/gpu_fraction",
+    "share": "how a gpu_fraction is kept to its share: 'timeslice' (default) or 'mps' (see SHARE_CLASSES)",
     "max_gpus": "let users pick 1..max_gpus whole GPUs (user option 'gpus'); default: exactly gpus",
     "models": "allowed GPU models, e.g. ['RTX 3090'] (matched like c.GPUPool.prices); default any",
     "cpu": "CPU cores (number); sets cpu_limit and the placement request",
@@ -45,6 +47,14 @@ PROFILE_KEYS = {
     "default": "true for the profile preselected in the form and used when user_options is empty",
     "spawner_override": "dict of spawner trait values applied when this profile is chosen",
 }
+
+
+#: A share's guarantee class -> the words people see on the spawn page and in ``GET models``.
+#: ``mig``: the hardware isolates the instance (memory and compute). ``mps``: NVIDIA MPS caps
+#: the memory a server may allocate and its compute (active thread percentage); the node agent
+#: sets both through the GPU's MPS control daemon. ``timeslice``: the GPU is time-shared and
+#: nothing isolates memory; the agent's guard warns, then stops what holds more than the share.
+SHARE_CLASSES = {"mig": "isolated", "mps": "memory capped", "timeslice": "shared, best effort"}
 
 
 def format_decimal(value: Decimal) -> str:
@@ -62,6 +72,7 @@ class Profile:
     gpus: int = 0
     gpu_milli: int = 0
     mig: str = ""  # canonical MIG profile ("1g.10gb"): exactly one instance of it
+    share: str = ""  # "mps" or "timeslice" for a gpu_fraction; see share_class
     max_gpus: int = 0
     models: tuple[str, ...] = ()
     cpu: float | None = None
@@ -77,6 +88,21 @@ class Profile:
     def gpu_amount(self) -> Decimal:
         """GPUs in this profile's base request (a fraction for a shared GPU)."""
         return Decimal(self.gpu_milli) / 1000 if self.gpu_milli else Decimal(self.gpus)
+
+    @property
+    def share_class(self) -> str:
+        """The guarantee a share gets: ``mig``, ``mps`` or ``timeslice``; ``""`` for whole GPUs and
+        CPU-only profiles, which share nothing."""
+        if self.mig:
+            return "mig"
+        if self.gpu_milli:
+            return self.share or "timeslice"
+        return ""
+
+    @property
+    def class_words(self) -> str:
+        """What the class promises, in the words of the spawn page ("memory capped"); ``""`` without one."""
+        return SHARE_CLASSES.get(self.share_class, "")
 
     @property
     def adjustable(self) -> bool:
@@ -105,6 +131,7 @@ class Profile:
             body["mig"] = self.mig
         elif self.gpu_milli:
             body["gpu_fraction"] = format_decimal(Decimal(self.gpu_milli) / 1000)
+            body["share"] = self.share_class
         else:
             body["gpus"] = self.gpus if gpus is None else gpus
         if self.models:
@@ -175,6 +202,20 @@ def _mig(raw: Mapping[str, Any], where: str) -> str:
     return profile
 
 
+def _share(raw: Mapping[str, Any], where: str, gpu_milli: int, mig: str) -> str:
+    if "share" not in raw:
+        return ""
+    share = raw["share"]
+    if mig and share == "mig":
+        return ""  # a MIG profile's class is mig whatever it says
+    if share not in ("mps", "timeslice"):
+        raise TraitError(f"{where}: 'share' must be 'timeslice' or 'mps' (a 'mig' profile is isolated by the "
+                         f"hardware already), got {share!r}")
+    if not gpu_milli:
+        raise TraitError(f"{where}: 'share' says how a 'gpu_fraction' is kept to its share; this profile has none")
+    return str(share)
+
+
 def _models(raw: Mapping[str, Any], where: str, has_gpu: bool) -> tuple[str, ...]:
     models = raw.get("models", [])
     if isinstance(models, str):
@@ -236,6 +277,7 @@ def parse_profile(raw: Any, index: int, trait: str = "GPUPoolSpawner.profiles") 
         if max_gpus < gpus:
             raise TraitError(f"{where}: 'max_gpus' ({max_gpus}) must be at least 'gpus' ({gpus})")
     mig = _mig(raw, where)
+    share = _share(raw, where, gpu_milli, mig)
     models = _models(raw, where, bool(gpus or gpu_milli or mig))
     cpu, memory = _resources(raw, where)
     is_default = raw.get("default", False)
@@ -246,7 +288,7 @@ def parse_profile(raw: Any, index: int, trait: str = "GPUPoolSpawner.profiles") 
         raise TraitError(f"{where}: 'spawner_override' must be a dict of spawner trait names to values")
     return Profile(
         slug=slug, display_name=display_name.strip(), description=description, gpus=gpus, gpu_milli=gpu_milli,
-        mig=mig, max_gpus=max_gpus, models=models, cpu=cpu, memory=memory, default=is_default,
+        mig=mig, share=share, max_gpus=max_gpus, models=models, cpu=cpu, memory=memory, default=is_default,
         spawner_override=dict(override),
     )
 
@@ -264,7 +306,40 @@ def parse_profiles(value: Any, trait: str = "GPUPoolSpawner.profiles") -> list[P
     defaults = [p.slug for p in profiles if p.default]
     if len(defaults) > 1:
         raise TraitError(f"c.{trait}: only one profile may be the default, got {defaults}")
+    _check_mps(profiles, trait)
     return profiles
+
+
+def _check_mps(profiles: list[Profile], trait: str) -> None:
+    """Refuse ``mps`` profiles two of which fit one GPU together.
+
+    An MPS control daemon serves one Unix user per GPU at a time: a second user's
+    CUDA calls wait until every process of the first has ended. Placement packs
+    shares without regard to their owner, so two ``mps`` shares that fit one GPU
+    may be two users' servers there; the second would hang, not start. Only when
+    no two ``mps`` shares fit (each over half a GPU) does every MPS GPU serve one
+    user. ``timeslice`` shares of others may fill the rest: they are no MPS clients.
+    """
+    mps = [p for p in profiles if p.share_class == "mps"]
+    for i, a in enumerate(mps):
+        for b in mps[i:]:
+            if a.gpu_milli + b.gpu_milli > 1000 or not _may_share_models(a, b):
+                continue
+            pair = f"two {a.slug!r} servers" if a is b else f"a {a.slug!r} and a {b.slug!r} server"
+            raise TraitError(
+                f"c.{trait}: {pair} fit on one GPU together ({format_decimal(Decimal(a.gpu_milli) / 1000)} + "
+                f"{format_decimal(Decimal(b.gpu_milli) / 1000)} <= 1), so servers of two users (two Unix users) "
+                "could share one MPS GPU; NVIDIA MPS serves one Unix user per GPU at a time and the second "
+                "user's CUDA calls would wait until the first user's processes end. Give 'mps' profiles a "
+                "gpu_fraction above 0.5 (one MPS share per GPU, the rest for 'timeslice' shares), restrict "
+                "them to different 'models', or use share 'timeslice' or a 'mig' profile.")
+
+
+def _may_share_models(a: Profile, b: Profile) -> bool:
+    """Whether some GPU model may serve both profiles (any model where either names none)."""
+    if not a.models or not b.models:
+        return True
+    return any(model_matches(x, y) or model_matches(y, x) for x in a.models for y in b.models)
 
 
 # ------------------------------------------------------------- user options

@@ -13,10 +13,12 @@ Each tick (``interval`` seconds):
    sign of life (with ``c.GPUPool.inventory = "agents"`` a silent node takes no
    new placements);
 5. enforce: see :mod:`.enforce`;
-6. memory guard: ``GET nodes/{node}/memory`` names the shares of time-shared GPUs
-   on this node; users over their share's memory are warned through
-   ``PUT nodes/{node}/memory`` and, after ``memory_grace``, their biggest
-   processes there are stopped (see :mod:`.memguard`);
+6. shares (:mod:`.shares`): ``GET nodes/{node}/memory`` names the shares of GPUs
+   on this node and their class; ``mps`` shares are capped through each GPU's
+   MPS control daemon (:mod:`.mps`); users over their share's memory are warned
+   through ``PUT nodes/{node}/memory`` and, after ``memory_grace``, their biggest
+   processes there are stopped (:mod:`.memguard`). While the node holds shares
+   the guard also looks every ``memory_interval`` seconds between ticks;
 7. boundary guard: ``GET nodes/{node}/boundary`` names who holds each GPU of
    this node; a GPU process whose owner holds nothing there (kernels of
    running servers included) is warned about through ``PUT nodes/{node}/boundary``
@@ -52,30 +54,19 @@ from traitlets import Bool, Dict, Float, Integer, TraitError, Unicode, default, 
 from traitlets.config import Application, catch_config_error
 
 from .. import __version__
-from ..service.core.agentlease import CONFLICT_MARK, INSTANCE_HEADER
+from ..service.core.agentlease import INSTANCE_HEADER
 from .activity import AttributionHealth
 from .attribution import Snapshot, take_snapshot
 from .boundary import BoundaryGuard, BoundaryWarning
 from .enforce import Action, Enforcer
+from .errors import ServiceError
 from .lifecycle import ANOTHER_AGENT_EXIT, AgentLifecycle
-from .memguard import MemoryGuard, MemoryWarning, Share, iso_ts
+from .memguard import MemoryGuard, MemoryWarning, Share
 from .metrics import AgentMetrics
 from .nvml import GpuInfo, build_inventory, default_nvml, discover_links, list_gpus
+from .shares import ShareSteps
 
 log = logging.getLogger("gpupool.agent")
-
-
-class ServiceError(Exception):
-    """The service could not be asked (down, timed out, refused the token, answered nonsense)."""
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status  # the HTTP status when the service answered one
-
-    @property
-    def another_agent(self) -> bool:
-        """Another agent process holds this node at the service (service/core/agentlease.py)."""
-        return self.status == 409 and CONFLICT_MARK in str(self)
 
 
 @dataclass
@@ -104,6 +95,7 @@ class TickResult:
     actions: list[Action] = field(default_factory=list)
     memory_warnings: list[MemoryWarning] = field(default_factory=list)
     memory_actions: list[Action] = field(default_factory=list)
+    mps_failed: list[str] = field(default_factory=list)  # GPUs whose MPS caps could not be set, and why
     boundary_warnings: list[BoundaryWarning] = field(default_factory=list)
     boundary_actions: list[Action] = field(default_factory=list)
 
@@ -121,6 +113,7 @@ class TickResult:
             "actions": [vars(a) | {"gpu_uuids": list(a.gpu_uuids)} for a in self.actions],
             "memory_warnings": [w.as_dict() for w in self.memory_warnings],
             "memory_actions": [vars(a) | {"gpu_uuids": list(a.gpu_uuids)} for a in self.memory_actions],
+            "mps_failed": self.mps_failed,
             "boundary_warnings": [w.as_dict() for w in self.boundary_warnings],
             "boundary_actions": [vars(a) | {"gpu_uuids": list(a.gpu_uuids)} for a in self.boundary_actions],
         }
@@ -189,8 +182,8 @@ class ServiceClient:
         """The shares of time-shared GPUs on this node, and whether the service asks for a dry run."""
         data = await self._call("GET", "/memory")
         try:
-            shares = [Share(str(s["gpu_uuid"]), str(s["user"]), str(s["server"]), int(s["milli"]))
-                      for s in data["shares"]]
+            shares = [Share(str(s["gpu_uuid"]), str(s["user"]), str(s["server"]), int(s["milli"]),
+                            str(s.get("class") or "timeslice")) for s in data["shares"]]
         except (KeyError, TypeError, ValueError) as e:
             raise ServiceError(f"memory answer is malformed ({e}): {data!r:.200}") from None
         return shares, bool(data.get("dry_run", False))
@@ -227,7 +220,7 @@ class ServiceClient:
         return await self._call("PUT", "/attribution", {"gpus": {g.uuid: g.why_not() for g in snapshot.gpus}})
 
 
-class GPUPoolAgent(AgentLifecycle, Application):
+class GPUPoolAgent(AgentLifecycle, ShareSteps, Application):
     """The gpupool node agent."""
 
     name = "gpupool-agent"
@@ -308,25 +301,6 @@ class GPUPoolAgent(AgentLifecycle, Application):
             raise TraitError("min_uid must be at least 1: the agent never touches root")
         return proposal["value"]
 
-    memory_guard = Bool(
-        True, help="Keep time-shared GPU fractions to their memory: warn users over their share's limit, "
-                   "then stop their biggest processes on that GPU (needs a service).",
-    ).tag(config=True)
-    memory_tolerance = Float(
-        0.10, help="How far over its share a fraction may go: the limit is fraction x GPU memory x "
-                   "(1 + memory_tolerance); 0.10 lets a 0.5 share of an 80 GB GPU hold 44 GB.",
-    ).tag(config=True)
-    memory_grace = Float(
-        120.0, help="Seconds between the memory warning reaching the service (and the user's widget) and "
-                    "the first process being stopped.",
-    ).tag(config=True)
-
-    @validate("memory_tolerance", "memory_grace")
-    def _check_not_negative(self, proposal: Any) -> float:
-        if proposal["value"] < 0:
-            raise TraitError(f"{proposal['trait'].name} must not be negative")
-        return proposal["value"]
-
     boundary_guard = Bool(
         True, help="Stop GPU processes whose owner holds no allocation on that GPU (kernels of running servers "
                    "included), after a warning to the service and boundary_grace seconds (needs a service). "
@@ -371,8 +345,7 @@ class GPUPoolAgent(AgentLifecycle, Application):
         self.memguard = MemoryGuard(self.enforcer, tolerance=self.memory_tolerance, grace=self.memory_grace)
         self.boundary = BoundaryGuard(self.enforcer, grace=self.boundary_grace)
         self._boundary_unreported: list[dict[str, Any]] = []  # stops the service has not recorded yet
-        self._memory_reported = False  # the last accepted report had warnings: an empty one must follow
-        self._memory_unreported: list[dict[str, Any]] = []  # stops the service has not recorded yet
+        self.setup_shares()
         self.instance = f"{socket.gethostname()} pid {os.getpid()} {uuid.uuid4().hex[:8]}"
         self.client = (ServiceClient(self.service_url, self.node_name, self.token, self.request_timeout,
                                      instance=self.instance) if self.service_url else None)
@@ -534,41 +507,6 @@ class GPUPoolAgent(AgentLifecycle, Application):
             else:
                 self.log.warning("Could not report GPU utilization: %s", e)
                 self.metrics.loop_errors.labels("utilization").inc()
-
-    async def _guard_memory(self, result: TickResult) -> None:
-        """Warn, report, and stop what is due; nothing is stopped unless the warning reached the service."""
-        snapshot = result.snapshot
-        assert snapshot is not None and self.client is not None
-        try:
-            shares, dry = await self.client.memory_shares()
-            now = time.time()
-            result.memory_warnings = self.memguard.observe(snapshot, shares, now)
-            done = await asyncio.get_running_loop().run_in_executor(
-                None, lambda: self.memguard.enforce(snapshot, now, dry_run=dry))
-            result.memory_actions = [a for _w, a in done]
-            self._memory_unreported += [
-                {"user": a.user, "server": ",".join(w.usage.servers), "gpu_uuid": w.usage.gpu_uuid, "pid": a.pid,
-                 "memory_bytes": next((p.memory_bytes for p in w.usage.processes if p.pid == a.pid), 0),
-                 "action": a.action, "detail": a.detail} for w, a in done]
-            if result.memory_warnings or self._memory_unreported or self._memory_reported:
-                grace = self.memguard.grace
-                await self.client.report_memory({
-                    "dry_run": dry or self.dry_run,
-                    "warnings": [w.as_dict() | ({} if w.deadline else {"deadline": iso_ts(now + grace)})
-                                 for w in result.memory_warnings],
-                    "actions": self._memory_unreported[:1000],
-                })
-                self.memguard.accepted(now)
-                del self._memory_unreported[:1000]
-                self._memory_reported = bool(result.memory_warnings)
-        except ServiceError as e:
-            self.log.warning("Memory guard: service unavailable, stopping nothing this tick: %s", e)
-            self.metrics.loop_errors.labels("memory").inc()
-        except Exception:
-            self.log.exception("Memory guard failed")
-            self.metrics.loop_errors.labels("memory").inc()
-        for a in result.memory_actions:
-            self.metrics.enforcement_actions.labels(a.user, a.action).inc()
 
     async def _maybe_report(self, inventory: dict[str, Any]) -> bool:
         text = json.dumps(inventory, sort_keys=True)

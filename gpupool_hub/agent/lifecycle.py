@@ -1,6 +1,6 @@
 """How the node agent runs and stops: its loop, its signals, its metrics port, its node's lease.
 
-A stop (SIGTERM, SIGINT) does not wait for the tick in flight, and a hard exit
+A stop (SIGTERM, SIGINT) waits at most FINISH_GRACE for the tick in flight, and a hard exit
 follows ``STOP_DEADLINE`` seconds later should anything hang
 (``gpupool_hub/lifetime.py``). The metrics port is taken back from an older
 agent of this node (one that hung, one started by hand); held by anything
@@ -28,6 +28,8 @@ log = logging.getLogger("gpupool.agent")
 
 #: the exit status of an agent refused because another agent process holds its node
 ANOTHER_AGENT_EXIT = 3
+#: seconds a tick in flight may still take after a stop (the whole stop has STOP_DEADLINE)
+FINISH_GRACE = 1.5
 
 
 class AgentLifecycle:
@@ -35,32 +37,49 @@ class AgentLifecycle:
 
 
     async def run(self: GPUPoolAgent) -> None:
-        """Tick until :meth:`stop`; a tick's duration is not added to the interval.
+        """Tick until :meth:`stop`; a tick's duration is not added to the interval. While the
+        node holds shares the memory guard looks again between ticks (``memory_interval``).
 
-        A stop does not wait for the tick in flight: its service calls are abandoned (each
-        report is sent again whole next time; a stop already signalled stays signalled)."""
+        A stop waits at most ``FINISH_GRACE`` seconds for the tick in flight, then abandons
+        its service calls (each report is sent again whole next time; a process already
+        signalled stays signalled), so the agent is gone within 5 s of SIGTERM."""
         self._stopping = asyncio.Event()
         while not self._stopping.is_set():
             started = time.monotonic()
-            tick = asyncio.ensure_future(self.tick())
-            stopping = asyncio.ensure_future(self._stopping.wait())
-            await asyncio.wait({tick, stopping}, return_when=asyncio.FIRST_COMPLETED)
-            if not tick.done():
-                tick.cancel()
-                await asyncio.gather(tick, return_exceptions=True)
-            try:
-                await asyncio.wait_for(stopping, max(0.0, self.interval - (time.monotonic() - started)))
-            except asyncio.TimeoutError:
-                pass
+            await self._unless_stopped(self.tick())
+            while not self._stopping.is_set():
+                left = self.interval - (time.monotonic() - started)
+                step = min(left, self.memory_interval) if self.guarding() else left
+                try:
+                    await asyncio.wait_for(self._stopping.wait(), max(0.0, step))
+                except asyncio.TimeoutError:
+                    pass
+                if step >= left:
+                    break
+                await self._unless_stopped(self.guard_tick())
         await self._release()
         self._close_nvml()
+
+    async def _unless_stopped(self: GPUPoolAgent, step: Any) -> None:
+        """Run ``step`` (a coroutine) to its end; after a stop, give it ``FINISH_GRACE`` seconds
+        (a stop it made is then reported, and audited) before cancelling it."""
+        assert self._stopping is not None
+        task = asyncio.ensure_future(step)
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            await asyncio.wait({task}, timeout=FINISH_GRACE)
+        for pending in (task, stopping):
+            if not pending.done():
+                pending.cancel()
+        await asyncio.gather(task, stopping, return_exceptions=True)
 
     async def _release(self: GPUPoolAgent) -> None:
         """Give the node's lease up at the service (best effort: it lapses after agent_timeout anyway)."""
         if self.client is None or self.exit_status == ANOTHER_AGENT_EXIT:
             return
         try:
-            await self.client.release(timeout=min(2.0, self.request_timeout))
+            await self.client.release(timeout=min(FINISH_GRACE, self.request_timeout))
         except Exception as e:  # best effort: the lease lapses after agent_timeout anyway
             self.log.info("Could not give node %s up at the service: %s", self.node_name, e)
 

@@ -45,12 +45,13 @@ MIB = 1 << 20
 
 @dataclass(frozen=True)
 class Share:
-    """A fraction of a time-shared GPU held by a user's server (from the service)."""
+    """A fraction of a shared GPU held by a user's server (from the service)."""
 
     gpu_uuid: str
     user: str
     server: str
     milli: int  # 1..999
+    share_class: str = "timeslice"  # or "mps": capped by the GPU's MPS daemon too (agent/mps.py)
 
 
 @dataclass(frozen=True)

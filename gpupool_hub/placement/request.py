@@ -58,6 +58,7 @@ class Request:
     required: frozenset = frozenset()
     preferred: frozenset = frozenset()
     mig: Optional[str] = None
+    share: str = ""  # a fraction's guarantee class ("mps", "timeslice"); placement does not read it
 
     def __post_init__(self) -> None:
         for name in ("cpu_milli", "memory_mib", "gpus", "gpu_milli"):
@@ -79,6 +80,10 @@ class Request:
                     f"gpu_milli is a fraction of one GPU (1-999 milli); for whole GPUs use gpus=N "
                     f"(got gpu_milli={self.gpu_milli})"
                 )
+        if self.share not in ("", "mps", "timeslice"):
+            raise InvalidRequest(f"share must be 'timeslice' or 'mps', got {self.share!r}")
+        if self.share and not self.gpu_milli:
+            raise InvalidRequest(f"share ({self.share}) says how a fraction is kept; this request has no gpu_fraction")
         if self.mig is not None:
             try:
                 object.__setattr__(self, "mig", parse_mig_profile(self.mig))

@@ -109,6 +109,8 @@ class GPUPoolSpawner(GPUPoolWaits):
     ).tag(config=True)
 
     request_timeout = Float(10, help="Seconds each request to the gpupool service may take.").tag(config=True)
+    mps_root = Unicode("/run/gpupool-mps", help="Where the node agents keep each GPU's MPS pipe directory "
+                       "(c.GPUPoolAgent.mps_root); servers of 'mps' shares are pointed there.").tag(config=True)
 
     reclaim_wait = Float(
         300, help="""Seconds a spawn waits while the pool reclaims borrowed GPUs for it (team fair
@@ -275,7 +277,7 @@ class GPUPoolSpawner(GPUPoolWaits):
             env["NVIDIA_VISIBLE_DEVICES"] = uuids
             env["GPUPOOL_ALLOCATION"] = allocation["id"]
             env["GPUPOOL_NODE"] = allocation.get("node", "")
-            env.update(share_memory_env(allocation))  # a time-shared fraction: keep to its memory
+            env.update(share_memory_env(allocation, self.mps_root))  # a fraction: keep to its memory
         else:  # a CPU-only server must not use GPUs the pool may hand to someone else
             env["CUDA_VISIBLE_DEVICES"] = ""
             env["NVIDIA_VISIBLE_DEVICES"] = "none"

@@ -170,6 +170,8 @@ class ProfileChoice:
     gpu_counts: tuple[int, ...]  # choices of an adjustable profile
     free: str  # "3 of 4 GPUs free", or "" when not known or not meaningful
     gpus_selected: int = 0  # the GPU count chosen in advance (a link's), 0: the first
+    share_class: str = ""  # a share's guarantee class: "mig", "mps", "timeslice"; "" for whole GPUs
+    guarantee: str = ""  # what that class promises, in words: "isolated", "memory capped", "shared, best effort"
 
 
 def _choice(p: Profile, chosen: Profile | None, catalog: Mapping[str, Any] | None,
@@ -212,6 +214,7 @@ def _choice(p: Profile, chosen: Profile | None, catalog: Mapping[str, Any] | Non
         price="; ".join(t for t in (price_text, hours_text) if t), affordable=affordable,
         checked=checked, needs=needs, gpu_counts=counts, free=free_text,
         gpus_selected=chosen_gpus if checked and chosen_gpus in counts else 0,
+        share_class=p.share_class, guarantee=p.class_words,
     )
 
 

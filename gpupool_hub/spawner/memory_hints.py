@@ -5,9 +5,12 @@ processes that hold more than their share (``agent/memguard.py``). These
 variables help the user's code stay inside the share in the first place; each
 is honoured only by what reads it (see docs/user-guide.md):
 
-* ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` (``0=<N>M``): a hard cap, enforced by the
-  CUDA driver for clients of an MPS control daemon; ignored without MPS. Set
-  only when the pool knows the GPU's memory. Device ``0`` is the first visible
+* ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` (``0=<N>M``): a cap the CUDA driver keeps
+  for clients of an MPS control daemon; ignored without MPS, and the user may
+  change it, so for ``mps`` shares the agent sets the cap that holds, on the
+  server, through the daemon. Set only when the pool knows the GPU's memory.
+* ``CUDA_MPS_PIPE_DIRECTORY``: only for ``mps`` shares, where the GPU's control
+  daemon listens; CUDA then runs the server's processes as MPS clients. Device ``0`` is the first visible
   device, which is the share's GPU (``CUDA_VISIBLE_DEVICES`` names only it).
 * ``XLA_PYTHON_CLIENT_MEM_FRACTION``: JAX preallocates this fraction of the GPU
   (75 % by default, which would overrun any share below it).
@@ -23,12 +26,17 @@ Whole GPUs and MIG instances get none of these: nothing shares their memory.
 
 from __future__ import annotations
 
+import re
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+_UUID = re.compile(r"^GPU-[A-Za-z0-9-]{1,80}$")
 
-def share_memory_env(allocation: dict[str, Any]) -> dict[str, str]:
-    """The hints for an allocation holding one time-shared fraction of a GPU; ``{}`` otherwise."""
+
+def share_memory_env(allocation: dict[str, Any], mps_root: str = "/run/gpupool-mps") -> dict[str, str]:
+    """The hints for an allocation holding one fraction of a GPU; ``{}`` otherwise. An ``mps`` share
+    also gets the pipe directory of its GPU's MPS control daemon (``<mps_root>/<uuid>/pipe``), run
+    and capped by the node agent (``agent/mps.py``)."""
     gpus = allocation.get("gpus") or []
     if len(gpus) != 1 or gpus[0].get("mig_uuid"):
         return {}
@@ -45,4 +53,6 @@ def share_memory_env(allocation: dict[str, Any]) -> dict[str, str]:
         limit = int(memory_mib * fraction)
         env["GPUPOOL_GPU_MEMORY_LIMIT_MIB"] = str(limit)
         env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={limit}M"
+    if gpus[0].get("share") == "mps" and _UUID.match(str(gpus[0].get("uuid", ""))):
+        env["CUDA_MPS_PIPE_DIRECTORY"] = f"{mps_root.rstrip('/')}/{gpus[0]['uuid']}/pipe"
     return env

@@ -101,3 +101,35 @@ def test_admins_template_is_used_first_and_may_extend_the_packaged_one(tmp_path)
     assert "Your balance: <strong>-8.5 tokens</strong>" in page and 'data-profile="a6000"' in page
     s = make(profiles=PROFILES, form_template_paths=[str(second)])
     assert render_form(s, ACCOUNT, CATALOG) == "never used"
+
+
+def test_each_share_shows_its_class_in_words_next_to_its_price():
+    profiles = PROFILES + [{"slug": "capped", "display_name": "Capped 3/4", "gpu_fraction": 0.75, "share": "mps"},
+                           {"slug": "slice", "display_name": "MIG slice", "mig": "1g.10gb"}]
+    page = render_form(make(profiles=profiles), ACCOUNT, CATALOG)
+    assert '<span class="gpupool-class" data-class="timeslice">(shared, best effort)</span>' in page
+    assert '<span class="gpupool-class" data-class="mps">(memory capped)</span>' in page
+    assert '<span class="gpupool-class" data-class="mig">(isolated)</span>' in page
+    assert page.count('class="gpupool-class"') == 3  # whole GPUs and CPU-only profiles share nothing
+
+
+def test_get_models_lists_each_profiles_class_and_price(tmp_path):
+    from gpupool_hub.profiles import parse_profiles
+    from gpupool_hub.service.core.catalog import catalog
+    from tests.fixtures.manager import make_manager
+    from tests.service.openapi import check
+
+    nodes = [{"name": "n1", "cpu_milli": 8000, "memory_mib": 32768,
+              "gpus": [{"index": i, "uuid": f"GPU-{i}", "model": "A100", "memory_mib": 81920} for i in range(2)]}]
+    m = make_manager(nodes, {"A100": 2}, f"sqlite:///{tmp_path / 'l.sqlite'}")
+    try:
+        m.inventory.expect_profiles(parse_profiles([
+            {"slug": "w", "gpus": 1}, {"slug": "capped", "gpu_fraction": 0.75, "share": "mps"},
+            {"slug": "t", "gpu_fraction": 0.25}, {"slug": "h", "gpu_fraction": 0.25, "models": ["H100"]}]))
+        body = catalog(m.inventory, m.settings.min_start_hours)
+        check("Models", body)
+        assert [(p["slug"], p["class"], p["class_words"], p["prices"]) for p in body["profiles"]] == [
+            ("w", "", "", {"A100": "2.000"}), ("capped", "mps", "memory capped", {"A100": "1.500"}),
+            ("t", "timeslice", "shared, best effort", {"A100": "0.500"}), ("h", "timeslice", "shared, best effort", {})]
+    finally:
+        m.close()

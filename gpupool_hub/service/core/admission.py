@@ -44,7 +44,8 @@ def _num(value: Decimal) -> str:
     return f"{value.normalize():f}"
 
 
-REQUEST_FIELDS = frozenset({"gpus", "gpu_milli", "gpu_fraction", "mig", "models", "cpu_milli", "memory_mib"})
+REQUEST_FIELDS = frozenset({"gpus", "gpu_milli", "gpu_fraction", "mig", "models", "cpu_milli", "memory_mib",
+                            "share"})
 
 
 def parse_request(body: Any) -> Request:
@@ -78,7 +79,7 @@ def parse_request(body: Any) -> Request:
         return Request(
             cpu_milli=body.get("cpu_milli", 0), memory_mib=body.get("memory_mib", 0),
             gpus=body.get("gpus", 0), gpu_milli=gpu_milli,
-            models=frozenset(models) if models else None, mig=mig,
+            models=frozenset(models) if models else None, mig=mig, share=body.get("share", ""),
         )
     except InvalidRequest as e:
         raise BadRequest(str(e)) from None
@@ -278,7 +279,8 @@ class Admission:
         record = AllocationRecord(
             id=alloc_id, user=user, server=server, node=placement.node,
             gpus=tuple({"index": g.index, "uuid": g.uuid, "model": g.model, "milli": g.milli, "mig_uuid": g.mig_uuid,
-                        **({"mig_profile": g.mig_profile} if g.mig_profile else {})}
+                        **({"mig_profile": g.mig_profile} if g.mig_profile else {}),
+                        **({"share": request.share} if request.share and g.milli < 1000 else {})}
                        for g in placement.gpus),
             request=stored,
             price_per_hour=round_milli(self.inventory.price_of(placement)), borrowed=borrowed,

@@ -1,6 +1,6 @@
 """The spawn form's catalog (``GET models``): per GPU model of the pool, its price,
 how many GPUs there are and how many are free now, and per MIG profile its
-instances. A read-only view of the inventory, kept out of ``PoolInventory``,
+instances; per configured spawn profile its guarantee class and its price. A read-only view of the inventory, kept out of ``PoolInventory``,
 which owns the hardware facts rather than how they are shown."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from ...placement.mig import instance_profile
 from ...placement.state import Pool
-from ...pricing import PriceTable, PricingError
+from ...pricing import PriceTable, PricingError, model_matches
+from ...profiles import Profile
 from ...units import format_tokens
 
 if TYPE_CHECKING:
@@ -41,7 +42,25 @@ def catalog(inventory: "PoolInventory", min_start_hours: Decimal) -> dict[str, A
         if model in instances:
             entry["mig"] = _mig_catalog(prices, model, instances[model])
         models.append(entry)
-    return {"models": models, "min_start_hours": format_tokens(min_start_hours)}
+    profiles = [_profile_entry(p, prices, sorted(counts)) for p in inventory.expected_profiles[0]]
+    return {"models": models, "min_start_hours": format_tokens(min_start_hours), "profiles": profiles}
+
+
+def _profile_entry(profile: Profile, prices: PriceTable, models: list[str]) -> dict[str, Any]:
+    """A configured profile's class, in words, and its price per hour on each pool model it may use."""
+    per_model: dict[str, str | None] = {}
+    if profile.needs_gpu:
+        for model in models:
+            if profile.models and not any(model_matches(name, model) for name in profile.models):
+                continue
+            try:
+                hourly = (prices.mig_price_per_hour(model, profile.mig) if profile.mig
+                          else prices.price_per_hour(model, profile.gpu_amount))
+                per_model[model] = format_tokens(hourly)
+            except (PricingError, ValueError):
+                per_model[model] = None
+    return {"slug": profile.slug, "display_name": profile.display_name, "class": profile.share_class,
+            "class_words": profile.class_words, "prices": per_model}
 
 
 def _mig_instances(pool: Pool) -> dict[str, dict[str, list[int]]]:

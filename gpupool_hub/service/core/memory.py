@@ -31,8 +31,10 @@ STALE_SECONDS = 300.0
 
 
 def shares_on(records: list[AllocationRecord], node: str) -> list[dict[str, Any]]:
-    """The fractions of time-shared GPUs held on ``node``: what its memory guard watches."""
-    return [{"gpu_uuid": g["uuid"], "user": r.user, "server": r.server, "milli": int(g["milli"])}
+    """The fractions of shared GPUs held on ``node``, with their class (``timeslice``: the memory
+    guard keeps them; ``mps``: the agent sets their caps through the GPU's MPS control daemon)."""
+    return [{"gpu_uuid": g["uuid"], "user": r.user, "server": r.server, "milli": int(g["milli"]),
+             "class": g.get("share") or "timeslice"}
             for r in records if r.node == node for g in r.gpus
             if 0 < int(g["milli"]) < 1000 and not g.get("mig_uuid")]
 
