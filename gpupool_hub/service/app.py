@@ -35,7 +35,7 @@ from ..cull import Culler
 from .hubapi import GroupCache, HubClient
 from .jobs import JobRunner
 from .jobs.accounting import DebitJob, ReplenishJob
-from .jobs.cull import CullJob, UtilizationProbe
+from .jobs.cull import CullJob, ServerUtilization
 from .jobs.inventory import InventoryRefreshJob
 from ..usage.utilization import PrometheusUtilization, ReportedUtilization
 from .jobs.idle import IdleJob
@@ -409,7 +409,7 @@ class GPUPoolService(Application):
                        InventoryRefreshJob(self.inventory_source, m.inventory, m.threads, jobs.in_thread),
                        leased=False)
         if self.culler.enabled:
-            probe = UtilizationProbe(self.culler, self.prometheus_url, self.prometheus_token)
+            probe = ServerUtilization(self.culler, self.utilization)
             jobs.every(self.culler.interval, "cull", CullJob(
                 self.hub, self.culler, self.groups, probe, settings=m.settings, ledger=m.ledger, threads=m.threads,
                 inventory=m.inventory, queue=m.queue, admission=m.admission, enforcement=m.enforcement,
