@@ -36,6 +36,7 @@ from .hubapi import GroupCache, HubClient
 from .jobs import JobRunner
 from .jobs.accounting import DebitJob, ReplenishJob
 from .jobs.cull import CullJob, ServerUtilization
+from .jobs.gpuuse import GPU_USE_INTERVAL, GpuUseJob
 from .jobs.inventory import InventoryRefreshJob
 from ..usage.utilization import PrometheusUtilization, ReportedUtilization
 from .jobs.idle import IdleJob
@@ -404,6 +405,9 @@ class GPUPoolService(Application):
             jobs.every(self.idle_interval, "idle", IdleJob(
                 self.hub, self.utilization, settings=m.settings, ledger=m.ledger, threads=m.threads, idle=m.idle,
                 queue=m.queue, admission=m.admission, enforcement=m.enforcement, notices=m.notices, cache=m.cache))
+        # each minute's GPU use, for "My GPU usage" and the admins' idle GPU-hours (once per minute)
+        jobs.every(GPU_USE_INTERVAL / 3, "gpu-use", GpuUseJob(self.utilization, ledger=m.ledger, threads=m.threads,
+                                                              settings=m.settings, interval=GPU_USE_INTERVAL))
         if self.inventory_source.dynamic:
             jobs.every(self.inventory_source.refresh_interval, "inventory",  # this service's own pool view
                        InventoryRefreshJob(self.inventory_source, m.inventory, m.threads, jobs.in_thread),
