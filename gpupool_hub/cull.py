@@ -20,7 +20,7 @@ Every action lands in the audit log that admins read at ``GET audit``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -54,11 +54,11 @@ class Culler(Configurable):
         600, help="…or when a GPU spawn was refused for lack of capacity within this many seconds.",
     ).tag(config=True)
     pressure_utilization = Float(
-        0, help="Optional: …or when measured GPU utilization (0–1, from utilization_query) exceeds this. 0 = off.",
-    ).tag(config=True)
-    utilization_query = Unicode(
-        "avg(DCGM_FI_DEV_GPU_UTIL) / 100",
-        help="PromQL giving the pool's GPU utilization as a 0–1 scalar (used only with pressure_utilization).",
+        0, help="""Optional: …or when the pool's measured GPU utilization (0–1) exceeds this. 0 = off.
+        Measured from each server's own utilization (the same source as idle reclaim: Prometheus
+        with c.GPUPoolService.utilization_metric, else the node agents' reports): on a shared GPU a
+        server counts its own processes; GPUs nobody holds count as idle; a server whose
+        utilization is unknown is left out.""",
     ).tag(config=True)
     exempt_users = Set(help="Users never culled or stopped.").tag(config=True)
     exempt_groups = Set(help="Members of these JupyterHub groups are never culled or stopped.").tag(config=True)
@@ -119,15 +119,40 @@ def pressure(allocated: Decimal, capacity: Decimal, last_refusal: datetime | Non
 
     ``last_refusal`` is the newest sign that someone else needs GPUs: with the wait
     queue on, the last retry of another user's queued spawn that the judged user's
-    GPUs would serve (``WaitQueue.demand_for``); without it, others' refusals."""
+    GPUs would serve (``WaitQueue.demand_for``); without it, others' refusals.
+    ``utilization``: how busy the others keep the pool (:func:`others_utilization`)."""
     if capacity > 0 and allocated / capacity > Decimal(str(culler.pressure_allocated_fraction)):
         return f"{allocated:g} of {capacity:g} GPUs allocated (over {culler.pressure_allocated_fraction:.0%})"
     if last_refusal is not None and now - last_refusal <= timedelta(seconds=culler.pressure_refusal_window):
         return (f"a GPU spawn of another user was refused for lack of capacity and waits for GPUs like these "
                 f"(last asked at {last_refusal:%H:%M:%S} UTC)")
     if culler.pressure_utilization and utilization is not None and utilization > culler.pressure_utilization:
-        return f"GPU utilization {utilization:.0%} is over {culler.pressure_utilization:.0%}"
+        return (f"other users' servers keep the GPUs {utilization:.0%} busy "
+                f"(GPU utilization over {culler.pressure_utilization:.0%})")
     return None
+
+
+def others_utilization(user: str, holdings: Iterable[tuple[str, Decimal, float | None]],
+                       capacity: Decimal) -> float | None:
+    """How busy other users keep the pool, for judging ``user`` (0–1), from each server's own
+    figure: ``(holder, GPUs held, the fraction of that GPU its own processes use, or None)``
+    per server and GPU. As with refusals, a user's own work is no pressure on that user,
+    which a whole-GPU figure cannot tell apart on a shared GPU. GPUs nobody holds count as
+    idle; a holding whose figure is unknown counts neither way (never a guess). None when
+    every other holding is unknown. Pure."""
+    busy, unknown, measured, own = Decimal(0), Decimal(0), False, Decimal(0)
+    for holder, gpus, utilization in holdings:
+        if holder == user:
+            own += gpus
+        elif utilization is None:
+            unknown += gpus
+        else:
+            busy += Decimal(str(utilization))
+            measured = True
+    room = capacity - own - unknown
+    if (unknown and not measured) or room <= 0:
+        return None
+    return min(float(busy / room), 1.0)
 
 
 def decide(users: Sequence[UserState], warnings: Mapping[str, Any], pressure_reason: str | None,

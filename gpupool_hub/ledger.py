@@ -45,7 +45,7 @@ from .units import from_milli, to_milli
 log = logging.getLogger(__name__)
 
 #: Current schema version; see ``MIGRATIONS`` and docs/ledger.md for the upgrade path.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 KINDS = ("grant", "monthly", "daily", "debit", "adjustment", "refund")
 #: Kinds whose amount must be positive (credits) or negative (charges).
@@ -180,6 +180,65 @@ node_devices = sa.Table(
     sa.Column("node", sa.Unicode(255), nullable=False),
     sa.Column("reported_at", sa.DateTime, nullable=False),
 )
+
+# What users' GPUs did while held, per local day of the pool, user and team (the team the
+# user counted against when it was measured): GPU-seconds held, busy and of unknown use, in
+# thousandths (a 0.5 share held a minute is 30,000). Busy is the server's own use of its GPU
+# or share, at most the share. Written by the gpu-use job, one interval at a time.
+gpu_use = sa.Table(
+    "gpupool_gpu_use",
+    metadata,
+    sa.Column("day", sa.Date, primary_key=True),
+    sa.Column("user", sa.Unicode(255), primary_key=True),
+    sa.Column("team", sa.Unicode(255), primary_key=True),
+    sa.Column("held_milli", sa.BigInteger, nullable=False, default=0),
+    sa.Column("busy_milli", sa.BigInteger, nullable=False, default=0),
+    sa.Column("unknown_milli", sa.BigInteger, nullable=False, default=0),
+)
+
+
+@dataclass(frozen=True)
+class GpuUse:
+    """One user's GPU time on one day (thousandths of GPU-seconds). ``held`` includes the
+    busy and the unknown parts; idle is what is left."""
+
+    day: date
+    user: str
+    team: str
+    held_milli: int
+    busy_milli: int
+    unknown_milli: int
+
+    @property
+    def idle_milli(self) -> int:
+        return self.held_milli - self.busy_milli - self.unknown_milli
+
+
+class LedgerGpuUse:
+    """The record of what users' GPUs did (``gpupool_gpu_use``). A base of :class:`Ledger`."""
+
+    def _write(self) -> Any:  # provided by Ledger
+        raise NotImplementedError("Subclass must provide implementation")
+
+    def record_gpu_use(self, rows: Iterable[GpuUse], interval: tuple[str, datetime, datetime],
+                       *, now: datetime | None = None) -> bool:
+        """Add one interval's measurements to the daily sums and mark the interval done, in
+        one transaction; an interval already recorded adds nothing (False)."""
+        job, start, end = interval
+        with self._write() as conn:
+            marked = conn.execute(_insert(conn, intervals).returning(intervals.c.job), dict(
+                job=job, start=_db_time(start), end=_db_time(end), completed_at=_db_time(now or utcnow()),
+                entries=0)).first()
+            if marked is None:  # recorded before (rowcount is not to be trusted with ON CONFLICT everywhere)
+                return False
+            for r in rows:
+                key = (gpu_use.c.day == r.day) & (gpu_use.c.user == r.user) & (gpu_use.c.team == r.team)
+                added = {"held_milli": r.held_milli, "busy_milli": r.busy_milli, "unknown_milli": r.unknown_milli}
+                done = conn.execute(gpu_use.update().where(key).values(
+                    **{c: gpu_use.c[c] + v for c, v in added.items()}).returning(gpu_use.c.day)).first()
+                if done is None:
+                    conn.execute(gpu_use.insert().values(day=r.day, user=r.user, team=r.team, **added))
+        return True
 
 
 class LedgerRecords:
@@ -666,8 +725,12 @@ def _migrate_to_6(conn: Connection) -> None:
                          .values(idempotency_key=stored_key(key), key_text=key))
 
 
+def _migrate_to_7(conn: Connection) -> None:
+    metadata.create_all(conn, tables=[gpu_use])
+
+
 MIGRATIONS = {1: _migrate_to_1, 2: _migrate_to_2, 3: _migrate_to_3, 4: _migrate_to_4, 5: _migrate_to_5,
-              6: _migrate_to_6}
+              6: _migrate_to_6, 7: _migrate_to_7}
 
 
 def schema_version(conn: Connection) -> int:
@@ -732,7 +795,7 @@ def _same(entry: Entry, posting: Posting) -> bool:
     return (entry.account, entry.kind, entry.amount) == (posting.account, posting.kind, posting.amount)
 
 
-class Ledger(LedgerRecords, LedgerLeases):
+class Ledger(LedgerRecords, LedgerLeases, LedgerGpuUse):
     """Append-only token ledger over any SQLAlchemy URL (SQLite or PostgreSQL)."""
 
     def __init__(self, url: str = "sqlite:///gpupool.sqlite", *, engine: Engine | None = None,
@@ -1258,3 +1321,24 @@ def search_accounts(ledger: Ledger, *, query: str = "", negative: bool = False, 
         rows = [AccountRow(r[0], int(r[1]), _aware_page(r[2])) for r in conn.execute(q)]  # type: ignore[arg-type]
         total = int(conn.execute(count).scalar_one())
     return rows, total
+
+
+def gpu_use_of(ledger: Ledger, user: str, first: date, last: date) -> dict[date, GpuUse]:
+    """One user's GPU time per day from ``first`` to ``last`` (local days; all teams summed)."""
+    q = (sa.select(gpu_use.c.day, sa.func.sum(gpu_use.c.held_milli), sa.func.sum(gpu_use.c.busy_milli),
+                   sa.func.sum(gpu_use.c.unknown_milli))
+         .where(gpu_use.c.user == user, gpu_use.c.day >= first, gpu_use.c.day <= last)
+         .group_by(gpu_use.c.day))
+    with ledger.reader.connect() as conn:
+        return {r[0]: GpuUse(r[0], user, "", int(r[1]), int(r[2]), int(r[3])) for r in conn.execute(q)}
+
+
+def idle_gpu_time(ledger: Ledger, by: str, since: date) -> list[tuple[str, int, int]]:
+    """Idle GPU time since ``since`` (a local day) per user or per team (``by``): ``(name,
+    idle, held)`` in thousandths of GPU-seconds, the most idle first (ties: by name)."""
+    column = {"user": gpu_use.c.user, "team": gpu_use.c.team}[by]
+    idle = sa.func.sum(gpu_use.c.held_milli - gpu_use.c.busy_milli - gpu_use.c.unknown_milli)
+    q = (sa.select(column, idle, sa.func.sum(gpu_use.c.held_milli)).where(gpu_use.c.day >= since)
+         .group_by(column).order_by(idle.desc(), column))
+    with ledger.reader.connect() as conn:
+        return [(r[0], int(r[1]), int(r[2])) for r in conn.execute(q)]

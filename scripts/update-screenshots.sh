@@ -23,7 +23,7 @@ images=${DOCS_IMAGES:-docs/images}
 
 if [ "${1:-}" != "--no-run" ]; then
     if [ -d .venv/node/node_modules/.bin ]; then export PATH="$(pwd)/.venv/node/node_modules/.bin:$PATH"; fi
-    tests=(tests/labext/test_browser.py tests/e2e/test_widget_hub.py)
+    tests=(tests/labext/test_browser.py tests/e2e/test_widget_hub.py tests/agent/test_gpu_use_pages.py)
     if [ -f tests/pages/test_pages_hub.py ]; then tests+=(tests/pages/test_pages_hub.py); fi
     "$python" -m pytest "${tests[@]}" -q
 fi

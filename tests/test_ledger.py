@@ -16,6 +16,8 @@ from gpupool_hub.credits import CreditRules, due_credits
 from gpupool_hub.keys import entry_key
 from gpupool_hub.ledger import (
     SCHEMA_VERSION,
+    GpuUse,
+    gpu_use_of,
     AuditEvent,
     IdempotencyConflict,
     Ledger,
@@ -230,12 +232,17 @@ def test_a_version_5_database_is_upgraded_and_its_long_keys_still_match(db_url):
     ledger = Ledger(db_url)
     try:
         with ledger.engine.begin() as conn:
-            assert conn.execute(sa.select(meta_table.c.value)).scalar_one() == str(SCHEMA_VERSION) == "6"
+            assert conn.execute(sa.select(meta_table.c.value)).scalar_one() == str(SCHEMA_VERSION) == "7"
         replay = ledger.post(Posting("alice", "grant", Decimal(7), long_key))
         assert not replay.created and replay.entry.key == long_key and replay.entry.reason == "old"
         assert ledger.balance("alice") == Decimal(7) and ledger.verify().ok
         ledger.set_node_devices("n1", ["GPU-1", "MIG-1"], NOW)
         assert ledger.node_devices() == {"GPU-1": "n1", "MIG-1": "n1"}
+        # version 7: the GPU-use record, written once per interval
+        use = [GpuUse(NOW.date(), "alice", "", 60_000, 30_000, 0)]
+        interval = ("gpu-use", NOW, NOW + timedelta(minutes=1))
+        assert ledger.record_gpu_use(use, interval) and not ledger.record_gpu_use(use, interval)
+        assert gpu_use_of(ledger, "alice", NOW.date(), NOW.date())[NOW.date()].idle_milli == 30_000
     finally:
         ledger.close()
 

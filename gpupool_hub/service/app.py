@@ -35,7 +35,8 @@ from ..cull import Culler
 from .hubapi import GroupCache, HubClient
 from .jobs import JobRunner
 from .jobs.accounting import DebitJob, ReplenishJob
-from .jobs.cull import CullJob, UtilizationProbe
+from .jobs.cull import CullJob, ServerUtilization
+from .jobs.gpuuse import GPU_USE_INTERVAL, GpuUseJob
 from .jobs.inventory import InventoryRefreshJob
 from ..usage.utilization import PrometheusUtilization, ReportedUtilization
 from .jobs.idle import IdleJob
@@ -404,12 +405,15 @@ class GPUPoolService(Application):
             jobs.every(self.idle_interval, "idle", IdleJob(
                 self.hub, self.utilization, settings=m.settings, records=m.records, idle=m.idle,
                 queue=m.queue, admission=m.admission, enforcement=m.enforcement, notices=m.notices, cache=m.cache))
+        # each minute's GPU use, for "My GPU usage" and the admins' idle GPU-hours (once per minute)
+        jobs.every(GPU_USE_INTERVAL / 3, "gpu-use", GpuUseJob(self.utilization, records=m.records, log=m.gpu_use,
+                                                              settings=m.settings, interval=GPU_USE_INTERVAL))
         if self.inventory_source.dynamic:
             jobs.every(self.inventory_source.refresh_interval, "inventory",  # this service's own pool view
                        InventoryRefreshJob(self.inventory_source, m.inventory, jobs.in_thread),
                        leased=False)
         if self.culler.enabled:
-            probe = UtilizationProbe(self.culler, self.prometheus_url, self.prometheus_token)
+            probe = ServerUtilization(self.culler, self.utilization)
             jobs.every(self.culler.interval, "cull", CullJob(
                 self.hub, self.culler, self.groups, probe, settings=m.settings, records=m.records,
                 inventory=m.inventory, queue=m.queue, admission=m.admission, enforcement=m.enforcement,

@@ -13,9 +13,9 @@ import asyncio
 import json
 import logging
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta, timezone
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 from urllib.parse import urlencode
 
 from tornado.httpclient import AsyncHTTPClient
@@ -29,6 +29,7 @@ REPORT_STALE_SECONDS = 300.0
 
 #: (user, GPU UUID): one user's own use of a GPU that several users share
 UserGpu = tuple[str, str]
+K = TypeVar("K")
 
 
 class UtilizationSource(Protocol):
@@ -256,56 +257,56 @@ class ReportedUtilization:
 
     async def user_peak(self, pairs: Iterable[UserGpu], window: float) -> dict[UserGpu, float]:
         now = datetime.now(timezone.utc)
-        start = now - timedelta(seconds=window)
-        out = {}
         with self._lock:
-            for pair in pairs:
-                entry = self._user_entry(pair, now, window)
-                if entry is None or entry[0] > start:
-                    continue  # not attributable for the whole window
-                _, busy, value = entry
-                out[pair] = 1.0 if busy is not None and busy >= start else value
-        return out
+            known = {p: self._user_entry(p, now, window) for p in pairs}
+        return _peaks(known, now - timedelta(seconds=window))
 
     async def user_readings(self, pairs: Iterable[UserGpu], window: float) -> dict[UserGpu, GpuReading]:
         now = datetime.now(timezone.utc)
-        out = {}
         with self._lock:
-            for pair in pairs:
-                entry = self._user_entry(pair, now, window)
-                if entry is None:
-                    continue
-                since, busy, value = entry
-                idle = None if value >= self.threshold else max(busy or since, now - timedelta(seconds=window))
-                used, total = self._memory.get(pair[1], (None, None))
-                out[pair] = GpuReading(value, used, total, idle)
-        return out
+            known = {p: self._user_entry(p, now, window) for p in pairs}
+            return self._readings(known, lambda pair: pair[1], now, window)
 
     async def peak(self, uuids: Iterable[str], window: float) -> dict[str, float]:
         now = datetime.now(timezone.utc)
-        start = now - timedelta(seconds=window)
-        out = {}
         with self._lock:
-            for uuid in uuids:
-                entry = self._gpus.get(uuid)
-                if entry is None:
-                    continue
-                first, busy, last, value = entry
-                if first > start or (now - last).total_seconds() > REPORT_STALE_SECONDS:
-                    continue  # not known for the whole window
-                out[uuid] = 1.0 if busy is not None and busy >= start else value
-        return out
+            known = {u: self._gpu_entry(u, now) for u in uuids}
+        return _peaks(known, now - timedelta(seconds=window))
+
+    def _gpu_entry(self, uuid: str, now: datetime) -> tuple[datetime, datetime | None, float] | None:
+        """(reported since, last busy, latest value) of one GPU; None when never reported or
+        its agent went quiet."""
+        entry = self._gpus.get(uuid)
+        if entry is None or (now - entry[2]).total_seconds() > REPORT_STALE_SECONDS:
+            return None
+        first, busy, _, value = entry
+        return first, busy, value
 
     async def readings(self, uuids: Iterable[str], window: float) -> dict[str, GpuReading]:
         now = datetime.now(timezone.utc)
-        out = {}
         with self._lock:
-            for uuid in uuids:
-                entry = self._gpus.get(uuid)
-                if entry is None or (now - entry[2]).total_seconds() > REPORT_STALE_SECONDS:
-                    continue  # never reported, or its agent went quiet: unknown
-                first, busy, _, value = entry
-                since = None if value >= self.threshold else max(busy or first, now - timedelta(seconds=window))
-                used, total = self._memory.get(uuid, (None, None))
-                out[uuid] = GpuReading(value, used, total, since)
+            known = {u: self._gpu_entry(u, now) for u in uuids}
+            return self._readings(known, lambda uuid: uuid, now, window)
+
+    def _readings(self, entries: Mapping[K, tuple[datetime, datetime | None, float] | None],
+                  gpu_of: Callable[[K], str], now: datetime, window: float) -> dict[K, GpuReading]:
+        """Readings from the entries (known since, last busy, latest value) that are known now;
+        memory is the GPU's (``gpu_of`` the key), the idle run's start no further back than ``window``."""
+        out = {}
+        for key, entry in entries.items():
+            if entry is None:
+                continue  # never reported, or its agent went quiet: unknown
+            first, busy, value = entry
+            since = None if value >= self.threshold else max(busy or first, now - timedelta(seconds=window))
+            used, total = self._memory.get(gpu_of(key), (None, None))
+            out[key] = GpuReading(value, used, total, since)
         return out
+
+
+
+def _peaks(entries: Mapping[K, tuple[datetime, datetime | None, float] | None], start: datetime) -> dict[K, float]:
+    """The peak since ``start`` of each entry (known since, last busy, latest value), from
+    reports that keep no history: fully busy if it was busy since ``start``, else its latest
+    value. Left out where not known for the whole window (unknown, never idle)."""
+    return {key: 1.0 if e[1] is not None and e[1] >= start else e[2]
+            for key, e in entries.items() if e is not None and e[0] <= start}

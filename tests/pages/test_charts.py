@@ -3,7 +3,7 @@ the forecast sentence, holder colours, and the grant form's rules."""
 
 from __future__ import annotations
 
-from datetime import date, datetime, timedelta, timezone
+from datetime import date, datetime, time, timedelta, timezone
 from decimal import Decimal
 
 import pytest
@@ -18,7 +18,8 @@ from gpupool_hub.service.pages.charts import (
     nice_ticks,
     stacked_bars,
 )
-from gpupool_hub.service.pages.usage import daily_series, forecast_text
+from gpupool_hub.ledger import daily_totals
+from gpupool_hub.service.pages.usage import daily_series, forecast_text, local_days
 from tests.fixtures.manager import Clock, make_manager
 
 A6000 = "NVIDIA RTX A6000"
@@ -93,6 +94,13 @@ def db_url(request):
     return "sqlite://" if request.param == "sqlite" else request.getfixturevalue("postgres_url")
 
 
+def series(m, user, days, now):
+    """What the usage page computes: the local days, their totals read from the ledger, the series."""
+    day_list = local_days(now, m.settings.tz, days)
+    starts = [datetime.combine(d, time.min, m.settings.tz) for d in day_list]
+    return (*daily_series(daily_totals(m.ledger, user, starts), day_list), day_list)
+
+
 def test_daily_series_adds_up_to_the_real_balance_and_buckets_spend_by_usage_day(db_url):
     clock = Clock(datetime(2025, 3, 10, 12, 0, tzinfo=timezone.utc))
     m = make_manager(NODES, {"RTX A6000": 4, "RTX 3090": 1}, db_url, clock=clock, initial_grant=100,
@@ -109,7 +117,7 @@ def test_daily_series_adds_up_to_the_real_balance_and_buckets_spend_by_usage_day
         ledger.post(Posting("alice", kind, amount, key, model=model,
                             interval_start=at - timedelta(hours=1) if kind == "debit" else None,
                             interval_end=at if kind == "debit" else None), now=at)
-    points, spend, days = daily_series(m, "alice", 30, clock())
+    points, spend, days = series(m, "alice", 30, clock())
     assert len(points) == 30 and days[-1] == date(2025, 3, 10) and days[0] == date(2025, 2, 9)
     by_day = {p.day: p for p in points}
     assert by_day[date(2025, 3, 7)].balance == 0
@@ -132,7 +140,7 @@ def test_daily_series_uses_the_pool_time_zone(db_url):
                     ("edge-after", datetime(2025, 3, 9, 5, 0)), ("first", datetime(2025, 2, 9, 5, 0)),
                     ("too-early", datetime(2025, 2, 9, 4, 59))):
         m.ledger.post(Posting("alice", "grant", D(5), key), now=at.replace(tzinfo=timezone.utc))
-    points, _, days = daily_series(m, "alice", 30, clock())
+    points, _, days = series(m, "alice", 30, clock())
     assert days[0] == date(2025, 2, 9)
     credits = {p.day: p.credits for p in points if p.credits}
     assert credits == {date(2025, 2, 9): D(5), date(2025, 3, 8): D(5), date(2025, 3, 9): D(10),

@@ -76,6 +76,27 @@ def test_pressure_from_allocation_refusals_and_utilization():
     assert pressure(Decimal(9), Decimal(16), None, NOW, c) is not None
 
 
+# Issue 23 item 2: the pressure rule judges servers by their own figures, never the GPU's.
+@pytest.mark.parametrize(
+    "holdings, judged, expected",
+    [
+        # alice (90 %) and bob (0 %) share GPU-s half each; 4 GPUs in the pool
+        ([("alice", "0.5", 0.9), ("bob", "0.5", 0.0)], "bob", 0.9 / 3.5),   # alice's work presses on bob
+        ([("alice", "0.5", 0.9), ("bob", "0.5", 0.0)], "alice", 0.0),       # her own work is no pressure on her
+        ([("alice", "1", 0.8), ("carol", "1", None)], "bob", 0.8 / 3),     # carol unknown: counts neither way
+        ([("carol", "1", None)], "bob", None),                              # nothing known: no figure at all
+        ([("carol", "1", None), ("bob", "1", 0.7)], "bob", None),           # ... bob's own figure does not count
+        ([], "bob", 0.0),                                                   # nobody holds anything: idle
+        ([("alice", "1", 1.0)] * 4, "bob", 1.0),
+    ],
+)
+def test_23_pressure_from_others_own_utilization(holdings, judged, expected):
+    from gpupool_hub.cull import others_utilization
+
+    got = others_utilization(judged, [(u, Decimal(g), x) for u, g, x in holdings], Decimal(4))
+    assert got == (None if expected is None else pytest.approx(expected)), got
+
+
 def test_server_api_url_quotes_names():
     assert server_api_url("http://h:8000/", "o'brien@x", "") == "http://h:8000/user/o%27brien%40x/api/"
     assert server_api_url("http://h:8000", "a", "my srv") == "http://h:8000/user/a/my%20srv/api/"

@@ -158,7 +158,7 @@ def test_own_queue_entry_never_warns_but_another_users_does(tmp_path):
     async def no_groups(user):
         return []
 
-    async def no_utilization():
+    async def no_utilization(records):
         return None
 
     job = CullJob(None, culler, no_groups, no_utilization, **units_for(CullJob, m))  # warnings need no hub

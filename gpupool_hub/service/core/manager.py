@@ -41,6 +41,7 @@ from .accounts import Accounts
 from .agentlease import AgentLeases
 from .admission import Admission
 from .debits import Debits
+from .gpuuse import GpuUseLog
 from .enforcement import TAKEN_WATCH, Enforcement
 from ...cull import CullWarning
 from .idle import IdleWarnings
@@ -68,6 +69,7 @@ class PoolManager:
         threads = self.threads
         self.cache = ViewCache()
         self.records = Records(ledger, threads=threads)
+        self.gpu_use = GpuUseLog(ledger, threads=threads)
         self.notices = Notices(ledger, self.cache, clock, threads=threads)
         self.inventory = PoolInventory(pool, settings.price_table(), clock, source, threads=threads)
         self.enforcement = Enforcement(clock=clock)

@@ -9,13 +9,13 @@ takes the write lock. Code already off the loop calls the ledger directly.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from datetime import datetime
+from datetime import date, datetime
 from decimal import Decimal
 from itertools import islice
 from typing import TypeVar
 
-from ...ledger import (Account, AccountRow, AllocationRecord, AuditEvent, Entry, Ledger, VerifyReport, Window,
-                       daily_totals, search_accounts)
+from ...ledger import (Account, AccountRow, AllocationRecord, AuditEvent, Entry, GpuUse, Ledger, VerifyReport,
+                       Window, daily_totals, gpu_use_of, idle_gpu_time, search_accounts)
 from .threads import CoreThreads, reads
 
 T = TypeVar("T")
@@ -50,6 +50,16 @@ class Records:
               before: int | None = None) -> tuple[Window, list[Entry]]:
         """The usage page's reads: per-day totals from ``starts`` on, and a page of history."""
         return daily_totals(self.ledger, name, starts), self.ledger.history(name, limit=limit, before=before)
+
+    @reads
+    def gpu_use(self, name: str, first: date, last: date) -> dict[date, GpuUse]:
+        """What the user's GPUs did per local day (the ``gpu-use`` job's record)."""
+        return gpu_use_of(self.ledger, name, first, last)
+
+    @reads
+    def idle_gpu_time(self, by: str, since: date) -> list[tuple[str, int, int]]:
+        """Idle and held GPU time (milli-seconds) per user or team since ``since``, largest idle first."""
+        return idle_gpu_time(self.ledger, by, since)
 
     @reads
     def search_accounts(self, *, query: str = "", negative: bool = False, sort: str = "name",

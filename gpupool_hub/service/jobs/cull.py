@@ -9,10 +9,10 @@ from decimal import Decimal
 from typing import Any
 
 from ...config import GPUPool
-from ...cull import Culler, CullWarning, Decision, UserState, decide, pressure
-from ...ledger import AuditEvent
+from ...cull import Culler, CullWarning, Decision, UserState, decide, others_utilization, pressure
+from ...ledger import AllocationRecord, AuditEvent
 from ...reasons import AuditAction
-from ...usage.utilization import PrometheusUtilization
+from ...usage.utilization import UtilizationSource
 from ..core.admission import Admission
 from ..core.enforcement import Enforcement
 from ..core.inventory import PoolInventory
@@ -21,34 +21,44 @@ from ..core.queue import WaitQueue
 from ..core.records import Records
 from ..core.views import ViewCache
 from ..hubapi import HubClient, HubError
+from .idle import measure_own
 from .userserver import UserServerAPI
 
 log = logging.getLogger("gpupool.cull")
 
 
-class UtilizationProbe:
-    """The pool's GPU utilization (0–1) from Prometheus, for the optional pressure rule."""
+#: per (allocation id, GPU UUID): the server's own use of that GPU (0-1), None where unknown
+ServerFigures = dict[tuple[str, str], float | None]
 
-    def __init__(self, culler: Culler, prometheus_url: str, token: str = "") -> None:
-        self.culler = culler
-        self.source = PrometheusUtilization(prometheus_url, token=token) if prometheus_url else None
 
-    async def __call__(self) -> float | None:
+class ServerUtilization:
+    """Each held GPU's use by the server holding it, for the optional pressure rule: per
+    (allocation id, GPU UUID), the server's own figure (on a shared GPU its own processes',
+    never the GPU's) or None where unknown; None as a whole when the rule is off or the
+    source cannot be read."""
+
+    def __init__(self, culler: Culler, source: UtilizationSource | None) -> None:
+        self.culler, self.source = culler, source
+
+    async def __call__(self, records: list[AllocationRecord]) -> ServerFigures | None:
         if not (self.culler.pressure_utilization and self.source is not None):
             return None
         try:
-            return await self.source.scalar(self.culler.utilization_query)
+            own = await measure_own(self.source, records, self.culler.interval)
         except Exception as e:  # pressure from allocation and refusals still works
             log.warning("GPU utilization unavailable for the pressure check: %s", e)
             return None
+        return {(r.id, g["uuid"]): None if (x := own.get((r.id, g["uuid"]))) is None else x.utilization
+                for r in records for g in r.gpus}
 
 
 class CullJob:
     """Built from the units it reads and drives (kueue-style explicit dependencies)."""
 
     def __init__(self, hub: HubClient, culler: Culler, groups: Callable[[str], Awaitable[list[str]]],
-                 utilization: Callable[[], Awaitable[float | None]], *, settings: GPUPool, records: Records,
-                 inventory: PoolInventory, queue: WaitQueue, admission: Admission,
+                 utilization: Callable[[list[AllocationRecord]], Awaitable[ServerFigures | None]], *,
+                 settings: GPUPool, records: Records, inventory: PoolInventory, queue: WaitQueue,
+                 admission: Admission,
                  enforcement: Enforcement, notices: Notices, cache: ViewCache) -> None:
         self.hub = hub
         self.settings, self.records, self.inventory = settings, records, inventory
@@ -65,14 +75,17 @@ class CullJob:
         servers: dict[str, set[str]] = {}
         allocated = Decimal(0)
         models: dict[str, set[str]] = {}
-        for record in await self.records.active_allocations.off_loop():
+        records = await self.records.active_allocations.off_loop()
+        for record in records:
             servers.setdefault(record.user, set()).add(record.server)
             models.setdefault(record.user, set()).update(g["model"] for g in record.gpus)
             allocated += sum((Decimal(g["milli"]) / 1000 for g in record.gpus), Decimal(0))
         for user, server in enforcement.revoked_servers():
             servers.setdefault(user, set()).add(server)
         capacity = Decimal(self.inventory.gpu_count())
-        utilization = await self.utilization()
+        measured = await self.utilization(records)
+        holdings = [(r.user, Decimal(g["milli"]) / 1000, (measured or {}).get((r.id, g["uuid"])))
+                    for r in records for g in r.gpus]
         warnings = enforcement.warnings_for(culler.dry_run)
         grace = timedelta(seconds=culler.grace_period)
         # users the agents enforce against are re-checked too, so a top-up frees them
@@ -94,7 +107,8 @@ class CullJob:
                 demand = await self.queue.demand_for.off_loop(user, models.get(user, set()))
             else:
                 demand = enforcement.last_refusal_excluding(user)
-            why = pressure(allocated, capacity, demand, now, culler, utilization)
+            busy = None if measured is None else others_utilization(user, holdings, capacity)
+            why = pressure(allocated, capacity, demand, now, culler, busy)
             for d in decide([state], warnings, why, now, grace):
                 try:
                     await self.carry_out(d, warnings)

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime, timezone
+from collections.abc import Iterable
 from typing import Any
 
 from ...config import GPUPool
 from ...cull import CullWarning
 from ...idle import GpuReading, IdleDecision, IdleServer, decide_idle, server_idleness
-from ...ledger import AuditEvent
+from ...ledger import AllocationRecord, AuditEvent
 from ...reasons import AuditAction
 from ...usage.utilization import UserGpu, UtilizationSource
 from ..core.admission import Admission
@@ -40,26 +41,21 @@ class IdleJob:
         s = self.settings
         now = datetime.now(timezone.utc)
         records = await self.records.active_allocations.off_loop()
-        uuids = [g["uuid"] for r in records for g in r.gpus]
-        # a GPU several servers hold: each is judged by its own processes there, never the GPU's figure
-        shared = {u for u in uuids if uuids.count(u) > 1}
-        pairs = sorted({(r.user, g["uuid"]) for r in records for g in r.gpus if g["uuid"] in shared})
+        uuids, shared, pairs = held_gpus(records)
         window = max(s.idle_after, s.max_idle)
         try:
-            readings = await self.source.readings(uuids, window)
+            own = await measure_own(self.source, records, window)
             peak = await self.source.peak(uuids, s.idle_after)
             peak_long = await self.source.peak(uuids, s.max_idle) if s.max_idle else {}
             if pairs:
-                mine = await self.source.user_readings(pairs, window)
                 own_peak = await self.source.user_peak(pairs, s.idle_after)
                 own_long = await self.source.user_peak(pairs, s.max_idle) if s.max_idle else {}
             else:
-                mine, own_peak, own_long = {}, {}, {}
+                own_peak, own_long = {}, {}
         except Exception as e:  # no data, no idleness: never stop a server on a guess
             log.warning("GPU utilization unavailable for idle reclaim (nothing is reclaimed): %s", e)
             self.idle.publish(None, {}, {})
             return
-        own = own_readings(records, shared, readings, mine)
         self.idle.publish(now, own, {
             r.id: idle for r in records if r.gpus and (idle := server_idleness(
                 r.created_at, [own.get((r.id, g["uuid"])) for g in r.gpus], idle_after=s.idle_after,
@@ -121,6 +117,27 @@ class IdleJob:
             self.idle.clear(d.user, d.server, dry_run=dry)
         await self.notices.record.off_loop(AuditEvent(now, d.user, d.server, str(d.action), d.reason, dry,
                                                       detail))
+
+
+def held_gpus(records: Iterable[AllocationRecord]) -> tuple[list[str], set[str], list[UserGpu]]:
+    """The GPUs the servers hold (one UUID per holding), those several servers share, and
+    the (user, GPU) pairs on shared GPUs: a server there is judged by its own processes,
+    never by the GPU's figure."""
+    uuids = [g["uuid"] for r in records for g in r.gpus]
+    shared = {u for u in uuids if uuids.count(u) > 1}
+    pairs = sorted({(r.user, g["uuid"]) for r in records for g in r.gpus if g["uuid"] in shared})
+    return uuids, shared, pairs
+
+
+async def measure_own(source: UtilizationSource, records: list[AllocationRecord],
+                      window: float) -> dict[tuple[str, str], GpuReading]:
+    """What each server's own processes do now, per (allocation id, GPU UUID), as
+    :func:`own_readings` tells it; raises when the source cannot be read. The idle job and
+    the cull job's pressure rule both judge servers by this."""
+    uuids, shared, pairs = held_gpus(records)
+    readings = await source.readings(uuids, window)
+    mine = await source.user_readings(pairs, window) if pairs else {}
+    return own_readings(records, shared, readings, mine)
 
 
 def own_readings(records: Any, shared: set[str], readings: dict[str, GpuReading],

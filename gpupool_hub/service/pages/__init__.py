@@ -28,6 +28,7 @@ from .admin import (
     AdminIndexHandler,
     AuditHandler,
     GrantHandler,
+    IdleHoursHandler,
     LedgerHandler,
     PoolMapHandler,
     TeamsHandler,
@@ -54,6 +55,7 @@ def page_routes(prefix: str) -> list[tuple]:  # type: ignore[type-arg]
         (rf"{p}/admin/users/{name}", UserUsageHandler),
         (rf"{p}/admin/grant", GrantHandler),
         (rf"{p}/admin/teams", TeamsHandler),
+        (rf"{p}/admin/idle", IdleHoursHandler),
         (rf"{p}/admin/audit", AuditHandler),
         (rf"{p}/admin/ledger", LedgerHandler),
         (rf"{p}/(?!api/).*", NotFoundHandler),  # last: unknown pages get a page, unknown API paths stay JSON-less 404s

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import replace
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -158,6 +159,38 @@ class TeamsHandler(AdminPage):
 
     async def get(self) -> None:
         self.render_page("admin/teams.html", report=await self.manager.reclaims.team_report.off_loop())
+
+
+IDLE_RANGES = (7, 30)
+
+
+async def idle_tables(manager: Any) -> list[dict[str, Any]]:
+    """Idle GPU-hours by user and by team over each of ``IDLE_RANGES`` (local days up to
+    today), largest first: the GPU time held while its own processes did nothing."""
+    today = manager.clock().astimezone(manager.settings.tz).date()
+    out = []
+    for days in IDLE_RANGES:
+        since = today - timedelta(days=days - 1)
+        for by in ("user", "team"):
+            rows = [{"name": name, "idle_hours": _hours(idle), "held_hours": _hours(held),
+                     "idle_percent": round(100 * idle / held) if held else 0}
+                    for name, idle, held in await manager.records.idle_gpu_time.off_loop(by, since)]
+            out.append({"days": days, "by": by, "rows": rows})
+    return out
+
+
+def _hours(milli_seconds: int) -> Decimal:
+    return (Decimal(milli_seconds) / 3_600_000).quantize(Decimal("0.01"))
+
+
+class IdleHoursHandler(AdminPage):
+    """Idle GPU-hours by user and by team over 7 and 30 days (``gpu-use`` job's record)."""
+
+    title = "Idle GPU-hours"
+
+    async def get(self) -> None:
+        tables = await idle_tables(self.manager)
+        self.render_page("admin/idle.html", tables=tables, teams=self.manager.settings.team_table().enabled)
 
 
 class AuditHandler(AdminPage):

@@ -22,7 +22,7 @@ from urllib.parse import quote
 
 from tornado import web
 
-from ...ledger import Entry, Window, iter_user_entries
+from ...ledger import Entry, GpuUse, Window, iter_user_entries
 from ...timefmt import iso
 from ...units import format_tokens, from_milli
 from ..core.manager import PoolManager
@@ -46,6 +46,41 @@ class UsageView:
     history: list[Entry]
     next_before: int | None
     before: int | None
+    gpu_days: list[GpuDay]
+
+
+@dataclass(frozen=True)
+class GpuDay:
+    """One day of "what your GPUs did": what was charged for GPU time used that day and how
+    busy the user's GPUs or shares were while held (None: not measured)."""
+
+    day: date
+    charged: Decimal
+    held_hours: Decimal
+    busy_percent: int | None
+
+    @property
+    def sentence(self) -> str:
+        paid = f"You paid {format_tokens(self.charged)} tokens"
+        if self.busy_percent is None:
+            return f"{paid}; how busy your GPUs were is not known for that day."
+        return f"{paid}; your GPUs were busy {self.busy_percent} % of that time."
+
+
+def gpu_days(day_list: list[date], spend: dict[date, dict[str, Decimal]], use: dict[date, GpuUse]) -> list[GpuDay]:
+    """Days with GPU time charged or held, newest first. Busy is over the measured time only
+    (time whose use is unknown counts neither way)."""
+    out = []
+    for day in reversed(day_list):
+        charged = sum(spend.get(day, {}).values(), Decimal(0))
+        u = use.get(day)
+        if not charged and u is None:
+            continue
+        measured = 0 if u is None else u.held_milli - u.unknown_milli
+        busy = None if measured <= 0 else round(100 * u.busy_milli / measured)  # type: ignore[union-attr]
+        held = Decimal(0) if u is None else (Decimal(u.held_milli) / 3_600_000).quantize(Decimal("0.01"))
+        out.append(GpuDay(day, charged, held, busy))
+    return out
 
 
 def local_days(now: datetime, tz: Any, days: int) -> list[date]:
@@ -110,6 +145,7 @@ async def build_view(manager: PoolManager, user: str, me: dict[str, Any], days: 
     day_list = local_days(now, tz, days)
     starts = [datetime.combine(d, time.min, tz) for d in day_list]
     window, history = await manager.records.usage.off_loop(user, starts, limit=PAGE, before=before)
+    use = await manager.records.gpu_use.off_loop(user, day_list[0], day_list[-1])
     points, spend = daily_series(window, day_list)
     return UsageView(
         user=user, me=me, days=days, balance_chart=balance_chart(points, Decimal(me["floor"])),
@@ -117,6 +153,7 @@ async def build_view(manager: PoolManager, user: str, me: dict[str, Any], days: 
         spend_total=sum((v for per in spend.values() for v in per.values()), Decimal(0)),
         forecast=forecast_text(me, now, manager.settings.tz), next_credits=next_credits(me),
         history=history, next_before=history[-1].id if len(history) == PAGE else None, before=before,
+        gpu_days=gpu_days(day_list, spend, use),
     )
 
 
