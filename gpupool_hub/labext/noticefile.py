@@ -26,7 +26,7 @@ from typing import Any
 from tornado.ioloop import IOLoop, PeriodicCallback
 
 from ..notice import ALLOCATION_ENV, NOTICE_FILE_ENV, notice_path, pending_notice, write_notice
-from .handlers import BalanceUnavailable, ServiceLocator, fetch_me
+from .handlers import BalanceUnavailable, ServiceLocator, env_seconds, fetch_me
 
 #: seconds between two looks at the pool (env), default below
 INTERVAL_ENV = "GPUPOOL_NOTICE_INTERVAL"
@@ -37,11 +37,7 @@ log = logging.getLogger(__name__)
 
 def poll_interval() -> float:
     """The configured interval; a value that is not a positive number gives the default."""
-    try:
-        value = float(os.environ.get(INTERVAL_ENV, "") or DEFAULT_INTERVAL)
-    except ValueError:
-        return DEFAULT_INTERVAL
-    return value if value > 0 else DEFAULT_INTERVAL
+    return env_seconds(INTERVAL_ENV, DEFAULT_INTERVAL)
 
 
 class NoticeFileWriter:

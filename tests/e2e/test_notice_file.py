@@ -19,12 +19,13 @@ import pytest
 from gpupool_hub.notice import parse_instant
 from tests.fixtures.hub import wait_for
 
-from .conftest import lab_server_config, q, shut_down, spawn
-from .test_widget_hub import AGENT_TOKEN, GIB, NODES, PROFILES
+from .conftest import q, shut_down, spawn
+from .test_widget_hub import AGENT_TOKEN, GIB, widget_config
 
 pytestmark = pytest.mark.integration
 
-#: the server extension looks at the pool every second here (15 s by default)
+#: the pool of test_widget_hub (one RTX 3090, idle after 2 s); the server extension
+#: looks at the pool every second here (15 s by default)
 CONFIG_TAIL = """
 c.Spawner.environment["GPUPOOL_NOTICE_INTERVAL"] = "1"
 """
@@ -37,22 +38,10 @@ print(json.dumps({"file": os.environ.get("GPUPOOL_NOTICE_FILE"), "deadline": at.
 """
 
 
-def notice_config(workdir: Path) -> str:
-    return f"""
-c.GPUPool.nodes = {NODES!r}
-c.GPUPool.queue_enabled = True
-c.GPUPool.idle_after = 2
-c.GPUPool.idle_grace = 600
-c.GPUPool.min_runtime = 1
-c.GPUPoolService.idle_interval = 0.5
-c.GPUPoolService.agent_tokens = {{"node-a": {AGENT_TOKEN!r}}}
-""" + lab_server_config(workdir, PROFILES, 30) + CONFIG_TAIL
-
-
 @pytest.fixture
 def notice_hub(hub_factory):
     hub = hub_factory(start=False)
-    hub.extra_config = notice_config(hub.workdir)
+    hub.extra_config = widget_config(hub.workdir) + CONFIG_TAIL
     hub.start()
     try:
         yield hub
