@@ -51,6 +51,7 @@ class NoticeFileWriter:
         self.locator = ServiceLocator()
         self._callback: PeriodicCallback | None = None
         self._busy = False
+        self._failed = ""
 
     async def update(self) -> bool:
         """One look at the pool; True when the file changed. A pool that does not answer changes nothing."""
@@ -68,8 +69,11 @@ class NoticeFileWriter:
         try:
             changed = write_notice(self.path, notice)
         except OSError as e:
-            self.log.warning("gpupool: cannot write the notice file %s: %s", self.path, e)
+            if str(e) != self._failed:  # once per cause, not every few seconds
+                self.log.warning("gpupool: cannot write the notice file %s: %s", self.path, e)
+            self._failed = str(e)
             return False
+        self._failed = ""
         if changed:
             if notice:
                 self.log.warning("gpupool: this server's GPUs are taken at %s (%s); written to %s",
