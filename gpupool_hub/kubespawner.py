@@ -28,6 +28,7 @@ from typing import Any
 from traitlets import Dict, Unicode
 
 from .spawner import GPUPoolSpawner
+from .spawner.memory_hints import notice_file_env
 
 try:
     from kubespawner import KubeSpawner
@@ -89,7 +90,7 @@ class GPUPoolKubeSpawner(GPUPoolSpawner, KubeSpawner):
         """Profiles were applied by GPUPoolSpawner before start; KubeSpawner's profile_list is not used."""
 
     def gpupool_env(self, allocation: dict[str, Any] | None) -> dict[str, str]:
-        env = {"GPUPOOL_API_URL": self.gpupool_server_api_url}
+        env = {"GPUPOOL_API_URL": self.gpupool_server_api_url, **notice_file_env(self.notice_file, self.name)}
         if self.gpupool_profile is not None:
             env["GPUPOOL_PROFILE"] = self.gpupool_profile.slug
         if allocation:

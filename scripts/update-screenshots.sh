@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Refresh the screenshots in docs/images/ from the ones the browser tests take.
 #
-# The browser tests (tests/labext/test_browser.py, tests/e2e/test_widget_hub.py,
+# The browser tests (tests/labext/test_browser.py, tests/labext/test_save_browser.py,
+# tests/e2e/test_widget_hub.py,
 # tests/pages/test_pages_hub.py where present) save their screenshots under
 # build/screenshots/, which git ignores, so running the test suite never
 # changes a tracked file. This script runs those tests and copies every PNG
@@ -23,7 +24,8 @@ images=${DOCS_IMAGES:-docs/images}
 
 if [ "${1:-}" != "--no-run" ]; then
     if [ -d .venv/node/node_modules/.bin ]; then export PATH="$(pwd)/.venv/node/node_modules/.bin:$PATH"; fi
-    tests=(tests/labext/test_browser.py tests/e2e/test_widget_hub.py tests/agent/test_gpu_use_pages.py)
+    tests=(tests/labext/test_browser.py tests/labext/test_save_browser.py tests/e2e/test_widget_hub.py
+           tests/agent/test_gpu_use_pages.py)
     if [ -f tests/pages/test_pages_hub.py ]; then tests+=(tests/pages/test_pages_hub.py); fi
     "$python" -m pytest "${tests[@]}" -q
 fi

@@ -10,7 +10,9 @@ Two halves ship in the ``gpupool_hub`` wheel:
   server's own ``JUPYTERHUB_API_TOKEN`` (see :mod:`gpupool_hub.labext.handlers`
   and docs/widget.md for why the browser does not talk to the service itself),
   and in a GPU server checks each kernel start against the pool
-  (:mod:`gpupool_hub.labext.kernels`).
+  (:mod:`gpupool_hub.labext.kernels`), and keeps the file named by
+  ``GPUPOOL_NOTICE_FILE`` current while a stop of its GPUs is pending
+  (:mod:`gpupool_hub.labext.noticefile`, read by :mod:`gpupool_hub.notice`).
 
 The server extension is enabled by the shipped
 ``etc/jupyter/jupyter_server_config.d/gpupool_hub.labext.json``.
@@ -36,11 +38,15 @@ def _jupyter_server_extension_points() -> list[dict[str, Any]]:
 def _load_jupyter_server_extension(serverapp: Any) -> None:
     from .handlers import setup_handlers
     from .kernels import guard_kernels
+    from .noticefile import start_notice_file
 
     setup_handlers(serverapp.web_app)
     serverapp.log.info("gpupool_hub.labext: serving %sgpupool/me", serverapp.web_app.settings.get("base_url", "/"))
     if guard_kernels(serverapp):
         serverapp.log.info("gpupool_hub.labext: new kernels start without GPUs once the pool took them back")
+    writer = start_notice_file(serverapp)
+    if writer is not None:
+        serverapp.log.info("gpupool_hub.labext: a pending stop of this server's GPUs is written to %s", writer.path)
 
 
 # Older name used by jupyter_server < 2 and notebook; harmless to keep.

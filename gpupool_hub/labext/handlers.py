@@ -58,12 +58,17 @@ class BalanceUnavailable(Exception):
         self.status = status
 
 
-def _timeout() -> float:
+def env_seconds(name: str, default: float) -> float:
+    """Seconds from the environment variable ``name``; not a positive number: ``default``."""
     try:
-        value = float(os.environ.get(TIMEOUT_ENV, "") or DEFAULT_TIMEOUT)
+        value = float(os.environ.get(name, "") or default)
     except ValueError:
-        return DEFAULT_TIMEOUT
-    return value if value > 0 else DEFAULT_TIMEOUT
+        return default
+    return value if value > 0 else default
+
+
+def _timeout() -> float:
+    return env_seconds(TIMEOUT_ENV, DEFAULT_TIMEOUT)
 
 
 def _token() -> str:

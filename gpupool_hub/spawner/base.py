@@ -35,7 +35,7 @@ from .client import (
 from .errors import GPUPoolRefused, SpawnFailure, confirm_by_post, invalid_options
 from .waiting import QUEUE_PENDING, start_timeout_for_reclaims
 from .form import gpupool_options_from_form, render_form
-from .memory_hints import share_memory_env
+from .memory_hints import notice_file_env, share_memory_env
 from .logs import install_refusal_log_filter, is_normal_refusal, refusal_filter
 from .overrides import TraitOverrides
 from .progress import ProgressLog
@@ -128,6 +128,15 @@ class GPUPoolSpawner(GPUPoolWaits):
         The variables are listed at the top of
         gpupool_hub/spawner/templates/form.html; keep the field names
         ``profile`` and ``gpus--<slug>``. See docs/admin-guide.md.""",
+    ).tag(config=True)
+
+    notice_file = Unicode(
+        "~/.gpupool/notice-{server}.json",
+        help="""Where a server's pending stop is written, given to it as ``GPUPOOL_NOTICE_FILE``
+        (``gpupool_hub.notice.deadline()`` reads it, see docs/user-guide.md). A path on the
+        server's machine, as its user sees it: ``~`` is its home there; ``{server}`` is the
+        server's name, quoted for a file name (``default`` for the default server). The
+        single-user server's extension writes it. Empty: no variable, no file.""",
     ).tag(config=True)
 
     # --------------------------------------------------------------- state
@@ -268,7 +277,7 @@ class GPUPoolSpawner(GPUPoolWaits):
     def gpupool_env(self, allocation: dict[str, Any] | None) -> dict[str, str]:
         """Variables for the single-user server; local spawners pin the GPUs by UUID
         (a MIG instance by its own ``MIG-…`` UUID: CUDA then sees only that instance)."""
-        env = {"GPUPOOL_API_URL": self.gpupool_server_api_url}
+        env = {"GPUPOOL_API_URL": self.gpupool_server_api_url, **notice_file_env(self.notice_file, self.name)}
         if self.gpupool_profile is not None:
             env["GPUPOOL_PROFILE"] = self.gpupool_profile.slug
         if allocation:

@@ -22,6 +22,9 @@ is honoured only by what reads it (see docs/user-guide.md):
   caching allocator, it sets no limit).
 
 Whole GPUs and MIG instances get none of these: nothing shares their memory.
+
+Also here, for the same reader (the user's code): ``GPUPOOL_NOTICE_FILE``,
+where the server's pending stop is written (:mod:`gpupool_hub.notice`).
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ from __future__ import annotations
 import re
 from decimal import Decimal, InvalidOperation
 from typing import Any
+from urllib.parse import quote
+
+from ..notice import NOTICE_FILE_ENV
 
 _UUID = re.compile(r"^GPU-[A-Za-z0-9-]{1,80}$")
 
@@ -56,3 +62,15 @@ def share_memory_env(allocation: dict[str, Any], mps_root: str = "/run/gpupool-m
     if gpus[0].get("share") == "mps" and _UUID.match(str(gpus[0].get("uuid", ""))):
         env["CUDA_MPS_PIPE_DIRECTORY"] = f"{mps_root.rstrip('/')}/{gpus[0]['uuid']}/pipe"
     return env
+
+
+def notice_file_env(template: str, server_name: str) -> dict[str, str]:
+    """``GPUPOOL_NOTICE_FILE`` from ``c.GPUPoolSpawner.notice_file``; ``{}`` when that is empty.
+
+    The server's name is quoted (``%2F`` for a slash) so that no name reaches outside the folder."""
+    if not template:
+        return {}
+    name = quote(server_name or "default", safe="")
+    if name in (".", ".."):  # quote leaves dots alone
+        name = name.replace(".", "%2E")
+    return {NOTICE_FILE_ENV: template.replace("{server}", name)}

@@ -2,12 +2,14 @@
  * @gpupool/hub-balance: a JupyterLab status-bar item with the user's
  * gpupool_hub token balance, the burn rate of their GPU servers, the time
  * left until the floor and cull warnings; a click opens the details panel.
+ * When a countdown to a stop arrives, it saves the open documents (save.ts).
  */
 import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
 
 import { BalanceModel, DEFAULT_INTERVAL_S } from './model';
+import { hasModified, pendingStop, saveModified, SaveBeforeStop } from './save';
 import { BalanceStatusItem } from './widget';
 
 export const PLUGIN_ID = '@gpupool/hub-balance:plugin';
@@ -26,16 +28,29 @@ const plugin: JupyterFrontEndPlugin<void> = {
     if (!statusBar) {
       return; // e.g. a front end without a status bar: nothing to show.
     }
+    // Work saved before GPUs are taken: every open document with unsaved changes (save.ts).
+    const documents = () => app.shell.widgets('main');
+    const saver = new SaveBeforeStop({ saveAll: () => saveModified(documents()) });
     const model = new BalanceModel({
       serverSettings: app.serviceManager.serverSettings,
-      intervalSeconds: DEFAULT_INTERVAL_S
+      intervalSeconds: DEFAULT_INTERVAL_S,
+      keepAwake: () => saver.enabled && hasModified(documents())
     });
-    const item = new BalanceStatusItem(model);
+    // Until the settings are read, a countdown waits: saving may be turned off there.
+    let settingsRead = !settingRegistry;
+    const follow = () => {
+      if (settingsRead) {
+        saver.update(pendingStop(model.data));
+      }
+    };
+    model.changed.connect(follow);
+    const item = new BalanceStatusItem(model, saver);
     statusBar.registerStatusItem(STATUS_ITEM_ID, { item, align: 'left', rank: 100 });
 
     if (settingRegistry) {
       const apply = (settings: ISettingRegistry.ISettings) => {
         model.setInterval(settings.get('pollInterval').composite as number);
+        saver.enabled = settings.get('saveBeforeStop').composite !== false;
       };
       settingRegistry
         .load(PLUGIN_ID)
@@ -45,6 +60,10 @@ const plugin: JupyterFrontEndPlugin<void> = {
         })
         .catch(reason => {
           console.warn(`${PLUGIN_ID}: settings not loaded, polling every ${DEFAULT_INTERVAL_S} s`, reason);
+        })
+        .finally(() => {
+          settingsRead = true;
+          follow();
         });
     }
   }

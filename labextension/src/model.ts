@@ -1,6 +1,7 @@
 /**
  * The balance model: polls `{base_url}gpupool/me` with a Lumino `Poll`
- * (backs off on errors, stands by while the browser tab is hidden).
+ * (backs off on errors, stands by while the browser tab is hidden, unless
+ * `keepAwake` says documents with unsaved changes need to hear of a countdown).
  */
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
@@ -27,7 +28,10 @@ export class BalanceModel implements IDisposable {
         max: MAX_BACKOFF_MS
       },
       name: '@gpupool/hub-balance:me',
-      standby: 'when-hidden'
+      // hidden tab: no polls, unless keepAwake says a countdown must still reach it (save.ts)
+      standby: options.keepAwake
+        ? () => typeof document !== 'undefined' && document.hidden && !options.keepAwake!()
+        : 'when-hidden'
     });
   }
 
@@ -137,6 +141,8 @@ export namespace BalanceModel {
     intervalSeconds?: number;
     /** Start polling at once; default true. */
     auto?: boolean;
+    /** Poll on while the tab is hidden when this says so (unsaved documents); default never. */
+    keepAwake?: () => boolean;
   }
 }
 

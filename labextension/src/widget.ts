@@ -21,6 +21,7 @@ import { hasCountdown, renderActivity, statusNote } from './gpus';
 import { appendMemoryWarnings, memoryFlag } from './memory';
 import { BalanceModel } from './model';
 import { cullDone, KERNELS_STOPPED_DETAIL, noticeFlag, noticesBox } from './notices';
+import { saveFlag, saveNote, SaveBeforeStop } from './save';
 import type { IAllocation, IMe } from './types';
 
 const UNAVAILABLE = 'balance unavailable';
@@ -58,9 +59,10 @@ class Ticker {
 
 /** The status-bar item. */
 export class BalanceStatusItem extends Widget {
-  constructor(model: BalanceModel) {
+  constructor(model: BalanceModel, saver: SaveBeforeStop | null = null) {
     super();
     this._model = model;
+    this._saver = saver;
     this.addClass('gp-Balance');
     this.addClass('jp-mod-highlighted');
     this.node.setAttribute('role', 'button');
@@ -76,6 +78,7 @@ export class BalanceStatusItem extends Widget {
     this.node.addEventListener('click', this);
     this.node.addEventListener('keydown', this);
     model.changed.connect(this._render, this);
+    saver?.changed.connect(this._render, this);
     this._render();
   }
 
@@ -97,7 +100,7 @@ export class BalanceStatusItem extends Widget {
       this._popup = null;
       return;
     }
-    const body = new BalancePanel(this._model);
+    const body = new BalancePanel(this._model, this._saver);
     this._popup = showPopup({ body, anchor: this, align: 'left', hasDynamicSize: true });
     this._popup.disposed.connect(() => {
       body.dispose();
@@ -113,6 +116,7 @@ export class BalanceStatusItem extends Widget {
     this._ticker.update(false);
     this._popup?.dispose();
     this._model.changed.disconnect(this._render, this);
+    this._saver?.changed.disconnect(this._render, this);
     super.dispose();
   }
 
@@ -137,15 +141,20 @@ export class BalanceStatusItem extends Widget {
     this._balance.textContent = s.balance;
     this._burn.textContent = s.burn;
     this._left.textContent = s.timeLeft ? `${s.timeLeft} left` : '';
-    const flags = [s.borrowed ? 'borrowed' : '', s.delayed ? 'delayed' : '', memoryFlag(me.memory_warnings), noticeFlag(me)].filter(Boolean);
+    const saving = this._saver?.status;
+    node.dataset.saved = saving?.state ?? 'none';
+    const flags = [s.borrowed ? 'borrowed' : '', s.delayed ? 'delayed' : '', memoryFlag(me.memory_warnings), noticeFlag(me),
+      saving ? saveFlag(saving) : ''].filter(Boolean);
     this._flagsNode.textContent = flags.join(' · ');
     this._cull.textContent = s.cull ? `\u26a0 ${s.cull}` : '';
     this._gpus.textContent = s.cull ? '' : statusNote(me, Date.now()); // a cull warning says it already
-    node.title = s.title;
+    const note = saving ? saveNote(saving) : '';
+    node.title = note ? `${s.title}\n${note}` : s.title;
     this._ticker.update((!!me.cull_warning && !cullDone(me.cull_warning)) || hasCountdown(me));
   }
 
   private _model: BalanceModel;
+  private _saver: SaveBeforeStop | null;
   private _balance: HTMLSpanElement;
   private _burn: HTMLSpanElement;
   private _left: HTMLSpanElement;
@@ -158,12 +167,14 @@ export class BalanceStatusItem extends Widget {
 
 /** The panel opened by clicking the status-bar item. */
 export class BalancePanel extends Widget {
-  constructor(model: BalanceModel) {
+  constructor(model: BalanceModel, saver: SaveBeforeStop | null = null) {
     super();
     this._model = model;
+    this._saver = saver;
     this.addClass('gp-BalancePanel');
     this.node.dataset.gpupool = 'panel';
     model.changed.connect(this._render, this);
+    saver?.changed.connect(this._render, this);
     this._render();
   }
 
@@ -173,6 +184,7 @@ export class BalancePanel extends Widget {
     }
     this._ticker.update(false);
     this._model.changed.disconnect(this._render, this);
+    this._saver?.changed.disconnect(this._render, this);
     super.dispose();
   }
 
@@ -206,6 +218,13 @@ export class BalancePanel extends Widget {
         box.append(el('div', undefined, KERNELS_STOPPED_DETAIL));
       }
       node.append(box);
+    }
+    const note = this._saver ? saveNote(this._saver.status) : '';
+    if (note) {
+      const saved = el('div', 'gp-BalancePanel-saved', note);
+      saved.dataset.gpupool = 'saved';
+      saved.dataset.state = this._saver!.status.state;
+      node.append(saved);
     }
     const notices = noticesBox(me, this._model.serverSettings, () => void this._model.refresh());
     if (notices) {
@@ -289,6 +308,7 @@ export class BalancePanel extends Widget {
   }
 
   private _model: BalanceModel;
+  private _saver: SaveBeforeStop | null;
   private _ticker = new Ticker(() => this._render());
 }
 

@@ -322,3 +322,22 @@ def test_a_stopping_server_is_seen_gone_at_once_so_its_gpus_go_back_at_once(cls,
     spawner.poll = poll
     assert asyncio.run(spawner.wait_for_death(timeout=30)) is True
     assert clock["now"] - exits_at <= 0.1, f"seen gone {clock['now'] - exits_at:.2f} s after it exited"
+
+
+def test_servers_are_told_where_their_pending_stop_is_written():
+    s = GPUPoolLocalProcessSpawner(config=Config(), user=SimpleNamespace(name="a"),
+                                   orm_spawner=SimpleNamespace(name="big gpu", server=None))  # a named server
+    s.apply_gpupool_allocation(ALLOC)
+    assert s._gpupool_env["GPUPOOL_NOTICE_FILE"] == "~/.gpupool/notice-big%20gpu.json"
+    c = Config()
+    c.GPUPoolSpawner.notice_file = ""  # turned off: no variable
+    off = GPUPoolLocalProcessSpawner(config=c, user=SimpleNamespace(name="a"))
+    off.apply_gpupool_allocation(ALLOC)
+    assert "GPUPOOL_NOTICE_FILE" not in off._gpupool_env
+
+
+async def test_kube_pods_are_told_where_their_pending_stop_is_written(kube):
+    s = kube()
+    s.apply_gpupool_allocation(ALLOC)
+    env = {e.name: e.value for e in (await s.get_pod_manifest()).spec.containers[0].env}
+    assert env["GPUPOOL_NOTICE_FILE"] == "~/.gpupool/notice-default.json"
