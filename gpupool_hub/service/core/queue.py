@@ -32,7 +32,7 @@ from typing import Any
 
 from ...config import GPUPool
 from ...ledger import Ledger, UnknownAccount
-from ...placement.request import Request, normalize_model
+from ...placement.request import Request, normalize_model, same_request
 from ...placement.state import Placement
 from ...reasons import RefusalReason
 from ...timefmt import iso
@@ -79,11 +79,6 @@ def _request(data: dict[str, Any]) -> Request:
     return Request(cpu_milli=data["cpu_milli"], memory_mib=data["memory_mib"], gpus=data["gpus"],
                    gpu_milli=data["gpu_milli"], models=frozenset(models) if models is not None else None,
                    mig=data.get("mig"))
-
-
-def _same_shape(a: Request, b: Request) -> bool:
-    return (a.cpu_milli, a.memory_mib, a.gpus, a.gpu_milli, a.mig) == (b.cpu_milli, b.memory_mib, b.gpus,
-                                                                       b.gpu_milli, b.mig)
 
 
 class WaitQueue:
@@ -170,10 +165,11 @@ class WaitQueue:
                       details={"max_waiting_per_user": limit,
                                "waiting": [{"server": server, "position": p} for server, p in places]})
 
-    def poll(self, entry: Entry, req: Request) -> tuple[str, Placement] | None:
+    def poll(self, entry: Entry, req: Request, requested_models: list[str] | None) -> tuple[str, Placement] | None:
         """A retry of a queued (user, server): its reservation if dispatch placed it, else
-        ``Refused(QUEUED)``. A changed request gives up the old place (None: ask anew)."""
-        if not _same_shape(entry.waiter.request, req):
+        ``Refused(QUEUED)``. A changed request (another size or model) gives up the old place
+        and its reserved GPUs (None: ask anew)."""
+        if not same_request(entry.waiter.request, entry.requested_models, req, requested_models):
             self.remove(entry, "the request changed")
             return None
         entry.last_seen = self.clock()
