@@ -28,7 +28,7 @@ from typing import Any
 from ... import fairshare
 from ...config import GPUPool
 from ...ledger import AllocationRecord, AuditEvent, Ledger
-from ...placement.request import Request
+from ...placement.request import Request, same_request
 from ...placement.state import Placement
 from ...reasons import AuditAction, RefusalReason
 from ...timefmt import iso
