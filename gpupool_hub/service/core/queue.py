@@ -32,7 +32,7 @@ from typing import Any
 
 from ...config import GPUPool
 from ...ledger import Ledger, UnknownAccount
-from ...placement.request import Request, normalize_model, same_request
+from ...placement.request import Request, model_allowed, normalize_model, same_request
 from ...placement.state import Placement
 from ...reasons import RefusalReason
 from ...timefmt import iso
@@ -285,9 +285,22 @@ class WaitQueue:
         eta = self.estimate_of(entry.waiter.id)
         # those far back ask less often: every retry is work on the writer thread
         retry = now + timedelta(seconds=min(10, 2 + position // 20))
-        return Refused(RefusalReason.QUEUED, wait_text(position, eta, now), retry_at=retry, details={
+        text = wait_text(position, eta, now) + self.unavailable_note(entry.waiter.request)
+        return Refused(RefusalReason.QUEUED, text, retry_at=retry, details={
             "position": position, "queue_length": len(self.ordered()), "eta": iso(eta),
             "since": iso(entry.waiter.since)})
+
+    def unavailable_note(self, req: Request) -> str:
+        """Why GPUs of the request's models sit unused while it waits: their nodes take no servers
+        ("gpu-a is drained: maint"), so the user and the admin see that the queue is not the cause."""
+        parts = []
+        for node, why in sorted(self.inventory.unavailable.items()):
+            ns = self.pool.by_name.get(node)
+            if ns is not None and any(model_allowed(normalize_model(g.model), req.models) for g in ns.node.gpus):
+                parts.append(f"{node} is {why}")
+        if not parts:
+            return ""
+        return " Nodes with such GPUs that take no servers now: " + "; ".join(parts) + "."
 
     def free_milli(self) -> dict[str, int]:
         out: dict[str, int] = {}

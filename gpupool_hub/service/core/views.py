@@ -119,6 +119,8 @@ class Views:
             node["held_outside"] = list(inv.held_outside.get(node["node"], []))
             if node["node"] in inv.unavailable:
                 node["unavailable"] = inv.unavailable[node["node"]]
+            if node["node"] in inv.problems:
+                node["problem"] = inv.problems[node["node"]]
             for gpu in node["gpus"]:
                 for h in gpu["holders"]:
                     if inv.is_outside(h["allocation"]):
