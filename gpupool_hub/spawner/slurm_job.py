@@ -110,9 +110,23 @@ class SlurmJobStart(SlurmSpawner):
             await asyncio.sleep(self.startup_poll_interval)
             if self.port == 0 and await self.query_job_status() == JobStatus.NOTFOUND:
                 raise await self.job_ended_error()
+        # batchspawner-singleuser reports the port *before* it runs the server command, so a
+        # command that fails would leave the hub in its http_timeout: wait until it listens
+        while not await self._server_listens():
+            if await self.query_job_status() == JobStatus.NOTFOUND:
+                raise await self.job_ended_error()
+            await asyncio.sleep(self.startup_poll_interval)
         self.db.commit()
         self.log.info("Server job %s of %s is up at %s:%s", self.job_id, self._log_name, self.ip, self.port)
         return self.ip, self.port
+
+    async def _server_listens(self) -> bool:
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(self.ip, self.port), timeout=2)
+        except (OSError, asyncio.TimeoutError):
+            return False
+        writer.close()
+        return True
 
     async def job_ended_error(self) -> GPUPoolRefused:
         """Why the job ended, for the user and the admin: state, exit code, its output's last lines."""

@@ -234,7 +234,7 @@ class Admission:
         the queue and starts only where backfill lets it. None: place as usual."""
         queue = self.queue
         assert queue is not None
-        queue.check_cancelled(user, server)
+        queue.check_cancelled(user, server, req, requested_models)
         entry = queue.pending(user, server)
         if entry is not None:
             got = queue.poll(entry, req, requested_models)

@@ -93,7 +93,7 @@ class WaitQueue:
         self.clock = clock
         self.entries: dict[tuple[str, str], Entry] = {}
         # (user, server) whose place was given up by a cancel: their spawner's next retry ends
-        self.cancelled: dict[tuple[str, str], datetime] = {}
+        self.cancelled: dict[tuple[str, str], tuple[datetime, Request, list[str] | None]] = {}
         self.reservation: tuple[str, str] | None = None  # (head entry id, node held for it)
         # GPU servers each user holds (ledger allocations), counted at each dispatch: a user's
         # running servers take earlier rounds of the round-robin order (waitqueue.fair_order)
@@ -207,14 +207,18 @@ class WaitQueue:
         entry = self.entries.get((user, server))
         if entry is None:
             return False
-        self.cancelled[(user, server)] = self.clock()
+        self.cancelled[(user, server)] = (self.clock(), entry.waiter.request, entry.requested_models)
         self.remove(entry, "cancelled")
         return True
 
-    def check_cancelled(self, user: str, server: str) -> None:
-        """A retry from a spawn whose place was given up (``leave``) ends it, once."""
-        at = self.cancelled.pop((user, server), None)
-        if at is not None and (self.clock() - at).total_seconds() <= self.settings.queue_poll_timeout:
+    def check_cancelled(self, user: str, server: str, req: Request, requested_models: list[str] | None) -> None:
+        """A retry from a spawn whose place was given up (``leave``) ends it, once. A request for
+        something else (another model) is a new spawn of the server, never the cancelled one."""
+        gone = self.cancelled.pop((user, server), None)
+        if gone is None or not same_request(gone[1], gone[2], req, requested_models):
+            return
+        at = gone[0]
+        if (self.clock() - at).total_seconds() <= self.settings.queue_poll_timeout:
             raise Refused(RefusalReason.NO_CAPACITY,
                           "Your place in the GPU queue was given up (the spawn was cancelled); "
                           "start the server again to queue anew.", details={"cancelled_at": iso(at)})
