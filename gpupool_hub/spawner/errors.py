@@ -29,6 +29,7 @@ class SpawnFailure(str, Enum):
     BAD_REQUEST = "gpupool_bad_request"  # the service could not read the request
     CONFIG = "gpupool_config"  # the profile list does not fit this spawner class
     START_TIMEOUT = "gpupool_start_timeout"  # a reclaim would outlast the hub's start_timeout
+    STOPPED = "gpupool_stopped"  # the hub stopped the server while its spawn waited for GPUs
     JOB_ENDED = "gpupool_job_ended"  # the batch job ended before its server was ready (gpupool-slurm)
     SCHEDULER_DOWN = "gpupool_scheduler_down"  # the batch scheduler's command failed (slurmctld down)
 
