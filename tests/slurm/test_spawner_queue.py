@@ -58,6 +58,8 @@ def test_a_spawn_that_waits_for_drained_nodes_names_the_drain(hub, slurm):
     slurm.submit_foreign_job("gpu-c", "gpu:a6000:1")
     wait_for(lambda: "gpu-a" in {n["node"] for n in hub.service("GET", "/pool", hub.tester_token).json()["nodes"]
                                  if n.get("unavailable")}, 30, "the pool to see gpu-a drained")
+    # and gpu-c's A6000 held: else the spawn gets it, and waits in Slurm's queue instead
+    wait_for(lambda: outside(hub).get("gpu-c") == [0], 30, "the pool to see gpu-c's A6000 held")
     r = spawn(hub, "dana", {"profile": "a6000"})
     assert r.status_code == 202, r.text
 
