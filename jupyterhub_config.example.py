@@ -185,3 +185,20 @@ c.GPUPoolService.debit_interval = 3600         # charge closed hours
 # c.JupyterHub.spawner_class = "gpupool-kubernetes"
 # c.GPUPoolKubeSpawner.gpupool_node_label = "kubernetes.io/hostname"   # affinity key for the chosen node
 # c.GPUPool.nodes = [...]   # one entry per GPU node, names = the node label's values
+
+# ------------------------------------------------------------------ Slurm
+# The pool from a Slurm cluster, each server a Slurm job (docs/slurm.md, "From zero").
+# Uncomment and change the lines marked CHANGE. c.GPUPool.nodes is ignored then.
+# SERVERS_PYTHON = "/opt/jupyterhub/bin"    # CHANGE: a venv every user may run, same path on every node
+# c.JupyterHub.spawner_class = "gpupool-slurm"
+# c.JupyterHub.hub_connect_ip = "10.0.0.1"   # CHANGE: where jobs on the nodes reach the hub
+# c.GPUPool.inventory = "slurm"
+# c.GPUPool.slurm_conf = "/etc/slurm/slurm.conf"                                             # CHANGE
+# c.GPUPool.slurm_gpu_models = {"a6000": "NVIDIA RTX A6000", "rtx3090": "NVIDIA GeForce RTX 3090"}  # CHANGE
+# c.GPUPoolService.usage_preset = "slurm"    # charge from sacct (needs slurmdbd)
+# c.GPUPoolSlurmSpawner.batchspawner_singleuser_cmd = SERVERS_PYTHON + "/batchspawner-singleuser"
+# c.Spawner.cmd = [SERVERS_PYTHON + "/jupyterhub-singleuser"]
+# c.GPUPoolSlurmSpawner.req_prologue = "export PATH=" + SERVERS_PYTHON + ":/usr/local/bin:/usr/bin:/bin"
+# c.GPUPoolSlurmSpawner.node_addresses = {}  # CHANGE where node names do not resolve: {"gpu-a": "10.0.0.11"}
+# c.GPUPoolSlurmSpawner.req_srun = ""        # run the server in the batch step itself
+# exec_prefix stays batchspawner's "sudo -E -u {username}" (the sudoers rule: docs/slurm.md)

@@ -165,6 +165,8 @@ def cmd_pool(client: Client, args: argparse.Namespace) -> int:
     for node in pool["nodes"]:
         if node.get("unavailable"):
             print(f"node {node['node']} takes no new servers: {node['unavailable']}", file=sys.stderr)
+        if node.get("problem"):
+            print(f"node {node['node']}: {node['problem']}", file=sys.stderr)
     for finding in pool.get("unallocated_servers", []):
         print(f"warning: {finding['user']}/{finding['server']}: {finding['message']}", file=sys.stderr)
     return EXIT_OK

@@ -9,6 +9,25 @@ root=$(pwd)
 venv="$root/.venv"
 python=${PYTHON:-python3}
 
+# With the Slurm spawner, users' jobs run this venv's Python on the nodes as the users
+# themselves: a Python under a private directory (pyenv in /root, mode 700) fails
+# there with "Permission denied" (docs/slurm.md, "From zero").
+config=${JUPYTERHUB_CONFIG:-$root/jupyterhub_config.py}
+if [ -f "$config" ] && grep -Eq '^[^#]*(gpupool-slurm|GPUPoolSlurmSpawner)' "$config"; then
+    real=$(readlink -f "$(command -v "$python")")
+    dir=$real
+    while [ "$dir" != / ]; do
+        dir=$(dirname "$dir")
+        perms=$(stat -c %A "$dir")
+        if [ "${perms:9:1}" != x ] && [ "${perms:9:1}" != t ]; then
+            echo "setup-env: $config uses the Slurm spawner, whose jobs run Python as each user, but" \
+                 "$real is inside $dir, which other users cannot enter. Choose a Python every user may run," \
+                 "e.g. PYTHON=/usr/bin/python3 scripts/setup-env.sh" >&2
+            exit 1
+        fi
+    done
+fi
+
 if [ ! -x "$venv/bin/python" ]; then
     "$python" -m venv "$venv"
     "$venv/bin/python" -m pip install -q --upgrade pip

@@ -46,6 +46,7 @@ if [ "$what" = test ]; then
     have chromium || [ -x /usr/bin/chromium-browser ] || need+=(chromium)
     have runuser || need+=(util-linux)
     have useradd || need+=(passwd)
+    have sudo || need+=(sudo)  # the Slurm spawner's default exec_prefix (sudo -E -u {username})
     # A real Slurm cluster with accounting for tests/slurm (tests/fixtures/slurm.py)
     have slurmctld || need+=(slurmctld)
     have slurmd || need+=(slurmd)

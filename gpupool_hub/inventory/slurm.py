@@ -35,9 +35,11 @@ with no model (:class:`UnmappedGresType`).
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import subprocess
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -151,6 +153,52 @@ def run_slurm(argv: Sequence[str], *, env: Mapping[str, str] | None = None, time
             argv=args, returncode=proc.returncode, stderr=stderr,
         )
     return stdout
+
+
+#: what Slurm's client commands print when slurmctld does not answer
+_UNREACHABLE = ("unable to contact slurm controller", "socket timed out", "connection refused",
+                "zero bytes were transmitted", "controller not responding", "communication connection failure",
+                "did not answer within")
+
+
+def controller_unreachable(message: str) -> bool:
+    """Whether a command's error says slurmctld did not answer (a passing outage, not a bug)."""
+    text = message.lower()
+    return any(marker in text for marker in _UNREACHABLE)
+
+
+class OutageLog:
+    """Say once that Slurm stopped answering, and once that it answers again.
+
+    A refresh every few seconds, or a poll per server, would otherwise log an ERROR with a
+    traceback each time slurmctld is down: one WARNING per outage, with the command's
+    error, then one INFO with how long it lasted.
+    """
+
+    def __init__(self, log: logging.Logger, what: str = "slurmctld") -> None:
+        self.log = log
+        self.what = what
+        self.since: float | None = None
+        self.failures = 0
+
+    @property
+    def down(self) -> bool:
+        return self.since is not None
+
+    def failed(self, error: str) -> None:
+        self.failures += 1
+        if self.since is None:
+            self.since = time.monotonic()
+            self.log.warning("%s does not answer: %s (said once until it answers again)", self.what, error)
+        else:
+            self.log.debug("%s still does not answer: %s", self.what, error)
+
+    def ok(self) -> None:
+        if self.since is not None:
+            self.log.info("%s answers again, after %.0f s and %d failed command(s)", self.what,
+                          time.monotonic() - self.since, self.failures)
+        self.since = None
+        self.failures = 0
 
 
 # ---------------------------------------------------------------------------
@@ -471,10 +519,21 @@ class SlurmNode:
     state: NodeState
     reason: str | None
     gpus: tuple[SlurmGpu, ...]
+    #: GRES type -> GPU count of the types missing from the model map (left out; ``skip_unmapped``)
+    unmapped: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def takes_placements(self) -> bool:
         return self.state.takes_placements
+
+    @property
+    def problem(self) -> str | None:
+        """What an admin must fix about this node, e.g. an unmapped GRES type (None: nothing)."""
+        if not self.unmapped:
+            return None
+        types = ", ".join(f"{t!r} ({n} GPU{'s' if n != 1 else ''})" for t, n in sorted(self.unmapped.items()))
+        return (f"GRES type {types} is not in c.GPUPool.slurm_gpu_models, so these GPUs are left out of the "
+                "pool and nobody can be given them; add the type with its GPU model")
 
     @property
     def why_not(self) -> str | None:
@@ -525,9 +584,13 @@ def _words(value: str | None) -> tuple[str, ...]:
     return tuple(w for w in value.split(",") if w)
 
 
-def _node_gpus(name: str, gres: str, used: str | None, models: Mapping[str, str]) -> tuple[SlurmGpu, ...]:
+def _node_gpus(name: str, gres: str, used: str | None, models: Mapping[str, str],
+               unmapped: dict[str, int] | None = None) -> tuple[SlurmGpu, ...]:
+    """The node's GPUs of mapped types; with ``unmapped`` (a dict to fill) GPUs of a type missing
+    from ``models`` are counted there and left out, else the type raises UnmappedGresType."""
     where = f"node {name}"
     layout: dict[str, list[int]] = {}
+    skipped: set[str] = set()
     next_index = 0
     for item in parse_gres(gres, f"{where} Gres="):
         if item.name != "gpu":
@@ -538,13 +601,18 @@ def _node_gpus(name: str, gres: str, used: str | None, models: Mapping[str, str]
                 "and slurm.conf so that they map to a GPU model"
             )
         if item.type not in models:
-            raise UnmappedGresType(item.type, where, models)
+            if unmapped is None:
+                raise UnmappedGresType(item.type, where, models)
+            unmapped[item.type] = unmapped.get(item.type, 0) + item.count
+            skipped.add(item.type)
+            next_index += item.count  # Slurm numbers GPUs across all types
+            continue
         layout.setdefault(item.type, []).extend(range(next_index, next_index + item.count))
         next_index += item.count
     in_use: set[int] = set()
     if used is not None:
         for item in parse_gres(used, f"{where} GresUsed="):
-            if item.name != "gpu" or item.count == 0:
+            if item.name != "gpu" or item.count == 0 or item.type in skipped:
                 continue
             if item.type is None or item.type not in layout:
                 raise SlurmOutputError(
@@ -552,7 +620,8 @@ def _node_gpus(name: str, gres: str, used: str | None, models: Mapping[str, str]
                 )
             if item.indices is None:
                 raise SlurmOutputError(
-                    f"{where}: GresUsed={used} gives no GPU indices (IDX); run scontrol with -d (details)"
+                    f"{where}: GresUsed={used} gives no GPU indices (IDX) although --details was asked for "
+                    "(seen while slurmctld restarts); read again at the next refresh"
                 )
             bad = set(item.indices) - set(layout[item.type])
             if bad:
@@ -565,7 +634,7 @@ def _node_gpus(name: str, gres: str, used: str | None, models: Mapping[str, str]
     return tuple(sorted(gpus, key=lambda g: g.index))
 
 
-def parse_node(line: str, models: Mapping[str, str]) -> SlurmNode:
+def parse_node(line: str, models: Mapping[str, str], skip_unmapped: bool = False) -> SlurmNode:
     pairs = parse_record(line, free_text=NODE_FREE_TEXT, known=NODE_KEYS)
     name = _first(pairs, "NodeName")
     if not name:
@@ -582,7 +651,8 @@ def parse_node(line: str, models: Mapping[str, str]) -> SlurmNode:
     except SlurmOutputError as e:
         raise SlurmOutputError(f"{where}: {e}") from None
     reason = _first(pairs, "Reason")
-    gpus = _node_gpus(name, _first(pairs, "Gres") or "(null)", _first(pairs, "GresUsed"), models)
+    unmapped: dict[str, int] | None = {} if skip_unmapped else None
+    gpus = _node_gpus(name, _first(pairs, "Gres") or "(null)", _first(pairs, "GresUsed"), models, unmapped)
     return SlurmNode(
         name=name,
         cpus=cpus,
@@ -592,6 +662,7 @@ def parse_node(line: str, models: Mapping[str, str]) -> SlurmNode:
         state=state,
         reason=reason if reason and reason not in _NULL else None,
         gpus=gpus,
+        unmapped=unmapped or {},
     )
 
 
@@ -610,13 +681,15 @@ def _records(text: str, first_key: str, what: str) -> list[str]:
     return records
 
 
-def parse_nodes(text: str, models: Mapping[str, str]) -> list[SlurmNode]:
-    """Every node of ``scontrol -d show node -o`` output (one line per node)."""
+def parse_nodes(text: str, models: Mapping[str, str], skip_unmapped: bool = False) -> list[SlurmNode]:
+    """Every node of ``scontrol -d show node -o`` output (one line per node). An unmapped GRES
+    type raises UnmappedGresType, or with ``skip_unmapped`` leaves that type's GPUs out
+    (``SlurmNode.unmapped``, ``problem``): the rest of the cluster keeps working."""
     _check_models(models)
     lines = _records(text, "NodeName", "node")
     if not lines:
         raise SlurmOutputError("scontrol show node printed no nodes")
-    nodes = [parse_node(ln, models) for ln in lines]
+    nodes = [parse_node(ln, models, skip_unmapped) for ln in lines]
     seen: set[str] = set()
     for n in nodes:
         if n.name in seen:
@@ -648,6 +721,8 @@ class SlurmJob:
     nodes: tuple[str, ...]
     #: node -> GRES type -> GPU indices Slurm bound there
     gpus: Mapping[str, Mapping[str, tuple[int, ...]]] = field(default_factory=dict)
+    exit_code: str | None = None  # "127:0" (status:signal) once the job ended
+    stdout: str | None = None  # the batch script's output file, as slurmctld resolved it
 
     def gpu_indices(self, node: str) -> tuple[int, ...]:
         return tuple(sorted(i for idx in self.gpus.get(node, {}).values() for i in idx))
@@ -692,6 +767,8 @@ def parse_job(text: str) -> SlurmJob:
         reason=reason if reason and reason not in _NULL else None,
         nodes=tuple(expand_hostlist(_first(pairs, "NodeList") or "")),
         gpus=gpus,
+        exit_code=_first(pairs, "ExitCode"),
+        stdout=_first(pairs, "StdOut") or None,
     )
 
 
@@ -773,9 +850,10 @@ class SlurmInventory:
 
     def __init__(self, models: Mapping[str, str], *, partitions: Iterable[str] | None = None,
                  runner: Runner | None = None, env: Mapping[str, str] | None = None,
-                 timeout: float = 30) -> None:
+                 timeout: float = 30, skip_unmapped: bool = False) -> None:
         _check_models(models)
         self.models = dict(models)
+        self.skip_unmapped = skip_unmapped
         self.partitions = frozenset(partitions) if partitions is not None else None
         if runner is None:
             full_env = {**os.environ, **env} if env is not None else None
@@ -802,7 +880,8 @@ class SlurmInventory:
                              "environment only with c.GPUPool.slurm_allow_env_only_gpu_hiding = True")
 
     def nodes(self) -> list[SlurmNode]:
-        nodes = parse_nodes(self._run(["scontrol", "--details", "show", "node", "--oneliner"]), self.models)
+        nodes = parse_nodes(self._run(["scontrol", "--details", "show", "node", "--oneliner"]), self.models,
+                            self.skip_unmapped)
         if self.partitions is not None:
             nodes = [n for n in nodes if self.partitions & set(n.partitions)]
         return nodes

@@ -37,6 +37,8 @@ class NodeStatus:
     why_not: str | None = None
     #: GPU indices some job holds (the hub's own jobs included); the job subtracts the hub's
     gpus_in_use: frozenset[int] = frozenset()
+    #: what an admin must fix about the node (an unmapped GRES type), shown on the pool map
+    problem: str | None = None
 
 
 class InventorySource:
@@ -74,14 +76,16 @@ class SlurmInventorySource(InventorySource):
         if not models:
             raise ValueError("c.GPUPool.inventory = 'slurm' needs c.GPUPool.slurm_gpu_models, e.g. "
                              "{'a6000': 'NVIDIA RTX A6000'}")
-        self.slurm = inventory or SlurmInventory(models, partitions=partitions, env=env)
+        # an unmapped GRES type leaves its GPUs out (NodeStatus.problem), never the whole pool
+        self.slurm = inventory or SlurmInventory(models, partitions=partitions, env=env, skip_unmapped=True)
         self.refresh_interval = refresh_interval
 
     def nodes(self) -> list[dict[str, Any]]:
         return self.slurm.node_configs()
 
     def node_status(self) -> dict[str, NodeStatus]:
-        return {n.name: NodeStatus(n.name, n.takes_placements, n.why_not, n.gpus_in_use) for n in self.slurm.nodes()}
+        return {n.name: NodeStatus(n.name, n.takes_placements, n.why_not, n.gpus_in_use, n.problem)
+                for n in self.slurm.nodes()}
 
 
 def _config(settings: Any) -> InventorySource:

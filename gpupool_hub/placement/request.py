@@ -163,3 +163,16 @@ class Request:
         models = f" ({' or '.join(sorted(self.models))})" if self.models else ""
         pins = f", on {' and '.join(sorted(self.required))}" if self.required else ""
         return f"{gpu}{models}, {self.cpu_milli / 1000:g} CPU, {self.memory_mib} MiB{pins}"
+
+
+def same_request(a: Request, a_models: Optional[list[str]], b: Request, b_models: Optional[list[str]]) -> bool:
+    """Whether a retry asks for what its queue entry (or reclaim) waits for: the same shape and the
+    same requested models. The narrowed ``models`` (what the balance affords) may change between
+    retries and is not compared; the models the user asked for are (an A6000 spawn must not
+    inherit the place, or the reserved GPUs, of an earlier RTX 3090 one)."""
+    def models(names: Optional[list[str]]) -> Optional[list[str]]:
+        return sorted({normalize_model(n) for n in names}) if names else None
+
+    return ((a.cpu_milli, a.memory_mib, a.gpus, a.gpu_milli, a.mig) == (b.cpu_milli, b.memory_mib, b.gpus,
+                                                                          b.gpu_milli, b.mig)
+            and models(a_models) == models(b_models))

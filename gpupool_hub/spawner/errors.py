@@ -29,6 +29,9 @@ class SpawnFailure(str, Enum):
     BAD_REQUEST = "gpupool_bad_request"  # the service could not read the request
     CONFIG = "gpupool_config"  # the profile list does not fit this spawner class
     START_TIMEOUT = "gpupool_start_timeout"  # a reclaim would outlast the hub's start_timeout
+    STOPPED = "gpupool_stopped"  # the hub stopped the server while its spawn waited for GPUs
+    JOB_ENDED = "gpupool_job_ended"  # the batch job ended before its server was ready (gpupool-slurm)
+    SCHEDULER_DOWN = "gpupool_scheduler_down"  # the batch scheduler's command failed (slurmctld down)
 
     def __str__(self) -> str:
         return self.value
@@ -45,7 +48,8 @@ class GPUPoolRefused(SpawnException):
     """
 
     def __init__(self, message: str, *, reason: str, status_code: int = 400, message_html: str = "",
-                 details: Mapping[str, Any] | None = None, retry_at: str | None = None) -> None:
+                 details: Mapping[str, Any] | None = None, retry_at: str | None = None,
+                 retry_after: int | None = None) -> None:
         html_message = message_html or html.escape(message)
         super().__init__(message, reason=str(reason), message_html=html_message, status_code=status_code)
         self.log_message = message.replace("%", "%%")  # tornado formats it with its (empty) args
@@ -54,6 +58,8 @@ class GPUPoolRefused(SpawnException):
         self.details = dict(details or {})
         self.retry_at = retry_at
         self.refusal = RefusalReason.parse(reason)
+        # JupyterHub's REST API sends an exception's ``headers`` with its error answer
+        self.headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
 
     @property
     def retryable(self) -> bool:

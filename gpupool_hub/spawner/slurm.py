@@ -23,24 +23,50 @@ filled-in templates into one shell string).
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import pwd
 import re
 import shlex
+import shutil
 from urllib.parse import quote
 from collections.abc import Mapping
 from typing import Any
 
-from batchspawner import JobStatus, SlurmSpawner
+from batchspawner import JobStatus
 from batchspawner.batchspawner import format_template
 from traitlets import Dict, Unicode, default
 
-from ..inventory.slurm import SlurmError, SlurmInventory
+from ..inventory.slurm import OutageLog, SlurmError, SlurmInventory, controller_unreachable
 from ..usage.slurm_hub import ALLOCATION_COMMENT
 from .base import GPUPoolSpawner
 from .errors import GPUPoolRefused, SpawnFailure
+from .slurm_job import SlurmJobStart
 
 __all__ = ["GPUPoolSlurmSpawner", "JOB_NAME", "command_argv", "mem_for_slurm"]
+
+#: one for the hub process: a poll per server must not log slurmctld's outage once per server
+slurm_outage = OutageLog(logging.getLogger("gpupool.spawner.slurm"))
+#: seconds a spawn refused while slurmctld does not answer tells REST clients to wait (Retry-After)
+RETRY_AFTER_OUTAGE = 30
+
+
+def hub_executable(name: str) -> str:
+    """``name`` as found on the *hub's* PATH (plus the sbin folders), not the server's.
+
+    The commands run with the server's environment (``env_keep``), which JupyterHub 6
+    builds without PATH: ``runuser`` (in /usr/sbin) was then not found at all.
+    """
+    if os.sep in name:
+        return name
+    path = os.pathsep.join([os.environ.get("PATH", os.defpath), "/usr/local/sbin", "/usr/sbin", "/sbin"])
+    found = shutil.which(name, path=path)
+    if found is None:
+        raise GPUPoolRefused(f"{name} is not on the hub's PATH ({path}); install it or give its full path in "
+                             "c.GPUPoolSlurmSpawner.exec_prefix / batch_*_cmd.", reason=SpawnFailure.CONFIG,
+                             status_code=500)
+    return found
+
 
 #: every server job's name (what squeue shows; the 'slurm' usage preset knows servers by their comment)
 JOB_NAME = "gpupool-server"
@@ -74,7 +100,7 @@ def command_argv(template: str, values: Mapping[str, Any]) -> list[str]:
                              "one word, e.g. {username})", reason=SpawnFailure.CONFIG, status_code=500) from None
 
 
-class GPUPoolSlurmSpawner(GPUPoolSpawner, SlurmSpawner):
+class GPUPoolSlurmSpawner(GPUPoolSpawner, SlurmJobStart):
     """SlurmSpawner whose jobs run where the GPU pool placed them."""
 
     # the script: batchspawner's, with the hub's job name and the allocation as comment
@@ -207,14 +233,18 @@ echo "jupyterhub-singleuser ended gracefully"
         full_env = dict(os.environ if env is None else env)
         full_env.update(self.slurm_env)
         proc = await asyncio.create_subprocess_exec(
-            *argv, env=full_env, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
+            hub_executable(argv[0]), *argv[1:], env=full_env, stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )
         out, err = await proc.communicate(input=input.encode() if input else None)
         if proc.returncode != 0:
             message = err.decode(errors="replace").strip()
-            self.log.error("%s exited with %s: %s", argv[0], proc.returncode, message)
+            if controller_unreachable(message):
+                slurm_outage.failed(message)  # once per outage, not once per poll of every server
+            else:
+                self.log.error("%s exited with %s: %s", argv[0], proc.returncode, message)
             raise RuntimeError(message or f"{argv[0]} exited with status {proc.returncode}")
+        slurm_outage.ok()
         return out.decode(errors="replace").strip()
 
     async def run_command(self, cmd: str, input: str | None = None, env: dict[str, str] | None = None) -> str:
@@ -230,7 +260,16 @@ echo "jupyterhub-singleuser ended gracefully"
         script = await self._get_batch_script(cmd=self.cmd_formatted_for_batch())
         self.log.info("Submitting the server of %s: %s", self._log_name, argv)
         self.log.debug("Batch script:\n%s", script)
-        out = await self.run_argv(argv, input=script, env=self.get_env())
+        try:
+            out = await self.run_argv(argv, input=script, env=self.get_env())
+        except RuntimeError as e:
+            message = str(e)
+            if controller_unreachable(message):
+                raise GPUPoolRefused(
+                    f"Slurm does not answer, so no server can start right now; try again in a minute. "
+                    f"sbatch said: {message}", reason=SpawnFailure.SCHEDULER_DOWN,
+                    status_code=503, retry_after=RETRY_AFTER_OUTAGE) from None
+            raise
         try:
             self.job_id = self.parse_job_id(out)
         except Exception:

@@ -60,7 +60,9 @@ class GPUPoolWaits(GPUPoolReleases):
                         queued = e
                     waited_for_reclaim = waited_for_reclaim or e.refusal is RefusalReason.RECLAIMING
                     give_up = started + queue_wait_limit(e, self.reclaim_wait, self.start_timeout)
-                    if not e.retryable or loop.time() >= give_up or not self._gpupool_waiting:
+                    if not self._gpupool_waiting:  # stopped (stop() left the queue) while this request ran
+                        raise await self._gpupool_stopped_waiting(queued is not None) from None
+                    if not e.retryable or loop.time() >= give_up:
                         if e.refusal is RefusalReason.QUEUED:  # the place lapses once the retries stop
                             raise gave_up_waiting(e, loop.time() - started) from None
                         raise
@@ -75,6 +77,8 @@ class GPUPoolWaits(GPUPoolReleases):
                     self._gpupool_progress.add(20, f"{title}: {e.message}")
                     self._gpupool_queued = queued is not None and loop.time() >= answered
                     await asyncio.sleep(wait)
+                    if not self._gpupool_waiting:  # stopped while it slept: asking again would queue it anew
+                        raise await self._gpupool_stopped_waiting(False)
         except BaseException as e:
             if waited_for_reclaim:
                 await self._gpupool_cancel_reclaim()
@@ -83,6 +87,14 @@ class GPUPoolWaits(GPUPoolReleases):
             raise
         finally:
             self._gpupool_waiting = self._gpupool_queued = False
+
+    async def _gpupool_stopped_waiting(self, queued_again: bool) -> GPUPoolRefused:
+        """The hub stopped this server while it waited: no entry may outlive the stop, even one
+        that a request in flight during the stop made again."""
+        if queued_again:
+            await self.gpupool_leave_queue()
+        return GPUPoolRefused("The server was stopped while it waited for GPUs; its place in the queue "
+                              "was given up.", reason=SpawnFailure.STOPPED, status_code=409)
 
     async def gpupool_leave_queue(self) -> None:
         """Give up this server's place in the pool's wait queue (the spawn was cancelled)."""

@@ -276,3 +276,26 @@ def test_the_waiting_limit_is_configurable(tmp_path):
     assert e.value.reason is RefusalReason.QUEUE_LIMIT
     assert e.value.message.startswith("You already wait for 1 server: 'a' (1st in the queue).")
     assert e.value.details == {"max_waiting_per_user": 1, "waiting": [{"server": "a", "position": 1}]}
+
+
+A6000 = "NVIDIA RTX A6000"
+MIXED = ONE + [{"name": "node-c", "cpu_milli": 32000, "memory_mib": 131072,
+                "gpus": [{"index": 0, "uuid": "GPU-c0", "model": A6000}]}]
+
+
+def test_a_spawn_for_another_model_replaces_the_queued_one_and_starts_at_once(tmp_path):
+    """Issue 29.3: an A6000 spawn of a server queued for an RTX 3090 inherited the 3090's place
+    (the queue compared requests without the model) and waited with the A6000 free."""
+    m = make_manager(MIXED, {"RTX 3090": 1, "RTX A6000": 4}, f"sqlite:///{tmp_path}/ledger.sqlite",
+                     clock=Clock(), queue_enabled=True)
+    m.admission.admit("alice", [], "", Request(gpus=1), ["RTX 3090"])
+    with pytest.raises(Refused) as e:
+        m.admission.admit("bob", [], "", Request(gpus=1), ["RTX 3090"])
+    assert e.value.reason is RefusalReason.QUEUED
+    # the same request again keeps its place
+    with pytest.raises(Refused) as e:
+        m.admission.admit("bob", [], "", Request(gpus=1), ["RTX 3090"])
+    assert e.value.details["position"] == 1 and len(m.queue.entries) == 1
+    got = m.admission.admit("bob", [], "", Request(gpus=1), ["RTX A6000"])
+    assert got.node == "node-c" and got.gpus[0]["model"] == A6000
+    assert m.queue.entries == {} and m.ledger.queue_entries() == []

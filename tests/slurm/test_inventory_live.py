@@ -108,3 +108,24 @@ def test_unmapped_type_and_unreachable_cluster(slurm: SlurmCluster) -> None:
     broken = SlurmInventory(MODELS, env={**slurm.env, "SLURM_CONF": str(slurm.root / "missing.conf")}, timeout=3)
     with pytest.raises(SlurmCommandError, match="'scontrol --details show node --oneliner' (failed|did not answer)"):
         broken.nodes()
+
+
+def test_an_unmapped_gres_type_leaves_the_other_gpus_and_nodes_in_service(slurm: SlurmCluster, tmp_path) -> None:
+    """Issue 29.4: a GRES type missing from the map stopped the service, and the hub with it. Now
+    the service's source leaves only that type's GPUs out, says so per node in GET pool, and
+    the rest of the cluster takes servers."""
+    from gpupool_hub.inventory.sources import SlurmInventorySource
+    from gpupool_hub.placement import Request
+    from tests.fixtures.manager import make_manager
+
+    source = SlurmInventorySource({"a6000": A6000}, env=slurm.env)  # rtx3090 is missing
+    m = make_manager([], {"RTX A6000": 4}, f"sqlite:///{tmp_path}/ledger.sqlite", source=source,
+                     inventory="slurm", slurm_gpu_models={"a6000": A6000})
+    m.inventory.apply_node_status(source.node_status())
+    report = {n["node"]: n for n in m.views.pool_report([], {})["nodes"]}
+    assert "problem" not in report["gpu-a"]
+    for node in ("gpu-b", "gpu-c"):
+        assert "GRES type 'rtx3090'" in report[node]["problem"] and "slurm_gpu_models" in report[node]["problem"]
+    assert [g["index"] for g in report["gpu-c"]["gpus"]] == [0]  # its A6000 stays in service
+    got = [m.admission.admit(f"u{i}", [], "", Request(gpus=1), ["RTX A6000"]) for i in range(5)]
+    assert sorted(a.node for a in got) == ["gpu-a"] * 4 + ["gpu-c"]

@@ -123,6 +123,17 @@ def test_unmapped_gres_type_is_named() -> None:
     assert "'rtx3090'" in str(e.value) and "node gpu-b" in str(e.value) and "a6000" in str(e.value)
 
 
+def test_an_unmapped_gres_type_can_leave_only_its_gpus_out() -> None:
+    """Issue 29.4: the service's inventory keeps the rest of the cluster when one type is unmapped."""
+    nodes = {n.name: n for n in parse_nodes(data("nodes_idle.txt"), {"a6000": A6000}, skip_unmapped=True)}
+    assert [g.index for g in nodes["gpu-a"].gpus] == [0, 1, 2, 3] and nodes["gpu-a"].problem is None
+    assert nodes["gpu-b"].gpus == () and nodes["gpu-b"].unmapped == {"rtx3090": 2}
+    assert "GRES type 'rtx3090' (2 GPUs) is not in c.GPUPool.slurm_gpu_models" in nodes["gpu-b"].problem
+    # gpu-c keeps its A6000 at Slurm's index 0; the RTX 3090 (index 1) is left out
+    assert [(g.index, g.model) for g in nodes["gpu-c"].gpus] == [(0, A6000)]
+    assert nodes["gpu-c"].config()["gpus"] == [{"index": 0, "uuid": "gpu-c/gpu0", "model": A6000}]
+
+
 @pytest.mark.parametrize(
     ("raw", "takes", "why"),
     [

@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,8 @@ PROFILES = [
     {"slug": "a6000", "display_name": "RTX A6000", "gpus": 1, "max_gpus": 4, "models": ["RTX A6000"],
      "cpu": 2, "memory": "2G"},
     {"slug": "3090", "display_name": "RTX 3090", "gpus": 1, "max_gpus": 2, "models": ["RTX 3090"]},
+    # a server command that does not exist: the job dies in its first second (issue 29.2)
+    {"slug": "broken", "display_name": "Broken", "spawner_override": {"cmd": ["/nonexistent/gpupool-server"]}},
 ]
 
 
@@ -172,6 +175,45 @@ def inventory_refreshes(hub) -> int:
     r.raise_for_status()
     m = re.search(r'^gpupool_job_duration_seconds_count\{job="inventory"\} (\S+)$', r.text, re.MULTILINE)
     return int(float(m.group(1))) if m else 0
+
+
+def test_a_job_that_dies_at_start_fails_the_spawn_at_once_with_its_output(hub, slurm):
+    """Issue 29.2: the job dies in its first second; the hub waited start_timeout and never said why."""
+    t0 = time.monotonic()
+    ok, message = wait_spawned(hub, "dora", "", spawn(hub, "dora", {"profile": "broken"}))
+    took = time.monotonic() - t0
+    assert not ok
+    log = "\n".join(ln for ln in hub.log_tail(300).splitlines() if "dora" in ln or "job 1" in ln.lower())
+    assert took <= 15, f"the spawn failed only after {took:.1f} s: {message}\n{log}"
+    assert re.search(r"Slurm job \d+ ended \((FAILED|COMPLETED)", message), message
+    assert "jupyterhub_slurmspawner_" in message and "Last lines of" in message, message
+    assert "Traceback" in message or "Error" in message, message  # batchspawner-singleuser's own error
+    assert slurm.job_ids() == []
+    wait_for(lambda: not allocations(hub), 30, "nothing to stay allocated")
+
+
+def test_slurmctld_down_gives_503_with_retry_after_and_then_recovers(hub, slurm):
+    """Issue 29.4: with slurmctld down a spawn was a bare 500, and the log had a traceback per poll."""
+    slurm.stop_slurmctld()
+    try:
+        hub.create_user("cora")
+        r = hub.hub_request("POST", "/users/cora/server", json={"user_options": {"profile": "cpu"}})
+        if r.status_code == 202:  # sbatch took longer than the hub's slow_spawn_timeout: the stream says it
+            ok, message = wait_spawned(hub, "cora", "", r)
+            assert not ok
+        else:
+            assert r.status_code == 503, r.text
+            assert int(r.headers["Retry-After"]) > 0
+            message = r.json()["message"]
+        assert "Slurm does not answer" in message and "sbatch said:" in message, message
+        assert "Unable to contact slurm controller" in message or "not responding" in message, message
+    finally:
+        slurm.start_slurmctld()
+    wait_for(lambda: "slurmctld answers again" in hub.log_tail(400), 60, "the recovery line")
+    assert hub.log_tail(400).count("slurmctld does not answer") <= 2  # hub and service: once each
+    ok, message = wait_spawned(hub, "cora", "", spawn(hub, "cora", {"profile": "cpu"}))
+    assert ok, message
+    stop_server(hub, "cora")
 
 
 def test_hub_restart_keeps_the_server_its_job_and_its_gpus(hub, slurm):

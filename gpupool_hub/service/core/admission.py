@@ -196,7 +196,7 @@ class Admission:
         if teams.enabled:
             pending = self.reclaims.pending(user, server)
             if pending is not None:
-                if pending.same_shape(req):
+                if pending.same_request(req, requested_models):
                     rc = self.reclaims.claim(pending)
                     usage = teams.usage(self.reclaims.holdings(exclude=rc.id))
                     return self.record(rc.id, user, server, rc.request, requested_models, rc.placement, rc.team,
@@ -239,10 +239,10 @@ class Admission:
         the queue and starts only where backfill lets it. None: place as usual."""
         queue = self.queue
         assert queue is not None
-        queue.check_cancelled(user, server)
+        queue.check_cancelled(user, server, req, requested_models)
         entry = queue.pending(user, server)
         if entry is not None:
-            got = queue.poll(entry, req)
+            got = queue.poll(entry, req, requested_models)
             if got is not None:
                 return got
         priority = self._priority(team, req, usage)

@@ -70,6 +70,7 @@ class PoolInventory:
         self.node_status: dict[str, NodeStatus] = {}
         self.held_outside: dict[str, list[int]] = {}
         self.unavailable: dict[str, str] = {}
+        self.problems: dict[str, str] = {}  # node -> what its source says an admin must fix
         # the configured profiles placement keeps room for (expect_profiles), declared again
         # whenever the pool is rebuilt: with inventory "agents" nodes, and models, come later
         self.expected_profiles: tuple[list[Profile], int | None] = ([], None)
@@ -338,6 +339,7 @@ class PoolInventory:
         touched. Runs on the writer thread.
         """
         self.node_status = dict(status)
+        self.problems = {name: st.problem for name, st in status.items() if st.problem}
         self._drop_placeholders()
         outside: dict[str, list[int]] = {}
         unavailable: dict[str, str] = {}
@@ -386,7 +388,7 @@ class PoolInventory:
             models = sorted({g.model for g in self.pool.by_name[node].node.gpus if g.index in idx})
             parts.append(f"{len(idx)} {'/'.join(models)} GPU(s) on {node}")
         for node, why in sorted(self.unavailable.items()):
-            parts.append(f"node {node} ({why})")
+            parts.append(f"{node} is {why}")
         if not parts:
             return ""
         return " Held outside the hub (jobs it did not start, or nodes it may not use): " + "; ".join(parts) + "."

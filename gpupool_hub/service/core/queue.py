@@ -32,7 +32,7 @@ from typing import Any
 
 from ...config import GPUPool
 from ...ledger import Ledger, UnknownAccount
-from ...placement.request import Request, normalize_model
+from ...placement.request import Request, model_allowed, normalize_model, same_request
 from ...placement.state import Placement
 from ...reasons import RefusalReason
 from ...timefmt import iso
@@ -82,11 +82,6 @@ def _request(data: dict[str, Any]) -> Request:
                    mig=data.get("mig"))
 
 
-def _same_shape(a: Request, b: Request) -> bool:
-    return (a.cpu_milli, a.memory_mib, a.gpus, a.gpu_milli, a.mig) == (b.cpu_milli, b.memory_mib, b.gpus,
-                                                                       b.gpu_milli, b.mig)
-
-
 class WaitQueue:
     """Waiting servers: join, dispatch, claim, leave, expire, positions and estimates."""
 
@@ -100,7 +95,7 @@ class WaitQueue:
         self.threads = threads
         self.entries: dict[tuple[str, str], Entry] = {}
         # (user, server) whose place was given up by a cancel: their spawner's next retry ends
-        self.cancelled: dict[tuple[str, str], datetime] = {}
+        self.cancelled: dict[tuple[str, str], tuple[datetime, Request, list[str] | None]] = {}
         self.reservation: tuple[str, str] | None = None  # (head entry id, node held for it)
         # GPU servers each user holds (ledger allocations), counted at each dispatch: a user's
         # running servers take earlier rounds of the round-robin order (waitqueue.fair_order)
@@ -172,10 +167,11 @@ class WaitQueue:
                       details={"max_waiting_per_user": limit,
                                "waiting": [{"server": server, "position": p} for server, p in places]})
 
-    def poll(self, entry: Entry, req: Request) -> tuple[str, Placement] | None:
+    def poll(self, entry: Entry, req: Request, requested_models: list[str] | None) -> tuple[str, Placement] | None:
         """A retry of a queued (user, server): its reservation if dispatch placed it, else
-        ``Refused(QUEUED)``. A changed request gives up the old place (None: ask anew)."""
-        if not _same_shape(entry.waiter.request, req):
+        ``Refused(QUEUED)``. A changed request (another size or model) gives up the old place
+        and its reserved GPUs (None: ask anew)."""
+        if not same_request(entry.waiter.request, entry.requested_models, req, requested_models):
             self.remove(entry, "the request changed")
             return None
         entry.last_seen = self.clock()
@@ -214,14 +210,18 @@ class WaitQueue:
         entry = self.entries.get((user, server))
         if entry is None:
             return False
-        self.cancelled[(user, server)] = self.clock()
+        self.cancelled[(user, server)] = (self.clock(), entry.waiter.request, entry.requested_models)
         self.remove(entry, "cancelled")
         return True
 
-    def check_cancelled(self, user: str, server: str) -> None:
-        """A retry from a spawn whose place was given up (``leave``) ends it, once."""
-        at = self.cancelled.pop((user, server), None)
-        if at is not None and (self.clock() - at).total_seconds() <= self.settings.queue_poll_timeout:
+    def check_cancelled(self, user: str, server: str, req: Request, requested_models: list[str] | None) -> None:
+        """A retry from a spawn whose place was given up (``leave``) ends it, once. A request for
+        something else (another model) is a new spawn of the server, never the cancelled one."""
+        gone = self.cancelled.pop((user, server), None)
+        if gone is None or not same_request(gone[1], gone[2], req, requested_models):
+            return
+        at = gone[0]
+        if (self.clock() - at).total_seconds() <= self.settings.queue_poll_timeout:
             raise Refused(RefusalReason.NO_CAPACITY,
                           "Your place in the GPU queue was given up (the spawn was cancelled); "
                           "start the server again to queue anew.", details={"cancelled_at": iso(at)})
@@ -300,9 +300,22 @@ class WaitQueue:
         eta = self.estimate_of(entry.waiter.id)
         # those far back ask less often: every retry is work on the writer thread
         retry = now + timedelta(seconds=min(10, 2 + position // 20))
-        return Refused(RefusalReason.QUEUED, wait_text(position, eta, now), retry_at=retry, details={
+        text = wait_text(position, eta, now) + self.unavailable_note(entry.waiter.request)
+        return Refused(RefusalReason.QUEUED, text, retry_at=retry, details={
             "position": position, "queue_length": len(self.ordered()), "eta": iso(eta),
             "since": iso(entry.waiter.since)})
+
+    def unavailable_note(self, req: Request) -> str:
+        """Why GPUs of the request's models sit unused while it waits: their nodes take no servers
+        ("gpu-a is drained: maint"), so the user and the admin see that the queue is not the cause."""
+        parts = []
+        for node, why in sorted(self.inventory.unavailable.items()):
+            ns = self.pool.by_name.get(node)
+            if ns is not None and any(model_allowed(normalize_model(g.model), req.models) for g in ns.node.gpus):
+                parts.append(f"{node} is {why}")
+        if not parts:
+            return ""
+        return " Nodes with such GPUs that take no servers now: " + "; ".join(parts) + "."
 
     def free_milli(self) -> dict[str, int]:
         out: dict[str, int] = {}

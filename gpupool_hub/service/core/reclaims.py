@@ -28,7 +28,7 @@ from typing import Any
 from ... import fairshare
 from ...config import GPUPool
 from ...ledger import AllocationRecord, AuditEvent, Ledger
-from ...placement.request import Request
+from ...placement.request import Request, same_request
 from ...placement.state import Placement
 from ...reasons import AuditAction, RefusalReason
 from ...timefmt import iso
@@ -72,10 +72,8 @@ class Reclaim:
     def ready(self) -> bool:
         return all(v.id in self.done for v in self.victims)
 
-    def same_shape(self, other: Request) -> bool:
-        a = self.request
-        return (a.cpu_milli, a.memory_mib, a.gpus, a.gpu_milli, a.mig) == (
-            other.cpu_milli, other.memory_mib, other.gpus, other.gpu_milli, other.mig)
+    def same_request(self, other: Request, requested_models: list[str] | None) -> bool:
+        return same_request(self.request, self.requested_models, other, requested_models)
 
     def as_dict(self) -> dict[str, Any]:
         return {"user": self.user, "server": self.server, "team": self.team, "node": self.placement.node,

@@ -135,6 +135,8 @@ class Views:
             node["held_outside"] = list(inv.held_outside.get(node["node"], []))
             if node["node"] in inv.unavailable:
                 node["unavailable"] = inv.unavailable[node["node"]]
+            if node["node"] in inv.problems:
+                node["problem"] = inv.problems[node["node"]]
             report = inv.reports.get(node["node"])
             for gpu in node["gpus"]:
                 if report is not None and gpu["uuid"] in report.unattributed:

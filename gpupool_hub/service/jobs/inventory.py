@@ -7,6 +7,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from ...inventory.slurm import OutageLog, SlurmCommandError, controller_unreachable
 from ...inventory.sources import InventorySource
 from ..core.inventory import PoolInventory
 
@@ -21,7 +22,16 @@ class InventoryRefreshJob:
         self.source = source
         self.inventory = inventory
         self.in_thread = in_thread
+        self.outage = OutageLog(log)
 
     async def __call__(self) -> None:
-        status = await self.in_thread(self.source.node_status)
+        try:
+            status = await self.in_thread(self.source.node_status)
+        except SlurmCommandError as e:
+            if not controller_unreachable(str(e)):
+                raise
+            # slurmctld restarting or down: the pool keeps Slurm's last word; said once, not every refresh
+            self.outage.failed(str(e))
+            return
+        self.outage.ok()
         await self.inventory.apply_node_status.off_loop(status)

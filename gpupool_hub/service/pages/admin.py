@@ -64,7 +64,8 @@ class PoolMapHandler(AdminPage):
             nodes.append({"name": node["node"], "labels": node["labels"], "cells": cells,
                           "cpu": (node["cpu_milli"] - node["cpu_free"], node["cpu_milli"]),
                           "memory": (node["memory_mib"] - node["memory_free"], node["memory_mib"]),
-                          "report": report})
+                          "report": report, "unavailable": m.inventory.unavailable.get(node["node"]),
+                          "problem": m.inventory.problems.get(node["node"])})
         legend = [(u, colours[u], f"{n:g}") for u, n in sorted(holders.items())]
         free = m.pool.free_summary().per_model
         self.render_page("admin/pool.html", nodes=nodes, legend=legend, free=free,
