@@ -72,6 +72,7 @@ TEAMS = 4
 TYPICAL_S = 4 * 3600.0  # c.GPUPool.expected_session_hours' default: today's estimator
 CHAIN_ROUNDS = 3  # as service/core/queue.py
 HISTORY_REFRESH_S = 600.0  # the project's estimator reads the history every 10 simulated minutes
+RELEASES_TTL_S = 30.0  # expected releases reused this long, as the service does (core/queue.py: RELEASES_TTL)
 EPOCH = datetime(2026, 1, 1, tzinfo=timezone.utc)
 TARGET_IN_RANGE = 0.80
 TARGET_ERROR = 0.25
@@ -160,6 +161,7 @@ class Result:
     eta: List[Tuple[float, float, float, float]] = field(default_factory=list)  # (low, mid, high, real) waits
     eta_basis: Dict[str, int] = field(default_factory=dict)
     util_area: float = 0.0
+    util_waiting_area: float = 0.0
     util_series: List[float] = field(default_factory=list)
     frag_gpu_s: float = 0.0
     team_held: List[float] = field(default_factory=lambda: [0.0] * TEAMS)
@@ -167,6 +169,7 @@ class Result:
     contended_s: float = 0.0
     dropped: int = 0
     wall_s: float = 0.0
+    capacity: int = 1
 
 
 def pct(xs: Sequence[float], q: float) -> float:
@@ -217,7 +220,11 @@ class Replay:
         self.snapshot = eta.SessionHistory()
         self.snapshot_at = -1e18
         self.shown: Dict[str, Tuple[float, float, float, str]] = {}
-        self.res = Result(scheduler)
+        self.cache_at = -1e18
+        self.curves: Dict[Any, Any] = {}
+        self.running: List[eta.Running] = []
+        self.releases: List[ExpectedRelease] = []
+        self.res = Result(scheduler, capacity=self.cap)
         self.now = 0.0
         self.seq = 0
 
@@ -301,6 +308,9 @@ class Replay:
         order = order[:upto]
         now = EPOCH + timedelta(seconds=self.now)
         free = self.free_milli()
+        stale = self.now - self.cache_at >= RELEASES_TTL_S
+        if stale:
+            self.cache_at = self.now
         if self.kind == "project":
             if self.now - self.snapshot_at >= HISTORY_REFRESH_S:
                 self.snapshot = eta.SessionHistory()
@@ -308,19 +318,24 @@ class Replay:
                     for x in xs:
                         self.snapshot.add(key[1], key[0], x)
                 self.snapshot_at = self.now
-            running = [eta.Running(normalize_model(placement.gpus[0].model), placement.gpu_milli,
-                                   eta.profile_key(pod.request.gpus, pod.request.gpu_milli), pod.user,
-                                   self.now - started)
-                       for pod, started, placement in self.held.values() if placement.gpus]
-            got = eta.estimate_ranges(order, free, running, self.snapshot, now).get(name)
+            if stale:
+                self.curves = {}
+                self.running = [eta.Running(normalize_model(placement.gpus[0].model), placement.gpu_milli,
+                                            eta.profile_key(pod.request.gpus, pod.request.gpu_milli), pod.user,
+                                            self.now - started)
+                                for pod, started, placement in self.held.values() if placement.gpus]
+            got = eta.estimate_ranges(order, free, self.running, self.snapshot, now, curves=self.curves,
+                                      only=name).get(name)
             if got is not None:
                 self.shown[name] = (*(((t - now).total_seconds() if t is not None else float("inf"))
                                       for t in (got.low, got.mid, got.high)), "history")
                 return
         # today's rule: known ends else created + typical session, chained a few rounds
-        releases = [ExpectedRelease(pl.node, g.milli, normalize_model(g.model), now + timedelta(seconds=max(0.0, started + TYPICAL_S
-                                                                                            - self.now)))
-                    for pod, started, pl in self.held.values() for g in pl.gpus]
+        if stale or not self.releases:
+            self.releases = [ExpectedRelease(pl.node, g.milli, normalize_model(g.model),
+                                             now + timedelta(seconds=max(0.0, started + TYPICAL_S - self.now)))
+                             for pod, started, pl in self.held.values() for g in pl.gpus]
+        releases = self.releases
         out = estimate_starts(order, free, releases, now)
         typical = timedelta(seconds=TYPICAL_S)
         for _ in range(CHAIN_ROUNDS):
@@ -366,6 +381,7 @@ class Replay:
                 self.res.team_held[t] += self.team_milli[t] * dt
                 self.res.team_fair[t] += fair[t] * dt
             self.res.contended_s += dt
+            self.res.util_waiting_area += self.pool.allocated_gpu_milli * dt
 
     def run(self) -> Result:
         t0 = time.perf_counter()
@@ -398,21 +414,11 @@ class Replay:
 
 
 def eta_figures(res: Result) -> Dict[str, Any]:
-    rows = res.eta
-    if not rows:
-        return {"eta_in_range": None, "eta_median_abs_error": None, "eta_estimates": 0}
-    inside = sum(1 for lo, _, hi, real in rows if _minute_floor(lo) <= real <= _minute_ceil(hi))
-    errors = [abs(mid - real) / max(real, 60.0) for _, mid, _, real in rows]
-    return {"eta_in_range": round(inside / len(rows), 3), "eta_median_abs_error": round(statistics.median(errors), 3),
-            "eta_estimates": len(rows), "eta_basis": res.eta_basis}
-
-
-def _minute_floor(s: float) -> float:  # the page shows whole minutes
-    return (s // 60) * 60 if s != float("inf") else s
-
-
-def _minute_ceil(s: float) -> float:
-    return -((-s) // 60) * 60 + 59 if s != float("inf") else s
+    inf = float("inf")
+    acc = eta.accuracy((None if lo == inf else lo, None if mid == inf else mid, None if hi == inf else hi, real)
+                       for lo, mid, hi, real in res.eta)
+    return {"eta_in_range": acc.in_range, "eta_median_abs_error": acc.median_error, "eta_estimates": acc.starts,
+            "eta_basis": res.eta_basis}
 
 
 def figures(res: Result) -> Dict[str, Any]:
@@ -423,7 +429,9 @@ def figures(res: Result) -> Dict[str, Any]:
         "wait_p50_s": round(pct(res.waits, 0.5), 1), "wait_p95_s": round(pct(res.waits, 0.95), 1),
         "wait_p99_s": round(pct(res.waits, 0.99), 1), "wait_max_s": round(max(res.waits, default=0.0), 1),
         "waited": sum(1 for w in res.waits if w > 0), "started": len(res.waits), "dropped": res.dropped,
-        "utilization": round(res.util_area, 4), "utilization_series": res.util_series,
+        # how full the pool was while anyone waited (what fragmentation and the queue's order cost)
+        "utilization": round(res.util_waiting_area / max(res.contended_s, 1e-9) / res.capacity, 4),
+        "utilization_arrivals": round(res.util_area, 4), "utilization_series": res.util_series,
         "fragmentation_loss_gpu_h": round(res.frag_gpu_s / 3600, 1),
         # how far the team furthest above its max-min fair share of GPU time (while anyone waited) was above it
         "team_share_excess_pt": round(100 * max(h - f for h, f in zip(held_share, fair_share)), 2),

@@ -205,9 +205,18 @@ def wait_place(position: int) -> str:
     return f"{_nth(position)} in the queue" if position else "GPUs reserved, starting"
 
 
-def wait_text(position: int, eta: datetime | None, now: datetime) -> str:
-    """"you are 2nd, about 20 minutes" — what the progress page says."""
+def wait_text(position: int, eta: datetime | None, now: datetime, span: str | None = None,
+              note: str | None = None) -> str:
+    """"you are 2nd, about 20 minutes" — what the progress page says; with ``span`` (a range
+    from the pool's history, :func:`gpupool_hub.eta.range_text`) "about 20–45 min"; ``note``
+    says why in parentheses (no history yet)."""
     nth = _nth(position)
+    if span is not None:
+        if span == "within a minute":
+            return f"You are {nth} in the queue; a GPU should free up within a minute."
+        return f"You are {nth} in the queue, {span}."
+    if note:
+        return wait_text(position, eta, now)[:-1] + f" ({note})."
     if eta is None:
         return f"You are {nth} in the queue; no estimate yet (no GPU of this kind is expected to free up soon)."
     minutes = max(0, round((eta - now) / timedelta(minutes=1)))

@@ -88,3 +88,16 @@ def test_profile_keys() -> None:
     assert eta.profile_key(2, 1000) == "2x1000"
     assert eta.profile_key(0, 500) == "1x500"
     assert eta.profile_key(0, 1000, "3g.40gb") == "mig:3g.40gb"
+
+
+def test_accuracy_counts_starts_inside_the_shown_minutes_and_the_median_error() -> None:
+    rows = [(600, 900, 1200, 1000.0),   # inside, error 0.1
+            (600, 900, 1200, 1220.0),   # inside: 20 min 20 s is "20 min" of "about 10–20 min"
+            (60, 120, 180, 600.0),      # late: outside, error 0.8
+            (0, 0, 0, 30.0),            # "within a minute": inside, error 30/60
+            (None, None, None, 4000.0)]  # no estimate within the horizon: outside
+    acc = eta.accuracy(rows)
+    assert (acc.starts, acc.in_range) == (5, 0.6)
+    assert acc.median_error == 0.5
+    assert acc.text(30) == "last 30 days: 60 % of starts inside the range, median error 50 % (5 starts)"
+    assert eta.accuracy([]).text(30).startswith("last 30 days: no waiting server has started")
