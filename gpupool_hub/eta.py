@@ -224,11 +224,15 @@ def estimate_ranges(ordered: Sequence[Waiter], free_milli: Mapping[str, int], ru
     A waiter needs the GPU share of its models that it and everyone ahead of it
     wanting those models ask for, less what is free now; it starts when the
     releases of held allocations of those models cover that. Empty without
-    enough history (the caller falls back to today's rule)."""
+    enough history (the caller falls back to today's rule).
+
+    ``curves``: the release curves per model set, filled as needed; a caller may
+    keep it for a while (held allocations change slowly) and drop it to refresh.
+    ``only``: the one waiter id wanted (those ahead of it still count)."""
     if not history.enough:
         return {}
-    groups = _groups(running, history)
-    curves: dict[frozenset[str] | None, tuple[list[float], list[float]]] = {}
+    groups: dict[str, list[tuple[int, int, list[float]]]] | None = None
+    curves = {} if curves is None else curves
     demand: dict[frozenset[str] | None, int] = {}
     out: dict[str, Estimate] = {}
     for w in ordered:
