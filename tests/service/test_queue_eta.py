@@ -7,6 +7,7 @@ from __future__ import annotations
 from gpupool_hub import eta
 from tests.service.test_queue import admit, manager, queued
 from tests.fixtures.manager import Clock
+from tests.service.openapi import check
 
 
 def past_sessions(m, clock, minutes=range(1, 21)):
@@ -49,6 +50,8 @@ def test_history_gives_a_range_that_is_recorded_and_scored_against_the_real_star
     assert r.message == f"You are 1st in the queue, {r.details['eta_text']}."
     # the admin view and the user's GET me show the same range
     report = m.queue.report()
+    check("Queue", report)
+    check("Waiting", m.queue.waiting_of("bob")[0])
     assert report["waiting"][0]["eta_text"] == r.details["eta_text"]
     assert m.queue.waiting_of("bob")[0]["eta_text"] == r.details["eta_text"]
     assert report["accuracy"]["starts"] == 0 and "no waiting server has started" in report["accuracy"]["text"]
