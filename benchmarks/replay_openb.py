@@ -506,6 +506,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("no starvation (longest wait ≤ FIFO+FGD's)", proj["wait_max_s"] <= base["wait_max_s"],
              f"{proj['wait_max_s']:.0f} s vs {base['wait_max_s']:.0f} s"),
         ]
+        run_s = sum(r["wall_s"] for r in rows.values())
+        checks.append((f"replay time ({len(nodes)} nodes, {len(pods)} pods, {len(rows)} schedulers)",
+                       run_s < TARGET_WALL_S, f"{run_s:.0f} s (target < {TARGET_WALL_S:.0f} s for 1,000 nodes and "
+                                              "10,000 pods)"))
         for what, good, figure in checks:
             print(f"  {'reached' if good else 'NOT REACHED'}: {what}: {figure}")
         out[f"{load:g}"] = {**{k: proj[k] for k in ("eta_in_range", "eta_median_abs_error", "wait_p50_s", "wait_p95_s",
