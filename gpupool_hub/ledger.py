@@ -45,7 +45,7 @@ from .units import from_milli, to_milli
 log = logging.getLogger(__name__)
 
 #: Current schema version; see ``MIGRATIONS`` and docs/ledger.md for the upgrade path.
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 KINDS = ("grant", "monthly", "daily", "debit", "adjustment", "refund")
 #: Kinds whose amount must be positive (credits) or negative (charges).
@@ -241,6 +241,24 @@ class LedgerGpuUse:
         return True
 
 
+# Every start estimate the queue showed (once per waiting entry: the one shown when it
+# joined) and the real start: the published accuracy of the estimates. Seconds after
+# ``shown_at``; a bound of None is "not within the horizon".
+estimates = sa.Table(
+    "gpupool_estimates",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),  # the queue entry's id (the allocation's, once started)
+    sa.Column("user", sa.Unicode(255), nullable=False),
+    sa.Column("shown_at", sa.DateTime, nullable=False),
+    sa.Column("low_s", sa.Integer, nullable=True),
+    sa.Column("mid_s", sa.Integer, nullable=True),
+    sa.Column("high_s", sa.Integer, nullable=True),
+    sa.Column("basis", sa.String(16), nullable=False),  # "history" or "fallback" (eta.py)
+    sa.Column("started_at", sa.DateTime, nullable=True),
+    sa.Index("ix_gpupool_estimates_started", "started_at"),
+)
+
+
 class LedgerRecords:
     """What the service records beside money, in the same database and transactions:
     the audit log of culling and fair share, and the wait queue. A base of
@@ -266,6 +284,38 @@ class LedgerRecords:
         with self._read() as conn:
             rows = conn.execute(sa.select(queue).order_by(queue.c.since, queue.c.id))
             return [{**r._mapping, "since": _aware(r.since)} for r in rows]
+
+    def estimate_shown(self, entry_id: str, user: str, at: datetime, bounds: Sequence[int | None],
+                       basis: str) -> None:
+        """Record the estimate shown to a waiting entry (``bounds``: low, mid, high seconds
+        after ``at``). Idempotent: the first one shown stays."""
+        with self._write() as conn:
+            if conn.execute(sa.select(estimates.c.id).where(estimates.c.id == entry_id)).first() is None:
+                low, mid, high = bounds
+                conn.execute(estimates.insert().values(id=entry_id, user=user, shown_at=_db_time(at), low_s=low,
+                                                       mid_s=mid, high_s=high, basis=basis))
+
+    def estimate_started(self, entry_id: str, at: datetime) -> None:
+        """The entry really started (its GPUs were claimed); once: a second call keeps the first time."""
+        with self._write() as conn:
+            conn.execute(estimates.update().where(estimates.c.id == entry_id, estimates.c.started_at.is_(None))
+                         .values(started_at=_db_time(at)))
+
+    def estimates_started(self, since: datetime) -> list[tuple[int | None, int | None, int | None, float]]:
+        """(low, mid, high, real wait) in seconds of each shown estimate whose entry started since ``since``."""
+        q = sa.select(estimates.c.low_s, estimates.c.mid_s, estimates.c.high_s, estimates.c.shown_at,
+                      estimates.c.started_at).where(estimates.c.started_at >= _db_time(since))
+        with self._read() as conn:
+            return [(r.low_s, r.mid_s, r.high_s, (r.started_at - r.shown_at).total_seconds()) for r in conn.execute(q)]
+
+    def session_lengths(self, since: datetime) -> list[tuple[dict[str, Any], str, float]]:
+        """(request, user, seconds held) of each allocation released since ``since``: the history
+        the wait estimates learn from."""
+        q = sa.select(allocations.c.request, allocations.c.user, allocations.c.created_at,
+                      allocations.c.released_at).where(allocations.c.released_at >= _db_time(since))
+        with self._read() as conn:
+            return [(dict(r.request), r.user, (r.released_at - r.created_at).total_seconds())
+                    for r in conn.execute(q)]
 
     def node_devices(self) -> dict[str, str]:
         """Every remembered device UUID and the node that reported it."""
@@ -729,8 +779,13 @@ def _migrate_to_7(conn: Connection) -> None:
     metadata.create_all(conn, tables=[gpu_use])
 
 
+def _migrate_to_8(conn: Connection) -> None:
+    # the queue's shown estimates and real starts (their published accuracy)
+    metadata.create_all(conn, tables=[estimates])
+
+
 MIGRATIONS = {1: _migrate_to_1, 2: _migrate_to_2, 3: _migrate_to_3, 4: _migrate_to_4, 5: _migrate_to_5,
-              6: _migrate_to_6, 7: _migrate_to_7}
+              6: _migrate_to_6, 7: _migrate_to_7, 8: _migrate_to_8}
 
 
 def schema_version(conn: Connection) -> int:

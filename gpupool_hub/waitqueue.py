@@ -19,6 +19,7 @@ in this pass are skipped without looking at the pool again.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -174,6 +175,9 @@ def estimate_starts(ordered: Sequence[Waiter], free_milli: Mapping[str, int],
     are fragmented; ``None`` when the known releases never suffice.
     """
     events = sorted(releases, key=lambda r: r.at)
+    # per model set: release times and the running total they free (one bisect per waiter,
+    # so a queue of thousands over thousands of held GPUs stays cheap)
+    freed: dict[frozenset[str] | None, tuple[list[datetime], list[int]]] = {}
     out: dict[str, datetime | None] = {}
     demand: dict[frozenset[str] | None, int] = {}
     for w in ordered:
@@ -185,14 +189,17 @@ def estimate_starts(ordered: Sequence[Waiter], free_milli: Mapping[str, int],
         if have >= need:
             out[w.id] = now
             continue
-        at = None
-        for r in events:
-            if models is None or r.model in models:
-                have += r.milli
-                if have >= need:
-                    at = max(r.at, now)
-                    break
-        out[w.id] = at
+        if key not in freed:
+            times, totals, total = [], [], 0
+            for r in events:
+                if models is None or r.model in models:
+                    total += r.milli
+                    times.append(r.at)
+                    totals.append(total)
+            freed[key] = (times, totals)
+        times, totals = freed[key]
+        i = bisect_left(totals, need - have)
+        out[w.id] = max(times[i], now) if i < len(totals) else None
     return out
 
 
@@ -205,9 +212,18 @@ def wait_place(position: int) -> str:
     return f"{_nth(position)} in the queue" if position else "GPUs reserved, starting"
 
 
-def wait_text(position: int, eta: datetime | None, now: datetime) -> str:
-    """"you are 2nd, about 20 minutes" — what the progress page says."""
+def wait_text(position: int, eta: datetime | None, now: datetime, span: str | None = None,
+              note: str | None = None) -> str:
+    """"you are 2nd, about 20 minutes" — what the progress page says; with ``span`` (a range
+    from the pool's history, :func:`gpupool_hub.eta.range_text`) "about 20–45 min"; ``note``
+    says why in parentheses (no history yet)."""
     nth = _nth(position)
+    if span is not None:
+        if span == "within a minute":
+            return f"You are {nth} in the queue; a GPU should free up within a minute."
+        return f"You are {nth} in the queue, {span}."
+    if note:
+        return wait_text(position, eta, now)[:-1] + f" ({note})."
     if eta is None:
         return f"You are {nth} in the queue; no estimate yet (no GPU of this kind is expected to free up soon)."
     minutes = max(0, round((eta - now) / timedelta(minutes=1)))

@@ -232,7 +232,7 @@ def test_a_version_5_database_is_upgraded_and_its_long_keys_still_match(db_url):
     ledger = Ledger(db_url)
     try:
         with ledger.engine.begin() as conn:
-            assert conn.execute(sa.select(meta_table.c.value)).scalar_one() == str(SCHEMA_VERSION) == "7"
+            assert conn.execute(sa.select(meta_table.c.value)).scalar_one() == str(SCHEMA_VERSION) == "8"
         replay = ledger.post(Posting("alice", "grant", Decimal(7), long_key))
         assert not replay.created and replay.entry.key == long_key and replay.entry.reason == "old"
         assert ledger.balance("alice") == Decimal(7) and ledger.verify().ok

@@ -309,3 +309,20 @@ def html_escape(text):
     from markupsafe import escape
 
     return str(escape(text))
+
+
+async def test_pool_map_shows_the_live_accuracy_of_wait_estimates(service):
+    m = service.manager
+    admin = service.client("admin-token")
+    [line] = attrs((await admin.get("admin/pool")).body.decode(), 'data-gpupool="eta-accuracy"')
+    assert line["data-starts"] == "0" and line["data-in-range"] == ""
+    now = m.clock()
+    # three waiting servers started: two inside the range they were shown, one late
+    for i, (low, mid, high, waited) in enumerate([(600, 900, 1200, 1000), (600, 900, 1200, 750),
+                                                  (60, 120, 180, 600)]):
+        m.ledger.estimate_shown(f"e{i}", "bob", now - timedelta(seconds=waited), [low, mid, high], "history")
+        m.ledger.estimate_started(f"e{i}", now)
+    page = (await admin.get("admin/pool")).body.decode()
+    [line] = attrs(page, 'data-gpupool="eta-accuracy"')
+    assert line["data-starts"] == "3" and line["data-in-range"] == "0.667"
+    assert "last 30 days: 67 % of starts inside the range, median error 20 % (3 starts)" in page

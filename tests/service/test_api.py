@@ -270,3 +270,12 @@ def test_every_documented_path_is_served(hub):
         # 404 only where the document says "no such allocation / never reported"
         assert r.status_code != 404 or "404" in SPEC["paths"][path]["get"]["responses"], path
         assert r.status_code < 500, (path, r.text)
+
+
+def test_get_queue_carries_the_estimates_accuracy(hub):
+    queue = call(hub, "admin", "GET", "/queue").json()
+    check("Queue", queue)
+    acc = queue["accuracy"]
+    assert acc["days"] == 30 and acc["starts"] >= 0
+    assert acc["text"].startswith("last 30 days: ")
+    assert call(hub, "alice", "GET", "/queue").status_code == 403  # pool-wide: admins only

@@ -106,6 +106,7 @@ def test_three_users_queue_for_one_gpu_in_fair_order(hub):
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert [line.split()[1] for line in lines[2:]] == ["bob", "carol", "dave"], out.stdout
+    assert "wait estimates, last 30 days: no waiting server has started yet" in out.stderr
     wait_for(lambda: any("You are 1st in the queue" in m for m in watchers["bob"].messages()), 30,
              "bob's position on his progress page")
     wait_for(lambda: any(m.startswith("Waiting for a GPU: You are 3rd in the queue")

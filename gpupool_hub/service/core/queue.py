@@ -27,11 +27,11 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from decimal import Decimal
 from typing import Any
 
+from ... import eta as eta_rules
 from ...config import GPUPool
-from ...ledger import Ledger, UnknownAccount
+from ...ledger import Ledger
 from ...placement.request import Request, model_allowed, normalize_model, same_request
 from ...placement.state import Placement
 from ...reasons import RefusalReason
@@ -39,6 +39,7 @@ from ...timefmt import iso
 from ...waitqueue import (BORROWER, ExpectedRelease, Waiter, dispatch, estimate_starts, fair_order, reserve_node, wait_place, wait_text)
 from .errors import Refused
 from .inventory import PoolInventory
+from .queue_eta import QueueRanges
 from .reclaims import Reclaims
 from .threads import CoreThreads, writes
 
@@ -82,7 +83,7 @@ def _request(data: dict[str, Any]) -> Request:
                    mig=data.get("mig"))
 
 
-class WaitQueue:
+class WaitQueue(QueueRanges):
     """Waiting servers: join, dispatch, claim, leave, expire, positions and estimates."""
 
     def __init__(self, settings: GPUPool, ledger: Ledger, inventory: PoolInventory, reclaims: Reclaims,
@@ -105,6 +106,9 @@ class WaitQueue:
         self._estimates: tuple[float, dict[str, datetime | None]] | None = None
         self._summary: tuple[float, dict[str, dict[str, Any]]] | None = None
         self._releases: tuple[float, list[ExpectedRelease]] | None = None
+        self._history: tuple[float, eta_rules.SessionHistory] | None = None
+        self._ranges: tuple[float, dict[str, eta_rules.Estimate]] | None = None
+        self._shown: set[str] = set()  # entry ids whose shown estimate is recorded
 
     @property
     def pool(self) -> Any:
@@ -190,6 +194,8 @@ class WaitQueue:
         assert entry.placement is not None
         self.entries.pop(entry.key, None)
         self.ledger.queue_remove(entry.waiter.id)
+        self.ledger.estimate_started(entry.waiter.id, self.clock())
+        self._shown.discard(entry.waiter.id)
         user = entry.waiter.user  # admission records it now: held from here on (a new dict: readers copy)
         self.held_by_user = {**self.held_by_user, user: self.held_by_user.get(user, 0) + 1}
         return entry.waiter.id, entry.placement
@@ -298,12 +304,21 @@ class WaitQueue:
         now = self.clock()
         position = self.position(entry)
         eta = self.estimate_of(entry.waiter.id)
+        est = self.range_of(entry.waiter.id, eta)
+        if entry.waiter.id not in self._shown:  # the estimate shown when it joined, kept for the accuracy
+            self._shown.add(entry.waiter.id)
+            self.ledger.estimate_shown(entry.waiter.id, entry.waiter.user, now, [
+                None if t is None else max(0, round((t - now).total_seconds())) for t in (est.low, est.mid, est.high)],
+                est.basis)
         # those far back ask less often: every retry is work on the writer thread
         retry = now + timedelta(seconds=min(10, 2 + position // 20))
-        text = wait_text(position, eta, now) + self.unavailable_note(entry.waiter.request)
+        history = est.basis == "history"
+        text = (wait_text(position, eta, now, eta_rules.range_text(est, now) if history else None,
+                          None if history else eta_rules.FALLBACK_NOTE)
+                + self.unavailable_note(entry.waiter.request))
         return Refused(RefusalReason.QUEUED, text, retry_at=retry, details={
             "position": position, "queue_length": len(self.ordered()), "eta": iso(eta),
-            "since": iso(entry.waiter.since)})
+            "since": iso(entry.waiter.since), **self._range_json(est, now)})
 
     def unavailable_note(self, req: Request) -> str:
         """Why GPUs of the request's models sit unused while it waits: their nodes take no servers
@@ -336,24 +351,10 @@ class WaitQueue:
         owner's balance reaching the floor, else the typical session length."""
         now = self.clock()
         typical = timedelta(hours=self.settings.expected_session_hours)
-        deadlines = {v.id: rc.deadline for rc in self.reclaims.active.values() for v in rc.victims}
-        deadlines.update(self.expected_ends())
-        held = self.ledger.active_allocations()
-        burn: dict[str, Decimal] = {}
-        for r in held:
-            burn[r.user] = burn.get(r.user, Decimal(0)) + r.price_per_hour
-        floor_at: dict[str, datetime] = {}
-        for user, rate in burn.items():
-            if rate <= 0:
-                continue
-            try:
-                left = self.ledger.balance(user) - self.settings.base_rules().floor
-            except UnknownAccount:
-                continue
-            floor_at[user] = now + timedelta(hours=float(max(left, Decimal(0)) / rate))
+        known = {r: now + timedelta(seconds=s) for r, s in self._known_ends(now).items()}
         out = []
-        for r in held:
-            at = min(x for x in (deadlines.get(r.id), floor_at.get(r.user), r.created_at + typical) if x is not None)
+        for r in self.ledger.active_allocations():
+            at = min(x for x in (known.get(r.id), r.created_at + typical) if x is not None)
             for g in r.gpus:
                 out.append(ExpectedRelease(r.node, g["milli"], normalize_model(g["model"]), max(at, now)))
         return out
@@ -397,12 +398,13 @@ class WaitQueue:
         for model in sorted(self.inventory.models()):
             key = normalize_model(model)
             n = sum(1 for w in ordered if w.request.models is None or key in w.request.models)
-            eta = None
+            eta = est = None
             if n:
                 probe = Waiter(id="?", user="", server="", request=Request(gpus=1, models=frozenset({key})),
                                since=self.clock(), priority=99)
                 eta = self.estimates(probe).get("?")
-            out[model] = {"waiting": n, "eta": iso(eta)}
+                est = self.ranges(probe).get("?") or eta_rules.Estimate(eta, eta, eta, "fallback")
+            out[model] = {"waiting": n, "eta": iso(eta), **self._range_json(est, self.clock())}
         return out
 
     @writes
@@ -426,9 +428,10 @@ class WaitQueue:
                          "since": iso(w.since), "waited_seconds": int((now - w.since).total_seconds()),
                          "position": place.get(w.id, 0), "priority": "under_quota" if w.priority == 0 else "fcfs",
                          "eta": iso(estimates.get(w.id)), "reserved_on": e.placement.node if e.placement else None,
-                         "last_seen": iso(e.last_seen)})
+                         "last_seen": iso(e.last_seen), **self._range_json(
+                             None if e.placement else self.range_of(w.id, estimates.get(w.id)), now)})
         return {"waiting": rows, "length": len(self.ordered()),
-                "reserved_node": self.reservation[1] if self.reservation else None}
+                "reserved_node": self.reservation[1] if self.reservation else None, "accuracy": self.accuracy()}
 
     def waiting_of(self, user: str) -> list[dict[str, Any]]:
         """``GET me``'s ``waiting``: the user's waiting servers with position and the last
@@ -442,11 +445,17 @@ class WaitQueue:
                                           self._running(entries))]
         cached = self._estimates
         estimates = cached[1] if cached is not None else {}
+        ranged = self._ranges  # one read, as for the estimates
+        ranges = ranged[1] if ranged is not None else {}
+        now = self.clock()
         # the GPU part of the description ("2 GPUs (rtx 3090)"): what the widget shows
         return [{"server": e.waiter.server, "request": e.waiter.request.describe().partition(", ")[0],
                  "since": iso(e.waiter.since),
                  "position": order.index(e.waiter.id) + 1 if e.waiter.id in order else 0,
-                 "queue_length": len(order), "eta": iso(estimates.get(e.waiter.id))}
+                 "queue_length": len(order), "eta": iso(estimates.get(e.waiter.id)),
+                 **self._range_json(ranges.get(e.waiter.id) or (
+                     eta_rules.Estimate(*[estimates.get(e.waiter.id)] * 3, "fallback")
+                     if e.waiter.id in estimates else None), now)}
                 for e in sorted(mine, key=lambda e: e.waiter.since)]
 
     # ---------------------------------------------------------------- demand

@@ -68,7 +68,8 @@ class PoolMapHandler(AdminPage):
                           "problem": m.inventory.problems.get(node["node"])})
         legend = [(u, colours[u], f"{n:g}") for u, n in sorted(holders.items())]
         free = m.pool.free_summary().per_model
-        self.render_page("admin/pool.html", nodes=nodes, legend=legend, free=free,
+        accuracy = await m.queue.accuracy.off_loop()  # the wait estimates' record: a read-only query
+        self.render_page("admin/pool.html", nodes=nodes, legend=legend, free=free, eta_accuracy=accuracy,
                          outside=self.context.reconcile_report(),
                          reclaims=m.reclaims.team_report()["reclaims"], allocations=list(active.values()))
 

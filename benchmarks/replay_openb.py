@@ -1,0 +1,535 @@
+"""Time replay of Alibaba's openb trace through the wait queue, placement and ETA estimator.
+
+Unlike ``placement_openb.py`` (which fills the cluster once and never lets a
+pod leave), pods here arrive and leave: each GPU pod arrives at its
+``creation_time`` and holds its GPUs for ``deletion_time - creation_time``.
+Arrival times are compressed by one factor so that the offered load (GPU time
+asked for over GPU time available, each pod's hold counted up to the end of
+the arrivals) is ``--load`` of capacity; holding times are kept. Pods that ask
+for no GPU are left out (they never wait in the GPU queue).
+
+Each pod gets one of ``USERS`` synthetic users (by a hash of its name) and each
+user one of ``TEAMS`` teams with equal quotas; the trace has neither.
+
+Schedulers, each on a fresh ``gpupool_hub.placement.Pool`` with FGD:
+
+- ``fifo-fgd``   plain first come, first served, no backfill (the baseline)
+- ``today``      the hub's queue (``waitqueue.fair_order`` + ``waitqueue.dispatch``:
+                 round-robin across users, backfill around a reserved node) and
+                 today's estimate (known ends, else a typical session of 4 h)
+- ``project``    the same queue with the ETA learned from the replay's own
+                 history (``gpupool_hub.eta``)
+- with ``--variants``, dispatch rules for tuning: ``fifo-backfill`` (arrival
+  order, backfill around a reserved node) and ``rr-nobackfill`` (round-robin,
+  no backfill)
+
+Reported per scheduler: wait p50/p95/p99 (every GPU pod, 0 when it starts at
+once), mean GPU utilisation over the arrivals and its course, fragmentation
+loss (GPU-hours of a model that sat free while someone waited for that
+model), the longest wait (starvation), each team's share of the GPU time held
+while the queue was not empty against its max-min fair share, and ETA
+accuracy: for each pod that waited, the range shown when it joined against
+its real start (fraction inside the range; median |point - real| as a share
+of the real wait, a wait under a minute counted as one minute since the page
+says "within a minute").
+
+    python benchmarks/replay_openb.py --workload default --load 1.1
+    python benchmarks/replay_openb.py --load 0.9 1.1 1.3 --variants
+    python benchmarks/replay_openb.py --nodes 1000 --pods 10000      # the speed target
+
+The trace folder is found as ``placement_openb.py`` finds it (``--trace DIR``,
+``GPUPOOL_OPENB_TRACE``, or ``shared/traces/openb``). The last line of output
+is one JSON object with the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import heapq
+import json
+import random
+import statistics
+import sys
+import time
+import zlib
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.placement_openb import TraceNotFound, load_cluster, resolve_trace  # noqa: E402
+from gpupool_hub import eta  # noqa: E402
+from gpupool_hub.placement import ModelUnavailable, NoCapacity, Pool, Request, get_policy, load_nodes  # noqa: E402
+from gpupool_hub.placement.request import normalize_model  # noqa: E402
+from gpupool_hub.waitqueue import (BORROWER, UNDER_QUOTA, ExpectedRelease, Waiter, dispatch,  # noqa: E402
+                                   estimate_starts, fair_order, reserve_node)
+
+USERS = 64
+TEAMS = 4
+TYPICAL_S = 4 * 3600.0  # c.GPUPool.expected_session_hours' default: today's estimator
+CHAIN_ROUNDS = 3  # as service/core/queue.py
+HISTORY_REFRESH_S = 600.0  # the project's estimator reads the history every 10 simulated minutes
+RELEASES_TTL_S = 30.0  # expected releases reused this long, as the service does (core/queue.py: RELEASES_TTL)
+EPOCH = datetime(2026, 1, 1, tzinfo=timezone.utc)
+TARGET_IN_RANGE = 0.80
+TARGET_ERROR = 0.25
+TARGET_P95_RATIO = 0.8
+TARGET_WALL_S = 120.0
+SCHEDULERS = ("fifo-fgd", "today", "project")
+VARIANTS = ("fifo-backfill", "rr-nobackfill")
+
+
+@dataclass
+class Pod:
+    name: str
+    request: Request
+    arrive: float
+    hold: float
+    user: str
+    team: int
+
+
+class NoTimes(Exception):
+    """The workload's pod list has no creation/deletion times (multigpu50)."""
+
+
+def load_timed_pods(trace: Path, workload: str) -> List[Pod]:
+    """GPU pods with their arrival (trace seconds) and hold time."""
+    out = []
+    path = trace / f"openb_pod_list_{workload}.csv"
+    with open(path, newline="") as fh:
+        reader = csv.DictReader(fh)
+        if "creation_time" not in (reader.fieldnames or ()):
+            raise NoTimes(f"{path.name} has no creation_time/deletion_time columns: it cannot be replayed in time; "
+                          "use --workload default or gpushare40")
+        for row in reader:
+            n = int(row["num_gpu"] or 0)
+            if n == 0:
+                continue
+            milli = int(row["gpu_milli"] or 0) or 1000
+            spec = (row.get("gpu_spec") or "").strip()
+            models = frozenset(s.casefold() for s in spec.split("|") if s) or None
+            kw: Dict[str, Any] = dict(cpu_milli=int(row["cpu_milli"]), memory_mib=int(row["memory_mib"]), models=models)
+            req = Request(gpu_milli=milli, **kw) if n == 1 and milli < 1000 else Request(gpus=n, **kw)
+            user = zlib.crc32(row["name"].encode()) % USERS
+            out.append(Pod(row["name"], req, float(row["creation_time"]),
+                           max(1.0, float(row["deletion_time"]) - float(row["creation_time"])),
+                           f"u{user:02d}", user % TEAMS))
+    return out
+
+
+def resize(pods: List[Pod], n: Optional[int], rng: random.Random) -> List[Pod]:
+    """``n`` pods: a random subset, or the trace plus copies of random pods arriving at other pods' times."""
+    if n is None or n == len(pods):
+        return list(pods)
+    if n < len(pods):
+        return sorted(rng.sample(pods, n), key=lambda p: p.arrive)
+    out = list(pods)
+    for i in range(n - len(pods)):
+        p, at = rng.choice(pods), rng.choice(pods).arrive
+        out.append(Pod(f"{p.name}-copy{i}", p.request, at, p.hold, p.user, p.team))
+    return out
+
+
+def compress(pods: List[Pod], capacity_milli: int, load: float) -> List[Pod]:
+    """Arrivals squeezed (holds kept) so that offered GPU time / capacity over the arrival span is ``load``."""
+    t0 = min(p.arrive for p in pods)
+    span0 = max(p.arrive for p in pods) - t0
+
+    def offered(span: float) -> float:
+        return sum(p.request.total_gpu_milli * min(p.hold, span) for p in pods) / (capacity_milli * span)
+
+    if offered(1.0) < load:
+        raise ValueError(f"{len(pods)} pods cannot offer {load:.0%} of {capacity_milli // 1000} GPUs even all at "
+                         f"once (at most {offered(1.0):.0%}): use more --pods or fewer --nodes")
+    lo, hi = 1.0, span0
+    for _ in range(60):  # offered() falls as the span grows
+        mid = (lo * hi) ** 0.5
+        lo, hi = (mid, hi) if offered(mid) > load else (lo, mid)
+    scale = hi / span0
+    return sorted((Pod(p.name, p.request, (p.arrive - t0) * scale, p.hold, p.user, p.team) for p in pods),
+                  key=lambda p: p.arrive)
+
+
+@dataclass
+class Result:
+    name: str
+    waits: List[float] = field(default_factory=list)
+    eta: List[Tuple[float, float, float, float]] = field(default_factory=list)  # (low, mid, high, real) waits
+    eta_basis: Dict[str, int] = field(default_factory=dict)
+    util_area: float = 0.0
+    util_waiting_area: float = 0.0
+    util_series: List[float] = field(default_factory=list)
+    frag_gpu_s: float = 0.0
+    team_held: List[float] = field(default_factory=lambda: [0.0] * TEAMS)
+    team_fair: List[float] = field(default_factory=lambda: [0.0] * TEAMS)
+    contended_s: float = 0.0
+    dropped: int = 0
+    wall_s: float = 0.0
+    capacity: int = 1
+
+
+def pct(xs: Sequence[float], q: float) -> float:
+    if not xs:
+        return 0.0
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def max_min_fair(demand: Sequence[float], capacity: float) -> List[float]:
+    """Water-filling with equal quotas: each team gets its demand, up to an equal share of what is left."""
+    out = [0.0] * len(demand)
+    left, active = capacity, [i for i, d in enumerate(demand) if d > 0]
+    while active and left > 1e-9:
+        share = left / len(active)
+        done = [i for i in active if demand[i] - out[i] <= share]
+        if not done:
+            for i in active:
+                out[i] += share
+            break
+        for i in done:
+            left -= demand[i] - out[i]
+            out[i] = demand[i]
+        active = [i for i in active if i not in done]
+    return out
+
+
+class Replay:
+    """One scheduler over one pod list, in simulated time."""
+
+    def __init__(self, nodes: List[dict], pods: List[Pod], scheduler: str, seed: int) -> None:
+        self.pool = Pool(load_nodes(nodes), policy=get_policy("fgd"), seed=seed)
+        self.cap = self.pool.capacity_gpu_milli
+        self.pods = pods
+        self.kind = scheduler
+        self.fair = scheduler in ("today", "project", "rr-nobackfill")
+        self.backfill = scheduler in ("today", "project", "fifo-backfill")
+        self.waiting: Dict[str, Tuple[Pod, Waiter]] = {}
+        self.reservation: Optional[Tuple[str, str]] = None
+        self.held: Dict[str, Tuple[Pod, float, Any]] = {}  # pod name -> (pod, start, placement)
+        self.held_by_user: Dict[str, int] = {}
+        self.team_milli = [0] * TEAMS
+        self.free_by_model: Dict[str, int] = {}  # kept by start/leave: the pool has no such sum
+        for ns in self.pool.nodes:
+            for s, mk in enumerate(ns.slot_model):
+                self.free_by_model[mk] = self.free_by_model.get(mk, 0) + ns.cap[s]
+        self.history = eta.SessionHistory()
+        self.snapshot = eta.SessionHistory()
+        self.snapshot_at = -1e18
+        self.shown: Dict[str, Tuple[float, float, float, str]] = {}
+        self.cache_at = -1e18
+        self.curves: Dict[Any, Any] = {}
+        self.running: List[eta.Running] = []
+        self.releases: List[ExpectedRelease] = []
+        self.res = Result(scheduler, capacity=self.cap)
+        self.now = 0.0
+        self.seq = 0
+
+    # ------------------------------------------------------------ queue rules
+
+    def ordered(self) -> List[Waiter]:
+        ws = [w for _, w in self.waiting.values()]
+        if self.fair:
+            return fair_order(ws, self.reservation[0] if self.reservation else None, self.held_by_user)
+        return sorted(ws, key=lambda w: (w.since, w.id))
+
+    def dispatch(self) -> None:
+        if not self.waiting:
+            self.reservation = None
+            return
+        order = self.ordered()
+        if self.backfill:
+            d = dispatch(self.pool, order, lambda w: w.id, self.reservation)
+            self.reservation = d.reservation
+            for w, placement in d.placed:
+                self.start(self.waiting.pop(w.id)[0], placement, reserved=True)
+            return
+        for w in order:  # no backfill: stop at the first that does not fit
+            try:
+                placement = self.pool.allocate(w.id, w.request)
+            except (NoCapacity, ModelUnavailable):
+                break
+            self.start(self.waiting.pop(w.id)[0], placement, reserved=True)
+
+    def arrive(self, pod: Pod) -> None:
+        team_quota = self.cap / TEAMS
+        priority = UNDER_QUOTA if self.fair and self.team_milli[pod.team] + pod.request.total_gpu_milli <= team_quota \
+            else BORROWER
+        w = Waiter(pod.name, pod.user, pod.name, pod.request, EPOCH + timedelta(seconds=self.now), priority)
+        if not self.waiting or (self.fair and priority == UNDER_QUOTA):
+            try:
+                self.start(pod, self.pool.allocate(pod.name, pod.request))
+                return
+            except (NoCapacity, ModelUnavailable):
+                pass
+        if reserve_node(self.pool, pod.request) is None:  # fits no node ever: the hub refuses it
+            self.res.dropped += 1
+            return
+        self.waiting[pod.name] = (pod, w)
+        self.dispatch()
+        if pod.name in self.waiting and self.kind in ("today", "project"):
+            self.estimate(pod.name)
+
+    def start(self, pod: Pod, placement: Any, reserved: bool = False) -> None:
+        self.res.waits.append(self.now - pod.arrive)
+        shown = self.shown.pop(pod.name, None)
+        if shown is not None:
+            lo, mid, hi, basis = shown
+            self.res.eta.append((lo, mid, hi, self.now - pod.arrive))
+            self.res.eta_basis[basis] = self.res.eta_basis.get(basis, 0) + 1
+        self.held[pod.name] = (pod, self.now, placement)
+        self.held_by_user[pod.user] = self.held_by_user.get(pod.user, 0) + 1
+        self.team_milli[pod.team] += placement.gpu_milli
+        for g in placement.gpus:
+            self.free_by_model[normalize_model(g.model)] -= g.milli
+        self.push(self.now + pod.hold, "leave", pod.name)
+
+    def leave(self, name: str) -> None:
+        pod, started, placement = self.held.pop(name)
+        self.pool.release(name)
+        self.held_by_user[pod.user] -= 1
+        self.team_milli[pod.team] -= placement.gpu_milli
+        for g in placement.gpus:
+            self.free_by_model[normalize_model(g.model)] += g.milli
+        r = pod.request
+        self.history.add(eta.profile_key(r.gpus, r.gpu_milli), pod.user, self.now - started)
+
+    # ------------------------------------------------------------ estimates
+
+    def free_milli(self) -> Dict[str, int]:
+        return dict(self.free_by_model)
+
+    def estimate(self, name: str) -> None:
+        order = self.ordered()
+        upto = next(i for i, w in enumerate(order) if w.id == name) + 1
+        order = order[:upto]
+        now = EPOCH + timedelta(seconds=self.now)
+        free = self.free_milli()
+        stale = self.now - self.cache_at >= RELEASES_TTL_S
+        if stale:
+            self.cache_at = self.now
+        if self.kind == "project":
+            if self.now - self.snapshot_at >= HISTORY_REFRESH_S:
+                self.snapshot = eta.SessionHistory()
+                for key, xs in self.history.by_user.items():
+                    for x in xs:
+                        self.snapshot.add(key[1], key[0], x)
+                self.snapshot_at = self.now
+            if stale:
+                self.curves = {}
+                self.running = [eta.Running(normalize_model(placement.gpus[0].model), placement.gpu_milli,
+                                            eta.profile_key(pod.request.gpus, pod.request.gpu_milli), pod.user,
+                                            self.now - started)
+                                for pod, started, placement in self.held.values() if placement.gpus]
+            got = eta.estimate_ranges(order, free, self.running, self.snapshot, now, curves=self.curves,
+                                      only=name).get(name)
+            if got is not None:
+                self.shown[name] = (*(((t - now).total_seconds() if t is not None else float("inf"))
+                                      for t in (got.low, got.mid, got.high)), "history")
+                return
+        # today's rule: known ends else created + typical session, chained a few rounds
+        if stale or not self.releases:
+            self.releases = [ExpectedRelease(pl.node, g.milli, normalize_model(g.model),
+                                             now + timedelta(seconds=max(0.0, started + TYPICAL_S - self.now)))
+                             for pod, started, pl in self.held.values() for g in pl.gpus]
+        releases = self.releases
+        out = estimate_starts(order, free, releases, now)
+        typical = timedelta(seconds=TYPICAL_S)
+        for _ in range(CHAIN_ROUNDS):
+            chained = [ExpectedRelease("", w.request.total_gpu_milli, min(w.request.models), at + typical)
+                       for w in order if (at := out.get(w.id)) is not None and w.request.models]
+            again = estimate_starts(order, free, releases + chained, now)
+            if again == out:
+                break
+            out = again
+        at = out.get(name)
+        s = (at - now).total_seconds() if at is not None else float("inf")
+        self.shown[name] = (s, s, s, "fallback")
+
+    # ------------------------------------------------------------ time
+
+    def push(self, at: float, kind: str, name: str) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (at, 0 if kind == "leave" else 1, self.seq, kind, name))
+
+    def account(self, until: float, end: float) -> None:
+        """Integrate utilisation, fragmentation loss and team shares over [now, until)."""
+        dt = until - self.now
+        if dt <= 0:
+            return
+        if self.now < end:
+            self.res.util_area += self.pool.allocated_gpu_milli * min(dt, end - self.now)
+        if self.waiting:
+            wanted: set = set()
+            any_model = False
+            demand = [0.0] * TEAMS
+            for pod, w in self.waiting.values():
+                demand[pod.team] += pod.request.total_gpu_milli
+                if w.request.models is None:
+                    any_model = True
+                else:
+                    wanted |= w.request.models
+            free = self.free_milli()
+            self.res.frag_gpu_s += dt * sum(m for mk, m in free.items() if any_model or mk in wanted) / 1000
+            for t in range(TEAMS):
+                demand[t] += self.team_milli[t]
+            fair = max_min_fair(demand, self.cap)
+            for t in range(TEAMS):
+                self.res.team_held[t] += self.team_milli[t] * dt
+                self.res.team_fair[t] += fair[t] * dt
+            self.res.contended_s += dt
+            self.res.util_waiting_area += self.pool.allocated_gpu_milli * dt
+
+    def run(self) -> Result:
+        t0 = time.perf_counter()
+        self.events: List[Tuple[float, int, int, str, str]] = []
+        for p in self.pods:
+            self.push(p.arrive, "arrive", p.name)
+        by_name = {p.name: p for p in self.pods}
+        end = max(p.arrive for p in self.pods) or 1.0
+        buckets = 20
+        series = [0.0] * buckets
+        while self.events:
+            at, _, _, kind, name = heapq.heappop(self.events)
+            if at > self.now:
+                b0 = self.now
+                self.account(at, end)
+                if b0 < end:
+                    i = min(buckets - 1, int(b0 / end * buckets))
+                    series[i] += self.pool.allocated_gpu_milli * (min(at, end) - b0)
+                self.now = at
+            if kind == "leave":
+                self.leave(name)
+                if not self.events or self.events[0][3] != "leave" or self.events[0][0] > self.now:
+                    self.dispatch()
+            else:
+                self.arrive(by_name[name])
+        self.res.util_series = [round(s / (self.cap * end / buckets), 3) for s in series]
+        self.res.util_area /= self.cap * end
+        self.res.wall_s = time.perf_counter() - t0
+        return self.res
+
+
+def eta_figures(res: Result) -> Dict[str, Any]:
+    inf = float("inf")
+    acc = eta.accuracy((None if lo == inf else lo, None if mid == inf else mid, None if hi == inf else hi, real)
+                       for lo, mid, hi, real in res.eta)
+    return {"eta_in_range": acc.in_range, "eta_median_abs_error": acc.median_error, "eta_estimates": acc.starts,
+            "eta_basis": res.eta_basis}
+
+
+def figures(res: Result) -> Dict[str, Any]:
+    excess = [(h - f) / max(f, 1e-9) for h, f in zip(res.team_held, res.team_fair)] if res.contended_s else [0.0]
+    held_share = [h / max(sum(res.team_held), 1e-9) for h in res.team_held]
+    fair_share = [f / max(sum(res.team_fair), 1e-9) for f in res.team_fair]
+    return {
+        "wait_p50_s": round(pct(res.waits, 0.5), 1), "wait_p95_s": round(pct(res.waits, 0.95), 1),
+        "wait_p99_s": round(pct(res.waits, 0.99), 1), "wait_max_s": round(max(res.waits, default=0.0), 1),
+        "waited": sum(1 for w in res.waits if w > 0), "started": len(res.waits), "dropped": res.dropped,
+        # how full the pool was while anyone waited (what fragmentation and the queue's order cost)
+        "utilization": round(res.util_waiting_area / max(res.contended_s, 1e-9) / res.capacity, 4),
+        "utilization_arrivals": round(res.util_area, 4), "utilization_series": res.util_series,
+        "fragmentation_loss_gpu_h": round(res.frag_gpu_s / 3600, 1),
+        # how far the team furthest above its max-min fair share of GPU time (while anyone waited) was above it
+        "team_share_excess_pt": round(100 * max(h - f for h, f in zip(held_share, fair_share)), 2),
+        "team_excess_rel_max": round(max(excess), 3),
+        **eta_figures(res), "wall_s": round(res.wall_s, 1),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trace", "--trace-dir", dest="trace", default=None)
+    ap.add_argument("--workload", default="default", help="an openb pod list with times: default or gpushare40")
+    ap.add_argument("--load", type=float, nargs="+", default=[1.1], help="offered load(s), fractions of capacity")
+    ap.add_argument("--nodes", type=int, default=1000,
+                    help="replay on this many of the trace's nodes (a seeded sample; 0: all 1,213)")
+    ap.add_argument("--pods", type=int, default=10000,
+                    help="this many GPU pods: a subset, or the trace's plus copies arriving at other pods' times "
+                         "(0: the trace's own)")
+    ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--variants", action="store_true", help=f"also run the dispatch rules {', '.join(VARIANTS)}")
+    args = ap.parse_args(argv)
+    try:
+        trace = resolve_trace(args.trace)
+        pods0 = load_timed_pods(trace, args.workload)
+    except (TraceNotFound, NoTimes, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    rng = random.Random(args.seed)
+    nodes = load_cluster(trace)
+    if args.nodes and args.nodes < len(nodes):
+        nodes = sorted(rng.sample(nodes, args.nodes), key=lambda n: n["name"])
+    pods0 = resize(pods0, args.pods or None, rng)
+    capacity = sum(n["gpus"]["count"] * 1000 for n in nodes)
+    t_all = time.perf_counter()
+    out: Dict[str, Any] = {}
+    ok = True
+    for load in args.load:
+        try:
+            pods = compress(pods0, capacity, load)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        span_h = (pods[-1].arrive - pods[0].arrive) / 3600
+        print(f"openb time replay: workload {args.workload}, {len(nodes)} nodes ({capacity // 1000} GPUs), "
+              f"{len(pods)} GPU pods arriving over {span_h:.1f} h, offered load {load:.0%}")
+        rows = {}
+        for sched in SCHEDULERS + (VARIANTS if args.variants else ()):
+            rows[sched] = figures(Replay(nodes, pods, sched, args.seed).run())
+        print(f"{'scheduler':<14} {'p50 s':>8} {'p95 s':>9} {'p99 s':>9} {'max s':>9} {'util':>6} "
+              f"{'frag GPU-h':>10} {'team +pt':>8} {'in range':>8} {'med err':>7} {'wall s':>6}")
+        for sched, r in rows.items():
+            inr = f"{r['eta_in_range']:.0%}" if r["eta_in_range"] is not None else "-"
+            err = f"{r['eta_median_abs_error']:.0%}" if r["eta_median_abs_error"] is not None else "-"
+            print(f"{sched:<14} {r['wait_p50_s']:>8.0f} {r['wait_p95_s']:>9.0f} {r['wait_p99_s']:>9.0f} "
+                  f"{r['wait_max_s']:>9.0f} {r['utilization']:>6.1%} {r['fragmentation_loss_gpu_h']:>10.1f} "
+                  f"{r['team_share_excess_pt']:>8.2f} {inr:>8} {err:>7} {r['wall_s']:>6.1f}")
+        proj, base = rows["project"], rows["fifo-fgd"]
+        print("utilisation over the arrivals (project, 20 steps): "
+              + " ".join(f"{u:.0%}" for u in proj["utilization_series"]))
+        checks = [
+            ("ETA: starts inside the shown range", proj["eta_in_range"] is not None
+             and proj["eta_in_range"] >= TARGET_IN_RANGE, f"{proj['eta_in_range']} (target ≥ {TARGET_IN_RANGE})"),
+            ("ETA: median absolute error / real wait", proj["eta_median_abs_error"] is not None
+             and proj["eta_median_abs_error"] <= TARGET_ERROR,
+             f"{proj['eta_median_abs_error']} (target ≤ {TARGET_ERROR})"),
+            ("wait p95 vs FIFO+FGD", proj["wait_p95_s"] <= TARGET_P95_RATIO * base["wait_p95_s"],
+             f"{proj['wait_p95_s']:.0f} s vs {base['wait_p95_s']:.0f} s "
+             f"(ratio {proj['wait_p95_s'] / max(base['wait_p95_s'], 1e-9):.2f}, target ≤ {TARGET_P95_RATIO})"),
+            ("no team above its fair share (more than FIFO+FGD's)",
+             proj["team_share_excess_pt"] <= max(base["team_share_excess_pt"], 0.0) + 0.5,
+             f"{proj['team_share_excess_pt']:.2f} pt vs FIFO+FGD {base['team_share_excess_pt']:.2f} pt"),
+            ("no starvation (longest wait ≤ FIFO+FGD's)", proj["wait_max_s"] <= base["wait_max_s"],
+             f"{proj['wait_max_s']:.0f} s vs {base['wait_max_s']:.0f} s"),
+        ]
+        run_s = sum(r["wall_s"] for r in rows.values())
+        checks.append((f"replay time ({len(nodes)} nodes, {len(pods)} pods, {len(rows)} schedulers)",
+                       run_s < TARGET_WALL_S, f"{run_s:.0f} s (target < {TARGET_WALL_S:.0f} s for 1,000 nodes and "
+                                              "10,000 pods)"))
+        for what, good, figure in checks:
+            print(f"  {'reached' if good else 'NOT REACHED'}: {what}: {figure}")
+        out[f"{load:g}"] = {**{k: proj[k] for k in ("eta_in_range", "eta_median_abs_error", "wait_p50_s", "wait_p95_s",
+                                                     "wait_p99_s", "utilization", "fragmentation_loss_gpu_h",
+                                                     "team_share_excess_pt", "wait_max_s")},
+                            "fifo_fgd_wait_p95_s": base["wait_p95_s"], "today_wait_p95_s": rows["today"]["wait_p95_s"],
+                            "today_eta_in_range": rows["today"]["eta_in_range"],
+                            "today_eta_median_abs_error": rows["today"]["eta_median_abs_error"],
+                            "schedulers": rows, "targets_reached": all(g for _, g, _ in checks)}
+        ok &= all(g for _, g, _ in checks)
+    wall = time.perf_counter() - t_all
+    print(f"wall time {wall:.1f} s for {len(args.load)} load(s) × {len(SCHEDULERS) + (len(VARIANTS) if args.variants else 0)}"
+          f" schedulers (target for 1,000 nodes and 10,000 pods: one load in < {TARGET_WALL_S:.0f} s)")
+    first = out[f"{args.load[0]:g}"]
+    summary = {**{k: v for k, v in first.items() if k != "schedulers"}, "workload": args.workload,
+               "load": args.load[0], "nodes": len(nodes), "pods": len(pods0), "wall_s": round(wall, 1),
+               "by_load": {k: {kk: vv for kk, vv in v.items() if kk != "schedulers"} for k, v in out.items()}}
+    print(json.dumps(summary, sort_keys=True))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,323 @@
+"""When a waiting server starts, as a range learned from the pool's own history.
+
+Pure: no I/O, no clock of its own. The service feeds it the ledger's closed
+allocations (:class:`SessionHistory`) and the allocations held now
+(:class:`Running`); the time replay (``benchmarks/replay_openb.py``) feeds it
+simulated ones.
+
+Why a survival estimate, not a mean: session lengths are heavy-tailed. A
+server that has already run for three hours is not "one hour from the 4-hour
+mean"; among past sessions that lasted at least three hours, most lasted far
+longer. So each running server's remaining time is drawn from the past
+sessions that outlived its present age (its user's own of that profile when
+there are enough, else its profile's, else the whole pool's).
+
+Why a range: a waiter starts once enough of the GPUs it can use have freed
+up for it and everyone ahead of it. The freed amount by a time ``t`` is a sum
+of independent yes/no releases; its distribution is taken as normal (mean and
+variance of that sum), which gives, for each quantile ``q``, the first time
+the waiter's need is covered with probability ``q``. The shown range is the
+``low``–``high`` quantiles (20th–80th percentile by default), the point
+estimate the median.
+
+With too little history the estimator says so (``basis == "fallback"``) and
+the caller keeps today's rule (:func:`gpupool_hub.waitqueue.estimate_starts`).
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right, insort
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from .waitqueue import Waiter
+
+#: quantiles of the shown range and the point estimate, by default
+LOW, MID, HIGH = 0.2, 0.5, 0.8
+#: completed sessions the pool needs before estimates come from history
+MIN_POOL_SESSIONS = 20
+#: sessions of one profile (or one user's of it) before they are used instead of the wider set
+MIN_PROFILE_SESSIONS = 10
+MIN_USER_SESSIONS = 10
+#: past sessions that must outlive a server's age; below that its tail is taken as memoryless
+MIN_TAIL = 5
+#: the estimate's time grid: from now to ``HORIZON`` seconds, each step this factor longer
+GRID_FACTOR = 1.06
+HORIZON = 14 * 86400.0
+#: running servers are grouped by age within this factor (estimates over thousands of servers stay cheap)
+AGE_BUCKET = 1.05
+LOG_BUCKET = math.log(AGE_BUCKET)
+
+FALLBACK_NOTE = "no session history yet: estimated from the typical session length"
+
+
+def _grid() -> list[float]:
+    out, t = [0.0], 30.0
+    while t < HORIZON:
+        out.append(t)
+        t *= GRID_FACTOR
+    out.append(HORIZON)
+    return out
+
+
+GRID = _grid()
+
+
+def profile_key(gpus: int, gpu_milli: int, mig: str | None = None) -> str:
+    """The shape a session is filed under: ``"2x1000"``, ``"1x500"``, ``"mig:3g.40gb"``."""
+    return f"mig:{mig}" if mig else f"{gpus or 1}x{gpu_milli if not gpus else 1000}"
+
+
+class SessionHistory:
+    """Completed session lengths in seconds (each list sorted), per profile and per (user, profile)."""
+
+    def __init__(self, sessions: Iterable[tuple[str, str, float]] = ()) -> None:
+        """``sessions``: (profile key, user, seconds held) of each closed allocation."""
+        self.by_profile: dict[str, list[float]] = {}
+        self.by_user: dict[tuple[str, str], list[float]] = {}
+        self.all: list[float] = []
+        # release CDFs per (id of a samples list, age bucket, deadline): valid until the next add
+        self.cdfs: dict[tuple[int, int, float | None], list[float]] = {}
+        for profile, user, seconds in sessions:
+            self.add(profile, user, seconds)
+
+    def add(self, profile: str, user: str, seconds: float) -> None:
+        s = max(0.0, float(seconds))
+        for bucket in (self.by_profile.setdefault(profile, []), self.by_user.setdefault((user, profile), []),
+                       self.all):
+            insort(bucket, s)  # kept sorted: estimates bisect them
+        self.cdfs = {}
+
+    def __len__(self) -> int:
+        return len(self.all)
+
+    @property
+    def enough(self) -> bool:
+        return len(self.all) >= MIN_POOL_SESSIONS
+
+    def samples(self, profile: str, user: str) -> list[float]:
+        """The sorted lengths a server of ``user`` with ``profile`` is judged by."""
+        mine = self.by_user.get((user, profile), [])
+        if len(mine) >= MIN_USER_SESSIONS:
+            chosen = mine
+        elif len(self.by_profile.get(profile, ())) >= MIN_PROFILE_SESSIONS:
+            chosen = self.by_profile[profile]
+        else:
+            chosen = self.all
+        return chosen
+
+
+@dataclass(frozen=True)
+class Running:
+    """A held allocation: its GPU share of one model, whose and what it is, how old, and a known end."""
+
+    model: str
+    milli: int
+    profile: str
+    user: str
+    age: float  # seconds held so far
+    deadline: float | None = None  # seconds from now to a known end (reclaim, idle or floor stop)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A waiter's expected start: ``low``–``high`` is the shown range, ``mid`` the point estimate.
+    ``None`` bounds: not within the horizon. ``basis``: ``"history"`` or ``"fallback"``."""
+
+    low: datetime | None
+    mid: datetime | None
+    high: datetime | None
+    basis: str
+
+
+def remaining_cdf(samples: Sequence[float], age: float, deadline: float | None = None) -> list[float]:
+    """P(the server has ended within each grid time), given it has run ``age`` seconds.
+
+    The past sessions that outlived ``age`` say how much longer it runs; when
+    fewer than ``MIN_TAIL`` did, its remaining time is taken from all sessions
+    (no evidence that old servers behave differently)."""
+    n = len(samples)
+    start = bisect_right(samples, age)
+    if n - start >= MIN_TAIL:
+        base, left = age, n - start
+    else:
+        start, base, left = 0, 0.0, n
+    out = []
+    for t in GRID:
+        if deadline is not None and t >= deadline:
+            out.append(1.0)
+        elif left == 0:
+            out.append(0.0)
+        else:
+            out.append((bisect_right(samples, base + t) - start) / left)
+    return out
+
+
+def _normal_tail(need: float, mean: float, var: float) -> float:
+    """P(freed ≥ need) for freed ~ Normal(mean, var)."""
+    if var <= 1e-9:
+        return 1.0 if mean >= need - 1e-6 else 0.0
+    return 0.5 * math.erfc((need - mean) / math.sqrt(2 * var))
+
+
+def _first_time(probs: Sequence[float], q: float) -> float | None:
+    """The grid time where ``probs`` first reaches ``q``, interpolated between grid points."""
+    prev_p = 0.0
+    for i, p in enumerate(probs):
+        if p >= q:
+            if i == 0 or p <= prev_p:
+                return GRID[i]
+            frac = (q - prev_p) / (p - prev_p)
+            return GRID[i - 1] + frac * (GRID[i] - GRID[i - 1])
+        prev_p = p
+    return None
+
+
+def _groups(running: Iterable[Running], history: SessionHistory) -> dict[str, list[tuple[int, int, list[float]]]]:
+    """Per model: (count, milli, release CDF) of groups of servers alike in samples, share and age.
+
+    A group's age is its bucket's middle, so its CDF is computed once per history (``history.cdfs``)."""
+    grouped: dict[tuple[str, int, int, int, float | None], int] = {}
+    samples_of: dict[int, list[float]] = {}
+    for r in running:
+        s = history.samples(r.profile, r.user)
+        samples_of[id(s)] = s
+        bucket = int(math.log1p(r.age) / LOG_BUCKET)
+        k = (r.model, r.milli, id(s), bucket, r.deadline)
+        grouped[k] = grouped.get(k, 0) + 1
+    out: dict[str, list[tuple[int, int, list[float]]]] = {}
+    for (model, milli, sid, bucket, deadline), count in grouped.items():
+        ck = (sid, bucket, deadline)
+        cdf = history.cdfs.get(ck)
+        if cdf is None:
+            age = math.expm1((bucket + 0.5) * LOG_BUCKET) if bucket else 0.0
+            cdf = history.cdfs[ck] = remaining_cdf(samples_of[sid], age, deadline)
+        out.setdefault(model, []).append((count, milli, cdf))
+    return out
+
+
+def _curve(groups: Sequence[tuple[int, int, list[float]]]) -> tuple[list[float], list[float], float]:
+    """Mean and variance of the GPU share freed by each grid time, and half a typical release
+    (the continuity correction: releases come in whole servers, not a smooth flow)."""
+    mean = [0.0] * len(GRID)
+    var = [0.0] * len(GRID)
+    servers = milli_sum = 0
+    for count, milli, cdf in groups:
+        servers += count
+        milli_sum += count * milli
+        for i, p in enumerate(cdf):
+            if p:
+                mean[i] += count * milli * p
+                var[i] += count * milli * milli * p * (1 - p)
+    return mean, var, 0.5 * milli_sum / servers if servers else 0.0
+
+
+def estimate_ranges(ordered: Sequence[Waiter], free_milli: Mapping[str, int], running: Iterable[Running],
+                    history: SessionHistory, now: datetime,
+                    quantiles: tuple[float, float, float] = (LOW, MID, HIGH),
+                    curves: dict[frozenset[str] | None, tuple[list[float], list[float], float]] | None = None,
+                    only: str | None = None) -> dict[str, Estimate]:
+    """Each waiter's start range, in queue order (``ordered``: fair order, the head first).
+
+    A waiter needs the GPU share of its models that it and everyone ahead of it
+    wanting those models ask for, less what is free now; it starts when the
+    releases of held allocations of those models cover that. Empty without
+    enough history (the caller falls back to today's rule).
+
+    ``curves``: the release curves per model set, filled as needed; a caller may
+    keep it for a while (held allocations change slowly) and drop it to refresh.
+    ``only``: the one waiter id wanted (those ahead of it still count)."""
+    if not history.enough:
+        return {}
+    groups: dict[str, list[tuple[int, int, list[float]]]] | None = None
+    curves = {} if curves is None else curves
+    demand: dict[frozenset[str] | None, int] = {}
+    out: dict[str, Estimate] = {}
+    for w in ordered:
+        models = w.request.models
+        key = frozenset(models) if models is not None else None
+        demand[key] = demand.get(key, 0) + w.request.total_gpu_milli
+        need = sum(d for k, d in demand.items() if k is None or key is None or k & key)
+        if only is not None and w.id != only:
+            continue
+        need -= sum(m for model, m in free_milli.items() if models is None or model in models)
+        if need <= 0:
+            out[w.id] = Estimate(now, now, now, "history")
+            continue
+        if key not in curves:
+            if groups is None:
+                groups = _groups(running, history)
+            curves[key] = _curve([g for model, gs in groups.items() if models is None or model in models for g in gs])
+        mean, var, half = curves[key]
+        probs = [_normal_tail(need - half, m, v) for m, v in zip(mean, var)]
+        at = [_first_time(probs, q) for q in quantiles]
+        out[w.id] = Estimate(*(now + timedelta(seconds=t) if t is not None else None for t in at), "history")
+    return out
+
+
+def _minutes(seconds: float) -> int:
+    return max(0, round(seconds / 60))
+
+
+def range_text(est: Estimate, now: datetime) -> str:
+    """"about 20–45 min" (or hours); "within a minute"; "more than 2 weeks" when not within the horizon."""
+    if est.low is None:
+        return f"more than {HORIZON / 86400 / 7:g} weeks"
+    lo = _minutes((est.low - now).total_seconds())
+    hi = _minutes((est.high - now).total_seconds()) if est.high is not None else None
+    if hi is not None and hi <= 1:
+        return "within a minute"
+    if hi is None:
+        return f"at least {_span(lo)}"
+    if hi >= 90:
+        a, b = lo / 60, hi / 60
+        return f"about {a:.1f}–{b:.1f} hours" if f"{a:.1f}" != f"{b:.1f}" else f"about {b:.1f} hours"
+    return f"about {lo}–{hi} min" if lo != hi else f"about {hi} min"
+
+
+def _span(minutes: int) -> str:
+    return f"{minutes} min" if minutes < 90 else f"{minutes / 60:.1f} hours"
+
+
+@dataclass(frozen=True)
+class Accuracy:
+    """How the shown estimates fared: the share of starts inside the shown range, and the
+    median |point estimate - real wait| as a share of the real wait."""
+
+    starts: int
+    in_range: float | None
+    median_error: float | None
+
+    def text(self, days: int) -> str:
+        """"last 30 days: 78 % of starts inside the range, median error 22 %"."""
+        if not self.starts or self.in_range is None or self.median_error is None:
+            return f"last {days} days: no waiting server has started yet, so no accuracy to show"
+        return (f"last {days} days: {self.in_range:.0%} of starts inside the range, median error "
+                f"{self.median_error:.0%} ({self.starts} starts)").replace("%", " %")
+
+    def json(self, days: int) -> dict[str, object]:
+        return {"days": days, "starts": self.starts, "in_range": self.in_range, "median_error": self.median_error,
+                "text": self.text(days)}
+
+
+def accuracy(rows: Iterable[tuple[float | None, float | None, float | None, float]]) -> Accuracy:
+    """From (low, mid, high, real) waits in seconds; a ``None`` bound is "not within the horizon".
+
+    The range is shown in whole minutes, so a start counts as inside when it rounds
+    to a minute within the shown range ("within a minute": up to one); a wait under a minute
+    counts as a minute in the error (the page says "within a minute")."""
+    inside = n = 0
+    errors = []
+    for low, mid, high, real in rows:
+        n += 1
+        shown_low = math.floor(low / 60 + 0.5) - 0.5 if low is not None else math.inf  # minutes, as shown
+        shown_high = max(math.floor(high / 60 + 0.5) + 0.5, 1.0) if high is not None else math.inf
+        inside += shown_low <= real / 60 <= shown_high
+        errors.append(abs((mid if mid is not None else HORIZON) - real) / max(real, 60.0))
+    if not n:
+        return Accuracy(0, None, None)
+    errors.sort()
+    median = errors[n // 2] if n % 2 else (errors[n // 2 - 1] + errors[n // 2]) / 2
+    return Accuracy(n, round(inside / n, 3), round(median, 3))

@@ -1,0 +1,132 @@
+"""The wait queue's estimates learned from the pool's history, and their kept accuracy.
+
+A half of :class:`~gpupool_hub.service.core.queue.WaitQueue` (its base), apart so
+that each stays readable: the rules are pure (:mod:`gpupool_hub.eta`); this
+reads their inputs (closed allocations, held ones and their known ends),
+caches the ranges, and records each shown estimate and the real start in the
+ledger (``gpupool_estimates``), whose accuracy ``GET queue`` and the admin
+pages publish.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from ... import eta as eta_rules
+from ...config import GPUPool
+from ...ledger import Ledger, UnknownAccount
+from ...placement.request import normalize_model
+from ...timefmt import iso
+from ...waitqueue import Waiter
+from .reclaims import Reclaims
+from .threads import reads
+
+#: seconds an estimate is reused (as the queue's own estimates)
+ESTIMATE_TTL = 3.0
+#: seconds the session history (closed allocations of the last HISTORY_DAYS) is reused
+HISTORY_TTL = 600.0
+HISTORY_DAYS = 90
+#: the window of the published accuracy of shown estimates
+ACCURACY_DAYS = 30
+
+
+def _profile(request: dict[str, Any]) -> str:
+    """The history key of a stored allocation request (its shape: GPUs, share, MIG profile)."""
+    return eta_rules.profile_key(int(request.get("gpus") or 0), int(request.get("gpu_milli") or 0),
+                                 request.get("mig"))
+
+
+
+class QueueRanges:
+    """Start ranges from history, and the record of what was shown against the real start."""
+
+    settings: GPUPool
+    ledger: Ledger
+    reclaims: Reclaims
+    clock: Callable[[], datetime]
+    expected_ends: Callable[[], dict[str, datetime]]
+    _history: tuple[float, eta_rules.SessionHistory] | None = None
+    _ranges: tuple[float, dict[str, eta_rules.Estimate]] | None = None
+
+    def ordered(self) -> list[Waiter]:  # provided by WaitQueue
+        raise NotImplementedError("Subclass must provide implementation")
+
+    def free_milli(self) -> dict[str, int]:  # provided by WaitQueue
+        raise NotImplementedError("Subclass must provide implementation")
+
+    def history(self) -> eta_rules.SessionHistory:
+        """Closed sessions of the last ``HISTORY_DAYS`` (reread every ``HISTORY_TTL`` seconds)."""
+        stamp = self.clock().timestamp()
+        if self._history is None or stamp - self._history[0] >= HISTORY_TTL:
+            since = self.clock() - timedelta(days=HISTORY_DAYS)
+            self._history = (stamp, eta_rules.SessionHistory(
+                (_profile(req), user, seconds) for req, user, seconds in self.ledger.session_lengths(since)))
+        return self._history[1]
+
+    def ranges(self, extra: Waiter | None = None) -> dict[str, eta_rules.Estimate]:
+        """Each waiting entry's start range (cached like ``estimates``); empty without history.
+        With ``extra``, only that hypothetical newcomer's, at the end (not cached)."""
+        stamp = self.clock().timestamp()
+        if extra is not None or self._ranges is None or stamp - self._ranges[0] >= ESTIMATE_TTL:
+            now = self.clock()
+            known = self._known_ends(now)
+            running = [eta_rules.Running(normalize_model(r.gpus[0]["model"]), sum(g["milli"] for g in r.gpus),
+                                         _profile(r.request), r.user, (now - r.created_at).total_seconds(),
+                                         known.get(r.id)) for r in self.ledger.active_allocations() if r.gpus]
+            out = eta_rules.estimate_ranges(self.ordered() + ([extra] if extra else []), self.free_milli(), running,
+                                            self.history(), now, only=extra.id if extra else None)
+            if extra is not None:
+                return out
+            self._ranges = (stamp, out)
+        return self._ranges[1]
+
+    def range_of(self, entry_id: str, eta: datetime | None) -> eta_rules.Estimate:
+        """The entry's range from history, else today's estimate as a point (``basis`` "fallback")."""
+        got = self.ranges().get(entry_id)
+        if got is None and self.history().enough:  # a newcomer: not in the cached ranges yet
+            self._ranges = None
+            got = self.ranges().get(entry_id)
+        return got if got is not None else eta_rules.Estimate(eta, eta, eta, "fallback")
+
+    @staticmethod
+    def _range_json(est: eta_rules.Estimate | None, now: datetime) -> dict[str, Any]:
+        """The fields the spawn page and widget show: ``eta_low``/``eta_high``, ``eta_text``, ``eta_basis``."""
+        if est is None:
+            return {"eta_low": None, "eta_high": None, "eta_text": None, "eta_basis": None}
+        text = eta_rules.range_text(est, now) if est.basis == "history" or est.low is not None else None
+        return {"eta_low": iso(est.low), "eta_high": iso(est.high), "eta_text": text, "eta_basis": est.basis}
+
+    @reads
+    def accuracy(self) -> dict[str, Any]:
+        """The shown estimates against the real starts, over the last ``ACCURACY_DAYS``."""
+        rows = self.ledger.estimates_started(self.clock() - timedelta(days=ACCURACY_DAYS))
+        return eta_rules.accuracy(rows).json(ACCURACY_DAYS)
+
+    def _known_ends(self, now: datetime) -> dict[str, float]:
+        """Seconds from ``now`` to each held allocation's known end: a reclaim or idle deadline,
+        or its owner's balance reaching the floor."""
+        ends = {v.id: rc.deadline for rc in self.reclaims.active.values() for v in rc.victims}
+        ends.update(self.expected_ends())
+        held = self.ledger.active_allocations()
+        burn: dict[str, Decimal] = {}
+        for r in held:
+            burn[r.user] = burn.get(r.user, Decimal(0)) + r.price_per_hour
+        floor_at: dict[str, datetime] = {}
+        for user, rate in burn.items():
+            if rate <= 0:
+                continue
+            try:
+                left = self.ledger.balance(user) - self.settings.base_rules().floor
+            except UnknownAccount:
+                continue
+            floor_at[user] = now + timedelta(hours=float(max(left, Decimal(0)) / rate))
+        out = {}
+        for r in held:
+            at = min((x for x in (ends.get(r.id), floor_at.get(r.user)) if x is not None), default=None)
+            if at is not None:
+                out[r.id] = max(0.0, (at - now).total_seconds())
+        return out
+

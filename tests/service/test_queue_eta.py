@@ -1,0 +1,110 @@
+"""Wait estimates learned from the pool's history, in the service core (in-process ledger,
+manual clock): the range a waiter is shown, its record against the real start, and the
+accuracy the admin view publishes."""
+
+from __future__ import annotations
+
+from gpupool_hub import eta
+from tests.service.test_queue import admit, manager, queued
+from tests.fixtures.manager import Clock
+from tests.service.openapi import check
+
+
+def past_sessions(m, clock, minutes=range(1, 21)):
+    """ann's past sessions on the one GPU: 1, 2, ..., 20 minutes."""
+    for k in minutes:
+        held = admit(m, "ann")
+        clock.advance(60 * k)
+        m.admission.release(held.id, "server stopped")
+        clock.advance(5)
+
+
+def keep_waiting(m, clock, seconds, user="bob"):
+    """The spawner's retries while ``seconds`` pass (an entry nobody asks for is dropped)."""
+    for _ in range(int(seconds // 20)):
+        clock.advance(20)
+        queued(m, user)
+    clock.advance(seconds % 20)
+
+
+def test_without_history_the_wait_is_todays_rule_and_says_so(tmp_path):
+    clock = Clock()
+    m = manager(tmp_path, clock=clock)
+    admit(m, "alice")
+    r = queued(m, "bob")
+    assert r.details["eta_basis"] == "fallback"
+    assert r.details["eta_low"] == r.details["eta_high"] == r.details["eta"] == "2025-03-03T13:00:00Z"
+    assert r.message == ("You are 1st in the queue, about 4.0 hours "
+                         f"({eta.FALLBACK_NOTE}).")
+
+
+def test_history_gives_a_range_that_is_recorded_and_scored_against_the_real_start(tmp_path):
+    clock = Clock()
+    m = manager(tmp_path, clock=clock)
+    past_sessions(m, clock)
+    held = admit(m, "alice")
+    r = queued(m, "bob")
+    # alice's server just started; past sessions lasted 1..20 min: the 20th-80th percentile
+    assert r.details["eta_basis"] == "history"
+    assert r.details["eta_text"] in ("about 4–16 min", "about 4–17 min", "about 3–16 min")
+    assert r.message == f"You are 1st in the queue, {r.details['eta_text']}."
+    # the admin view and the user's GET me show the same range
+    report = m.queue.report()
+    check("Queue", report)
+    check("Waiting", m.queue.waiting_of("bob")[0])
+    assert report["waiting"][0]["eta_text"] == r.details["eta_text"]
+    assert m.queue.waiting_of("bob")[0]["eta_text"] == r.details["eta_text"]
+    assert report["accuracy"]["starts"] == 0 and "no waiting server has started" in report["accuracy"]["text"]
+
+    keep_waiting(m, clock, 11 * 60)  # alice stops after 11 minutes: inside the range, 10 % off the median
+    m.admission.release(held.id, "server stopped")
+    queued_again = admit(m, "bob")  # his retry claims the reserved GPU
+    assert queued_again.user == "bob"
+    acc = m.queue.report()["accuracy"]
+    assert acc["starts"] == 1 and acc["in_range"] == 1.0 and acc["median_error"] < 0.15
+    assert acc["text"].startswith("last 30 days: 100 % of starts inside the range")
+
+
+def test_the_shown_estimate_is_recorded_once_per_entry(tmp_path):
+    clock = Clock()
+    m = manager(tmp_path, clock=clock)
+    past_sessions(m, clock)
+    held = admit(m, "alice")
+    first = queued(m, "bob").details
+    keep_waiting(m, clock, 120)  # a retry shows a newer estimate, but the one kept is the first
+    m.queue._shown.clear()  # even after a restart of the service
+    queued(m, "bob")
+    keep_waiting(m, clock, 60)
+    m.admission.release(held.id, "server stopped")
+    entry_id = admit(m, "bob").id
+    rows = m.ledger.estimates_started(clock.now.replace(year=2024))
+    assert len(rows) == 1
+    low, mid, high, real = rows[0]
+    assert real == 180.0
+    assert abs(low - (eta_seconds(first["eta_low"], first["since"]))) <= 1
+    # a second start of the same entry (a replayed claim) keeps the first time
+    clock.advance(30)
+    m.ledger.estimate_started(entry_id, clock.now)
+    assert m.ledger.estimates_started(clock.now.replace(year=2024)) == rows
+
+
+def eta_seconds(at: str, since: str) -> float:
+    from datetime import datetime
+
+    def parse(s: str) -> datetime:
+        return datetime.fromisoformat(s.replace("Z", "+00:00"))
+
+    return (parse(at) - parse(since)).total_seconds()
+
+
+def test_the_spawn_page_says_full_with_the_range():
+    from datetime import datetime, timezone
+
+    from gpupool_hub.spawner.waiting import full_text
+
+    now = datetime(2025, 3, 3, 9, 0, tzinfo=timezone.utc)
+    entries = [{"waiting": 2, "eta": "2025-03-03T09:20:00Z", "eta_low": "2025-03-03T09:20:00Z",
+                "eta_high": "2025-03-03T09:45:00Z", "eta_text": "about 20–45 min", "eta_basis": "history"}]
+    assert full_text(entries, now) == "full — 2 waiting, about 20–45 min"
+    # today's rule keeps today's text
+    assert full_text([{**entries[0], "eta_basis": "fallback"}], now) == "full — 2 waiting, about 20 min"

@@ -1,0 +1,103 @@
+"""The ETA learned from history (gpupool_hub.eta) on small worked examples."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+from gpupool_hub import eta
+from gpupool_hub.placement.request import Request
+from gpupool_hub.waitqueue import Waiter
+
+NOW = datetime(2026, 3, 2, 9, 0, tzinfo=timezone.utc)
+A100 = "a100"
+
+
+def waiter(wid: str, gpus: int = 1) -> Waiter:
+    return Waiter(id=wid, user=f"user-{wid}", server="", request=Request(gpus=gpus, models=frozenset({A100})),
+                  since=NOW)
+
+
+def minutes_history(user: str = "ann", profile: str = "1x1000") -> eta.SessionHistory:
+    """20 past sessions of 1, 2, ..., 20 minutes."""
+    return eta.SessionHistory((profile, user, 60.0 * k) for k in range(1, 21))
+
+
+def minutes(est: eta.Estimate) -> tuple[float, float, float]:
+    return tuple((t - NOW).total_seconds() / 60 for t in (est.low, est.mid, est.high))  # type: ignore[operator]
+
+
+def test_one_server_new_gives_the_history_percentiles() -> None:
+    # one GPU, held by a server that just started; the waiter starts when it ends.
+    # Its length is one of 1..20 minutes, equally likely: the 20th-80th percentile
+    # is about 4-16 minutes and the median 10.
+    running = [eta.Running(A100, 1000, "1x1000", "ann", age=0.0)]
+    est = eta.estimate_ranges([waiter("w")], {A100: 0}, running, minutes_history(), NOW)["w"]
+    low, mid, high = minutes(est)
+    assert est.basis == "history"
+    assert 3 <= low <= 4.5 and 9 <= mid <= 11 and 15.5 <= high <= 17
+    assert eta.range_text(est, NOW) == f"about {round(low)}–{round(high)} min"
+
+
+def test_a_server_that_outlived_most_sessions_is_judged_by_the_longer_ones() -> None:
+    # at 15 minutes of age only the 16..20-minute sessions are still possible:
+    # it ends within 1-5 more minutes, never "4 h minus its age" nor the 10-minute mean
+    running = [eta.Running(A100, 1000, "1x1000", "ann", age=15 * 60.0)]
+    est = eta.estimate_ranges([waiter("w")], {A100: 0}, running, minutes_history(), NOW)["w"]
+    low, mid, high = minutes(est)
+    assert 0.5 <= low <= 2.5 and 2 <= mid <= 4 and 3.5 <= high <= 5.5
+
+
+def test_queue_order_adds_up_and_free_gpus_start_at_once() -> None:
+    # two GPUs held (new servers), one free: the first waiter starts now, the second
+    # when one of the two ends (earlier than one server alone), the third when both have
+    running = [eta.Running(A100, 1000, "1x1000", "ann", age=0.0)] * 2
+    ests = eta.estimate_ranges([waiter("a"), waiter("b"), waiter("c")], {A100: 1000}, running,
+                               minutes_history(), NOW)
+    assert ests["a"].low == ests["a"].high == NOW
+    assert eta.range_text(ests["a"], NOW) == "within a minute"
+    assert minutes(ests["b"])[1] < minutes(ests["c"])[1]
+    assert minutes(ests["c"])[2] <= 20.5
+
+
+def test_a_known_deadline_caps_the_remaining_time() -> None:
+    running = [eta.Running(A100, 1000, "1x1000", "ann", age=0.0, deadline=120.0)]
+    est = eta.estimate_ranges([waiter("w")], {A100: 0}, running, minutes_history(), NOW)["w"]
+    assert minutes(est)[2] <= 2.01
+
+
+def test_a_users_own_sessions_are_used_once_there_are_enough() -> None:
+    history = minutes_history()  # ann: 1..20 minutes
+    for _ in range(eta.MIN_USER_SESSIONS):
+        history.add("1x1000", "bob", 3 * 3600.0)  # bob always keeps his server for 3 hours
+    running = [eta.Running(A100, 1000, "1x1000", "bob", age=0.0)]
+    est = eta.estimate_ranges([waiter("w")], {A100: 0}, running, history, NOW)["w"]
+    low, _, high = minutes(est)
+    assert 170 <= low <= high <= 192
+    assert eta.range_text(est, NOW).startswith("about 3.0")
+
+
+def test_no_history_gives_no_estimate_and_the_fallback_note() -> None:
+    history = eta.SessionHistory([("1x1000", "ann", 600.0)] * (eta.MIN_POOL_SESSIONS - 1))
+    running = [eta.Running(A100, 1000, "1x1000", "ann", age=0.0)]
+    assert not history.enough
+    assert eta.estimate_ranges([waiter("w")], {A100: 0}, running, history, NOW) == {}
+    assert "no session history yet" in eta.FALLBACK_NOTE
+
+
+def test_profile_keys() -> None:
+    assert eta.profile_key(2, 1000) == "2x1000"
+    assert eta.profile_key(0, 500) == "1x500"
+    assert eta.profile_key(0, 1000, "3g.40gb") == "mig:3g.40gb"
+
+
+def test_accuracy_counts_starts_inside_the_shown_minutes_and_the_median_error() -> None:
+    rows = [(600, 900, 1200, 1000.0),   # inside, error 0.1
+            (600, 900, 1200, 1220.0),   # inside: 20 min 20 s is "20 min" of "about 10–20 min"
+            (60, 120, 180, 600.0),      # late: outside, error 0.8
+            (0, 0, 0, 30.0),            # "within a minute": inside, error 30/60
+            (None, None, None, 4000.0)]  # no estimate within the horizon: outside
+    acc = eta.accuracy(rows)
+    assert (acc.starts, acc.in_range) == (5, 0.6)
+    assert acc.median_error == 0.5
+    assert acc.text(30) == "last 30 days: 60 % of starts inside the range, median error 50 % (5 starts)"
+    assert eta.accuracy([]).text(30).startswith("last 30 days: no waiting server has started")
