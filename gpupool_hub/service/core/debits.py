@@ -56,6 +56,7 @@ class Debits:
         self.delay_tolerance = delay_tolerance
         self.clock = clock
         self.on_charged = on_charged
+        self.on_posted: Callable[[list[Posting]], None] = lambda postings: None
         self.threads = threads
         self.status = DebitStatus()
         self._lock = threading.Lock()
@@ -118,6 +119,7 @@ class Debits:
                     log.warning("Debit delayed: %s", self.status.last_error)
                     break
                 self.post.blocking(postings, start, end, carry)
+                self.on_posted(postings)
                 self._last = ((start, end),)
                 self.status.settling_until = None
                 self.status.last_error = None
@@ -127,6 +129,11 @@ class Debits:
                 charged += 1
                 log.info("Charged %s–%s: %d debit(s)", iso(start), iso(end), len(postings))
             return charged
+
+    def report_to(self, on_posted: Callable[[list[Posting]], None]) -> None:
+        """Hand each interval's debits, once they are in the ledger, to ``on_posted`` (the
+        service's /metrics counts the tokens charged)."""
+        self.on_posted = on_posted
 
     @writes
     def post(self, postings: list[Posting], start: datetime, end: datetime,
