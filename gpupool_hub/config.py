@@ -15,7 +15,7 @@ from traitlets import Bool, Dict, Float, Integer, List, TraitError, TraitType, U
 from traitlets.config import Configurable
 
 from .credits import CreditRules, rules_for_groups
-from .pricing import PriceTable, PricingError, parse_mig_prices
+from .pricing import PriceTable, PricingError, parse_mig_prices, parse_share_factors
 from .units import AmountError, parse_amount
 
 
@@ -68,6 +68,19 @@ class GPUPool(Configurable):
         times the GPU model's price from `prices`: a 1g instance is 1/7 of an
         A100's price (1/4 of an A30's), a 3g is 3/7. Default: empty (every
         instance priced by slices).
+        """,
+    ).tag(config=True)
+
+    share_price_factors = Dict(
+        {},
+        help="""A factor on the price of a GPU fraction, per guarantee class, e.g.
+        ``{"mps": "1.25", "timeslice": "0.8"}``: a 0.5 ``mps`` share of a GPU
+        priced 2 tokens/h then costs 1.25 tokens/h. Classes: ``mps`` (memory
+        capped) and ``timeslice`` (shared, best effort); MIG instances have
+        `mig_prices`. Default: empty (every fraction pays its share, factor 1).
+        The spawn page and ``GET models`` show the prices with the factor; only
+        the embedded usage source (allocation records) knows a share's class,
+        so a factor other than 1 needs it.
         """,
     ).tag(config=True)
 
@@ -293,10 +306,11 @@ class GPUPool(Configurable):
             raise TraitError(str(e)) from None
         return proposal["value"]
 
-    @validate("mig_prices")
-    def _check_mig_prices(self, proposal: Any) -> dict:  # type: ignore[type-arg]
+    @validate("mig_prices", "share_price_factors")
+    def _check_price_dicts(self, proposal: Any) -> dict:  # type: ignore[type-arg]
+        parse = parse_mig_prices if proposal["trait"].name == "mig_prices" else parse_share_factors
         try:
-            parse_mig_prices(proposal["value"])
+            parse(proposal["value"])
         except PricingError as e:
             raise TraitError(str(e)) from None
         return proposal["value"]
@@ -383,7 +397,8 @@ class GPUPool(Configurable):
         return Teams.from_config(self.teams, self.default_team)
 
     def price_table(self) -> PriceTable:
-        return PriceTable.from_config(self.prices, self.default_price, mig_prices=self.mig_prices)
+        return PriceTable.from_config(self.prices, self.default_price, mig_prices=self.mig_prices,
+                                      share_factors=self.share_price_factors)
 
     @property
     def tz(self) -> ZoneInfo:

@@ -41,6 +41,27 @@ def model_matches(name: str, model: str) -> bool:
     return _contains(_words(model), _words(name))
 
 
+#: the classes of GPU fractions an admin may price differently (a MIG instance has its own
+#: price table, ``mig_prices``; a whole GPU shares nothing)
+SHARE_PRICE_CLASSES = ("mps", "timeslice")
+
+
+def parse_share_factors(value: object, trait: str = "GPUPool.share_price_factors") -> dict[str, Decimal]:
+    """``{"mps": "1.25"}`` → class → Decimal factor on a fraction's share of the GPU price."""
+    if not isinstance(value, Mapping):
+        raise PricingError(f"c.{trait} must be a dict of share class -> price factor, got {value!r}")
+    out: dict[str, Decimal] = {}
+    for name, factor in value.items():
+        if name not in SHARE_PRICE_CLASSES:
+            raise PricingError(f"c.{trait}: {name!r} is no class of GPU fractions; use 'mps' or 'timeslice' "
+                               "(MIG instances are priced by c.GPUPool.mig_prices)")
+        try:
+            out[name] = parse_amount(factor, what="price factor", allow_negative=False)
+        except AmountError as e:
+            raise PricingError(f"c.{trait}[{name!r}] = {factor!r}: {e}") from None
+    return out
+
+
 def parse_mig_prices(value: object, trait: str = "GPUPool.mig_prices") -> dict[str, Decimal]:
     """``{"1g.10gb": "0.6"}`` → canonical profile → Decimal tokens per instance-hour; errors name the key."""
     if not isinstance(value, Mapping):
@@ -67,11 +88,12 @@ class PriceTable:
     prices: Mapping[str, Decimal]
     default_price: Decimal | None = None
     mig_prices: Mapping[str, Decimal] = field(default_factory=dict)  # canonical profile -> per instance-hour
+    share_factors: Mapping[str, Decimal] = field(default_factory=dict)  # "mps"/"timeslice" -> factor (default 1)
 
     @classmethod
     def from_config(
         cls, prices: Mapping[str, object], default_price: object = None, *, trait: str = "GPUPool.prices",
-        mig_prices: Mapping[str, object] | None = None,
+        mig_prices: Mapping[str, object] | None = None, share_factors: Mapping[str, object] | None = None,
     ) -> PriceTable:
         """Validate admin input; every error names the offending key."""
         if not isinstance(prices, Mapping):
@@ -97,7 +119,8 @@ class PriceTable:
                 default = parse_amount(default_price, what="default_price", allow_negative=False)
             except AmountError as e:
                 raise PricingError(f"c.GPUPool.default_price = {default_price!r}: {e}") from None
-        return cls(prices=parsed, default_price=default, mig_prices=parse_mig_prices(mig_prices or {}))
+        return cls(prices=parsed, default_price=default, mig_prices=parse_mig_prices(mig_prices or {}),
+                   share_factors=parse_share_factors(share_factors or {}))
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_matches", {})  # model -> entry; a pool has few models, debits many rows
@@ -142,15 +165,21 @@ class PriceTable:
                 f"configured models: {known}. Add them to c.GPUPool.prices or set c.GPUPool.default_price."
             )
 
-    def price_per_hour(self, model: str, gpus: Decimal | int = 1) -> Decimal:
-        """Hourly price of ``gpus`` GPUs of ``model``; fractions cost their share."""
-        return self.price_per_gpu_hour(model) * Decimal(gpus)
+    def share_factor(self, share_class: str) -> Decimal:
+        """What a fraction of ``share_class`` pays per GPU-hour of its share, as a factor on the
+        model's price: an admin may charge more for an MPS share's memory cap than for a
+        best-effort time-sliced one. 1 for whole GPUs ("") and unlisted classes."""
+        return self.share_factors.get(share_class, Decimal(1))
 
-    def cost(self, model: str, gpu_seconds: Decimal, mig_profile: str | None = None) -> Decimal:
+    def price_per_hour(self, model: str, gpus: Decimal | int = 1, share_class: str = "") -> Decimal:
+        """Hourly price of ``gpus`` GPUs of ``model``; fractions cost their share (times their class's factor)."""
+        return self.price_per_gpu_hour(model) * Decimal(gpus) * self.share_factor(share_class)
+
+    def cost(self, model: str, gpu_seconds: Decimal, mig_profile: str | None = None, share_class: str = "") -> Decimal:
         """Unrounded cost of GPU-seconds (of instance-seconds with ``mig_profile``); the ledger rounds once per entry."""
         if mig_profile is not None:
             return self.mig_price_per_hour(model, mig_profile) * gpu_seconds / SECONDS_PER_HOUR
-        return self.price_per_gpu_hour(model) * gpu_seconds / SECONDS_PER_HOUR
+        return self.price_per_gpu_hour(model) * self.share_factor(share_class) * gpu_seconds / SECONDS_PER_HOUR
 
     def mig_price_per_hour(self, model: str, profile: str) -> Decimal:
         """Tokens per hour of one MIG instance: ``mig_prices[profile]`` if set, else its

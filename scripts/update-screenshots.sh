@@ -2,7 +2,7 @@
 # Refresh the screenshots in docs/images/ from the ones the browser tests take.
 #
 # The browser tests (tests/labext/test_browser.py, tests/labext/test_save_browser.py,
-# tests/e2e/test_widget_hub.py,
+# tests/e2e/test_widget_hub.py (the widget, and the spawn page's class words),
 # tests/pages/test_pages_hub.py where present) save their screenshots under
 # build/screenshots/, which git ignores, so running the test suite never
 # changes a tracked file. This script runs those tests and copies every PNG

@@ -274,6 +274,7 @@ class GPUPoolService(Application):
         self.reconciler = ReconcileJob(self.hub, m.records, m.admission, self.reconcile_grace)
         self.reclaimer = ReclaimExecutor(self.hub, m.reclaims)
         m.reclaims.announce_to(self.reclaimer.schedule)
+        m.debits.report_to(self.metrics.count_charges)
         self.utilization = (PrometheusUtilization(self.prometheus_url, self.utilization_metric,
                                                   self.utilization_uuid_label, self.utilization_scale,
                                                   self.prometheus_token,
@@ -407,7 +408,8 @@ class GPUPoolService(Application):
                 queue=m.queue, admission=m.admission, enforcement=m.enforcement, notices=m.notices, cache=m.cache))
         # each minute's GPU use, for "My GPU usage" and the admins' idle GPU-hours (once per minute)
         jobs.every(GPU_USE_INTERVAL / 3, "gpu-use", GpuUseJob(self.utilization, records=m.records, log=m.gpu_use,
-                                                              settings=m.settings, interval=GPU_USE_INTERVAL))
+                                                              settings=m.settings, interval=GPU_USE_INTERVAL,
+                                                              on_recorded=self.metrics.count_gpu_use))
         if self.inventory_source.dynamic:
             jobs.every(self.inventory_source.refresh_interval, "inventory",  # this service's own pool view
                        InventoryRefreshJob(self.inventory_source, m.inventory, jobs.in_thread),

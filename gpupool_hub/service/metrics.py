@@ -1,12 +1,17 @@
 """Prometheus metrics of the service, in a registry of its own.
 
 Balances and allocations are collected at scrape time from the ledger and the
-pool, so they can never drift from the truth between scrapes.
+pool, so they can never drift from the truth between scrapes. What the GPUs did
+(tokens charged, held, busy and unknown GPU-seconds) is counted as the debit and
+gpu-use jobs write it, once per written interval: summing the ledger's history
+on every scrape would grow with it, and the counters only ever carry the users
+who had GPU time since the service started (Prometheus' ``increase`` spans
+restarts).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -16,6 +21,7 @@ from prometheus_client.registry import Collector
 from .core.threads import writes
 
 if TYPE_CHECKING:
+    from ..ledger import GpuUse, Posting
     from .core.manager import PoolManager
 
 
@@ -89,6 +95,35 @@ class ServiceMetrics:
             "gpupool_api_request_duration_seconds", "API request latency", ["handler", "method", "code"],
             registry=self.registry, buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
         )
+        self.tokens_charged = Counter(
+            "gpupool_tokens_charged", "Tokens debited for GPU time, per user", ["user"], registry=self.registry,
+        )
+        self.gpu_held = Counter(
+            "gpupool_gpu_held_seconds", "GPU-seconds held (shares as fractions), per user and team",
+            ["user", "team"], registry=self.registry,
+        )
+        self.gpu_busy = Counter(
+            "gpupool_gpu_busy_seconds", "Held GPU-seconds the server's own processes kept busy",
+            ["user", "team"], registry=self.registry,
+        )
+        self.gpu_unknown = Counter(
+            "gpupool_gpu_unknown_seconds", "Held GPU-seconds whose use could not be measured (neither busy nor idle)",
+            ["user", "team"], registry=self.registry,
+        )
+
+    def count_charges(self, postings: Iterable[Posting]) -> None:
+        """Called by the debit job once an interval's debits are in the ledger."""
+        for p in postings:
+            if p.kind == "debit" and p.amount < 0:
+                self.tokens_charged.labels(p.account).inc(float(-p.amount))
+
+    def count_gpu_use(self, rows: Iterable[GpuUse]) -> None:
+        """Called by the gpu-use job once an interval's rows are in the ledger (never for a rerun)."""
+        for r in rows:
+            labels = (r.user, r.team)
+            self.gpu_held.labels(*labels).inc(r.held_milli / 1000)
+            self.gpu_busy.labels(*labels).inc(r.busy_milli / 1000)
+            self.gpu_unknown.labels(*labels).inc(r.unknown_milli / 1000)
 
     @writes
     def exposition(self) -> bytes:

@@ -36,6 +36,19 @@ def make_usage_source(service: Any, settings: GPUPool, ledger: Ledger) -> UsageS
     if service.usage_query and preset != "custom":
         raise UsageConfigError(
             f"c.GPUPoolService.usage_query is only read with usage_preset = 'custom' (it is {preset!r})")
+    source = _source(service, settings, ledger, preset, explicit)
+    factors = {c: f for c, f in settings.price_table().share_factors.items() if f != 1}
+    if factors and not isinstance(source, AllocationRecordsSource):
+        listed = ", ".join(f"{c}: {f}" for c, f in sorted(factors.items()))
+        raise UsageConfigError(
+            f"c.GPUPool.share_price_factors ({listed}) prices fractions by their class, which only the service's "
+            f"own allocation records know; usage_preset {preset!r} charges from {source.name}, which cannot tell a "
+            "share's class, so it would charge less or more than the spawn page says. Leave usage_preset and "
+            "prometheus_url unset to charge from the records, or drop the factors.")
+    return source
+
+
+def _source(service: Any, settings: GPUPool, ledger: Ledger, preset: str, explicit: set[str]) -> UsageSource:
     if preset == "slurm":
         return _slurm(service, settings, ledger)
     if service.slurm_usage_options:

@@ -82,14 +82,28 @@ def profile_prices(profile: Profile, catalog: Mapping[str, Any]) -> list[tuple[s
     if profile.mig:
         return _mig_prices(profile, catalog)
     out = []
+    factor = _share_factor(profile, catalog)
     for entry in _catalog_models(profile, catalog):
         try:
             price = Decimal(str(entry["price_per_gpu_hour"]))
         except (KeyError, InvalidOperation):  # None: a model without a price cannot be allocated
             continue
         if price.is_finite():
-            out.append((entry["model"], price * profile.gpu_amount))
+            out.append((entry["model"], price * profile.gpu_amount * factor))
     return sorted(out, key=lambda mp: (mp[1], mp[0]))
+
+
+def _share_factor(profile: Profile, catalog: Mapping[str, Any]) -> Decimal:
+    """The admin's price factor for the profile's class of fraction (``c.GPUPool.share_price_factors``,
+    which ``GET models`` states), so the form shows what the debits will charge; 1 for whole GPUs."""
+    factors = catalog.get("share_price_factors")
+    if not profile.gpu_milli or not isinstance(factors, Mapping):
+        return Decimal(1)
+    try:
+        factor = Decimal(str(factors.get(profile.share_class, "1")))
+    except InvalidOperation:
+        return Decimal(1)
+    return factor if factor.is_finite() and factor >= 0 else Decimal(1)
 
 
 def _mig_entries(profile: Profile, catalog: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:

@@ -27,13 +27,17 @@ class Usage:
     With ``mig_profile`` the time is of MIG instances of that profile on GPUs
     of ``model`` (instance-seconds, priced per instance-hour): an instance's
     share of its GPU (1/7) is not a finite decimal, so it is not folded into
-    ``gpu_seconds``.
+    ``gpu_seconds``. Rows that differ only by ``share_class`` are charged as one
+    debit of their ``charge_key``, each part at its class's price.
     """
 
     user: str
     model: str
     gpu_seconds: Decimal
     mig_profile: str | None = None
+    #: a fraction's guarantee class ("mps", "timeslice"), priced by ``c.GPUPool.share_price_factors``;
+    #: "" for whole GPUs and from sources that cannot tell (they charge every fraction at factor 1)
+    share_class: str = ""
 
     @property
     def charge_key(self) -> str:

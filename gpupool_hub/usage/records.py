@@ -3,7 +3,8 @@
 Needs no Prometheus, so a small install works out of the box. What it charges
 is what was *allocated* (a server holding two GPUs pays for two, busy or not),
 exactly to the microsecond of the allocation's start and release. A MIG
-instance is charged as an instance of its profile (see ``Usage.mig_profile``).
+instance is charged as an instance of its profile (see ``Usage.mig_profile``),
+a fraction by its guarantee class (``Usage.share_class``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ class AllocationRecordsSource:
         self.ledger = ledger
 
     def usage(self, start: datetime, end: datetime) -> list[Usage]:
-        totals: dict[tuple[str, str, str], Decimal] = defaultdict(Decimal)
+        totals: dict[tuple[str, str, str, str], Decimal] = defaultdict(Decimal)
         for record in self.ledger.allocations_overlapping(start, end):
             held_from = max(start, record.created_at)
             held_to = min(end, record.released_at or end)
@@ -34,7 +35,9 @@ class AllocationRecordsSource:
             for gpu in record.gpus:
                 profile = gpu.get("mig_profile")
                 if profile:
-                    totals[(record.user, gpu["model"], profile)] += seconds
+                    totals[(record.user, gpu["model"], profile, "")] += seconds
                 else:
-                    totals[(record.user, gpu["model"], "")] += seconds * Decimal(gpu["milli"]) / 1000
-        return [Usage(user, model, secs, profile or None) for (user, model, profile), secs in sorted(totals.items())]
+                    share = (gpu.get("share") or "timeslice") if int(gpu["milli"]) < 1000 else ""
+                    totals[(record.user, gpu["model"], "", share)] += seconds * Decimal(gpu["milli"]) / 1000
+        return [Usage(user, model, secs, profile or None, share)
+                for (user, model, profile, share), secs in sorted(totals.items())]

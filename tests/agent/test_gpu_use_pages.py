@@ -19,6 +19,7 @@ import pytest
 from gpupool_hub.ledger import Posting, gpu_use_of, idle_gpu_time
 from gpupool_hub.placement import Request
 from gpupool_hub.service.jobs.gpuuse import GpuUseJob
+from gpupool_hub.service.metrics import ServiceMetrics
 from gpupool_hub.usage.utilization import ReportedUtilization
 from tests.agent.conftest import A100, GIB, gpu
 from tests.agent.test_service import make_agent
@@ -48,7 +49,9 @@ async def test_my_gpu_usage_shows_busy_per_day_and_admins_see_idle_gpu_hours(pro
     service = PagesService(m, MODELS, agent_tokens=dict(TOKENS), utilization=source)
     try:
         agent = make_agent(nv, service.origin + PREFIX)
-        job = GpuUseJob(source, records=m.records, log=m.gpu_use, settings=m.settings)
+        metrics = ServiceMetrics(m)  # the service's /metrics, wired as app.py does
+        job = GpuUseJob(source, records=m.records, log=m.gpu_use, settings=m.settings,
+                        on_recorded=metrics.count_gpu_use)
 
         async def reported():  # the first report may time out while the service warms up (its schemas)
             if not (await agent.tick()).service_ok:
@@ -72,6 +75,11 @@ async def test_my_gpu_usage_shows_busy_per_day_and_admins_see_idle_gpu_hours(pro
         assert (use[T1].held_milli, use[T1].busy_milli, use[T1].unknown_milli) == (300_000, 300_000, 0)
         assert (use[T2].held_milli, use[T2].busy_milli, use[T2].idle_milli) == (300_000, 0, 300_000)
         assert idle_gpu_time(m.ledger, "team", today) == [("biology", 300_000, 300_000), ("physics", 0, 300_000)]
+        # /metrics counts each recorded minute once, the rerun not again (the Grafana panels' source)
+        for user, team, busy_seconds in ((T1, "physics", 300), (T2, "biology", 0)):
+            counted = [metrics.registry.get_sample_value(f"gpupool_gpu_{name}_seconds_total", {"user": user, "team": team})
+                       for name in ("held", "busy", "unknown")]
+            assert counted == [300, busy_seconds, 0], (user, counted)
 
         for login, busy_text in (("t1-login", "your GPUs were busy 100 % of that time"),
                                  ("t2-login", "your GPUs were busy 0 % of that time")):

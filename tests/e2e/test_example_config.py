@@ -5,7 +5,8 @@ The hub runs from a wrapper that ``load_subconfig``s the example unchanged
 spawner running each server as its user's Unix account) and shortens the
 debit interval to 5 s. A user (a real Unix account made for the test; the
 server is the probe server) starts the priced ``2x3090`` profile through the
-REST API; the usage debits appear in ``GET me/history`` with the right model
+REST API; the usage debits appear in ``GET me/history`` (and in the service's
+``gpupool_tokens_charged_total``) with the right model
 and the price × GPU-time; stopping the server releases the allocation and the
 charging stops with it.
 """
@@ -16,6 +17,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 
 import pytest
+import requests
 
 from .conftest import EXAMPLE_CONFIG, spawn, stop_server, wait_for
 
@@ -108,3 +110,10 @@ def test_example_config_charges_a_priced_profile(unix_users, probe_cmd, example_
     # and the balance moved by exactly the debits (no credit is due within the test)
     balance = Decimal(hub.service("GET", "/me", token).json()["balance"])
     assert balance == start_balance - charged
+    # and the service's /metrics counted the same tokens (the Grafana panel "Tokens charged per
+    # user per day" is its increase), once per debit written
+    text = requests.get(f"{hub.url}/services/gpupool/metrics", timeout=30,
+                        headers={"Authorization": f"token {hub.tester_token}"}).text
+    [counted] = [line.split()[-1] for line in text.splitlines()
+                 if line.startswith(f'gpupool_tokens_charged_total{{user="{name}"}} ')]
+    assert float(counted) == pytest.approx(float(charged), abs=1e-9)

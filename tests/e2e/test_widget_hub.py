@@ -11,8 +11,11 @@ within one poll, and a negative balance turns it to the negative state. Then
 alice's GPU idles (its node agent reports 0 %) while bob waits for it: her
 panel shows the GPU's utilization and memory and the idle countdown, her status
 item the stop countdown (issue 14). The pool has one RTX 3090, so bob must wait.
-The test saves ``build/screenshots/widget-hub.png`` (``scripts/update-screenshots.sh``
-copies it to ``docs/images/``).
+The spawn page also offers one share of each guarantee class (timeslice, mps,
+MIG), and the test checks that Chromium shows each class in words ("shared,
+best effort", "memory capped", "isolated") next to its own profile.
+The test saves ``build/screenshots/widget-hub.png`` and ``spawn-classes.png``
+(``scripts/update-screenshots.sh`` copies them to ``docs/images/``).
 """
 
 from __future__ import annotations
@@ -41,7 +44,14 @@ LAB_MS = 90_000
 PROFILES = [
     {"slug": "cpu", "display_name": "CPU only", "cpu": 1, "memory": "1G", "default": True},
     {"slug": "1x3090", "display_name": "1 × RTX 3090", "gpus": 1, "models": ["RTX 3090"], "cpu": 2, "memory": "4G"},
+    # one share of each guarantee class (issue 23 item 4): the spawn page names each in words
+    {"slug": "half", "display_name": "½ RTX 3090", "gpu_fraction": 0.5, "models": ["RTX 3090"]},
+    {"slug": "capped", "display_name": "¾ RTX 3090, MPS", "gpu_fraction": 0.75, "share": "mps",
+     "models": ["RTX 3090"]},
+    {"slug": "slice", "display_name": "A100 MIG slice", "mig": "1g.10gb", "models": ["A100"]},
 ]
+#: each share's class as the spawn page says it, next to its profile
+CLASS_WORDS = {"half": "shared, best effort", "capped": "memory capped", "slice": "isolated"}
 
 
 #: one RTX 3090, so that a second user waits for alice's (idle reclaim, issue 14)
@@ -112,6 +122,14 @@ def test_widget_follows_the_real_service(widget_hub, browser_page):
         form = page.locator("#spawn_form")
         expect(form).to_contain_text("1 × RTX 3090")
         expect(form.locator("[data-profile='1x3090'] .gpupool-price")).to_contain_text("1 tokens/h")
+        # Each share's guarantee class, visible in words next to its own profile; whole GPUs have none.
+        for slug, words in CLASS_WORDS.items():
+            expect(form.locator(f"[data-profile='{slug}'] .gpupool-class")).to_have_text(f"({words})")
+            expect(form.locator(f"[data-profile='{slug}'] .gpupool-class")).to_be_visible()
+        expect(form.locator("[data-profile='capped'] .gpupool-price")).to_contain_text("0.75 tokens/h")
+        expect(form.locator("[data-profile='half'] .gpupool-price")).to_contain_text("0.5 tokens/h")
+        expect(form.locator("[data-profile='1x3090'] .gpupool-class")).to_have_count(0)
+        form.screenshot(path=str(SCREENSHOT.with_name("spawn-classes.png")))
         page.check("input[name='profile'][value='1x3090']")
         t0 = time.monotonic()
         form.locator("button[type='submit']").click()

@@ -6,7 +6,9 @@ is made for, as docs/admin-guide.md configures them:
 * the service's ``{prefix}metrics`` (the real ``make_app`` over a real
   ``PoolManager``: balances, a negative one, allocations of two models, teams,
   scheduled job runs through the real ``JobRunner`` including a failure, API
-  requests), scraped with a bearer token and without ``honor_labels``;
+  requests, and minutes charged by the real ``Debits`` and recorded by the real
+  gpu-use job from agent reports: alice's GPUs 30 % busy, bob's share unknown),
+  scraped with a bearer token and without ``honor_labels``;
 * a node agent's ``/metrics`` (the real ``AgentMetrics`` with a snapshot: GPU
   utilisation and memory, a user's process, a system process).
 
@@ -22,6 +24,7 @@ import json
 import re
 import shutil
 import threading
+from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -43,6 +46,8 @@ A100, T4 = "NVIDIA A100-SXM4-80GB", "Tesla T4"
 NODES = [{"name": "gpu-a", "cpu_milli": 64000, "memory_mib": 262144, "gpus": {"count": 4, "model": A100}},
          {"name": "gpu-b", "cpu_milli": 64000, "memory_mib": 262144, "gpus": {"count": 4, "model": T4}}]
 #: What Grafana puts in for its built-in variables, and for "All" of the dashboard's own.
+#: minutes charged and recorded while Prometheus watches (one more before it starts)
+MINUTES = 3
 GRAFANA_VARIABLES = {"$__rate_interval": "1m", "$__interval": "15s", "$__range": "1h",
                      "$user": ".*", "$model": ".*", "$node": ".*"}
 
@@ -70,16 +75,29 @@ class ServiceThread:
         from gpupool_hub.service.core.admission import parse_request
         from gpupool_hub.service.context import ServiceContext
         from gpupool_hub.service.jobs import JobRunner
+        from gpupool_hub.service.jobs.gpuuse import GpuUseJob
         from gpupool_hub.service.metrics import ServiceMetrics
+        from gpupool_hub.usage.utilization import ReportedUtilization
 
+        # charging runs on this clock, a minute at a time, from a few minutes ago
+        self.now = datetime.now(timezone.utc).replace(second=0, microsecond=0) - timedelta(minutes=MINUTES + 1)
         m = make_manager(NODES, {"A100": 3, "T4": "0.5"}, f"sqlite:///{tmp_path / 'ledger.sqlite'}",
+                         clock=lambda: self.now, debit_interval=60, epoch=self.now,
                          teams={"vision": {"gpus": 2}, "nlp": {"gpus": 4}}, default_team="nlp")
+        held = {}
         for user, team, request in (("alice", "vision", {"gpus": 2, "models": ["A100"]}),
                                     ("bob", "nlp", {"gpu_fraction": 0.5, "models": ["T4"]})):
-            m.admission.admit(user, [team], "", parse_request(request), request["models"])
+            held[user] = m.admission.admit(user, [team], "", parse_request(request), request["models"])
         m.accounts.ensure("carol")
         m.accounts.grant("carol", Decimal(-150), "overdrawn", "admin", "neg")
         self.metrics = ServiceMetrics(m)
+        m.debits.report_to(self.metrics.count_charges)  # as the service wires them (app.py)
+        self.debits = m.debits
+        # alice's agent reports her two GPUs 30 % busy; bob's T4 is never reported: unknown
+        self.utilization = ReportedUtilization(m.settings.idle_threshold)
+        self.alice_gpus = [g["uuid"] for g in held["alice"].gpus]
+        self.gpu_use = GpuUseJob(self.utilization, records=m.records, log=m.gpu_use, settings=m.settings,
+                                 on_recorded=self.metrics.count_gpu_use)
         self.context = ServiceContext(manager=m, hub_auth=None, metrics=self.metrics, prefix=PREFIX,
                                       spawner_token=SCRAPE_TOKEN)
         self.runner = JobRunner(self.metrics)
@@ -112,6 +130,14 @@ class ServiceThread:
                 await self.runner.run_once(name, broken if name == fail else ok)
 
         asyncio.run_coroutine_threadsafe(run(), self.loop).result(10)
+
+    def record_minute(self) -> None:
+        """One more minute held: charged by the debit job, recorded by the gpu-use job."""
+        self.now += timedelta(minutes=1)
+        assert self.debits.debit_due() == 1
+        self.utilization.report({uuid: 0.3 for uuid in self.alice_gpus}, datetime.now(timezone.utc))
+        recorded = asyncio.run_coroutine_threadsafe(self.gpu_use(self.now), self.loop).result(10)
+        assert recorded
 
     def stop(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
@@ -162,6 +188,7 @@ scrape_configs:
 """)
     try:
         service.run_jobs(fail="cull")  # every job has run once (so every job's series exists)
+        service.record_minute()  # so every user's GPU-time series exists before the first scrape
         # a few API requests, so the latency histogram has series
         for _ in range(3):
             r = requests.get(f"http://127.0.0.1:{service.port}{PREFIX}api/v1/allocations",
@@ -178,8 +205,12 @@ scrape_configs:
         # jobs keep running while Prometheus watches: the counters move, one cull run fails again
         service.run_jobs(fail="cull")
         service.run_jobs()
+        for _ in range(MINUTES - 1):  # GPU time goes on: the counters move while Prometheus watches
+            service.record_minute()
         wait_for(lambda: query(server, 'increase(gpupool_job_failures_total{exported_job="cull"}[1m]) > 0'),
                  30, "the new cull failure to be scraped")
+        wait_for(lambda: query(server, f'gpupool_gpu_held_seconds_total{{user="alice"}} >= {MINUTES * 120}'),
+                 30, "the last recorded minute to be scraped")
         yield server
     finally:
         server.stop()
@@ -207,7 +238,8 @@ def test_the_dashboard_is_an_importable_grafana_model():
         assert p["targets"] and all(t["expr"] and t["refId"] for t in p["targets"]), p["title"]
         assert p.get("description"), f"{p['title']}: say what the panel shows"
     titles = " ".join(p["title"] for p in panels(dashboard)).lower()
-    for topic in ("balances", "per model", "per gpu", "job"):
+    for topic in ("balances", "per model", "per gpu", "job", "tokens charged per user per day",
+                  "busy % of held gpu time", "idle gpu-hours by user", "idle gpu-hours by team"):
         assert topic in titles, topic
     assert "queue" not in titles  # not exported yet: no panel rather than a fake one
 
@@ -258,3 +290,33 @@ def test_panels_show_the_right_numbers(prometheus):
     assert value("sum by (exported_job) (increase(gpupool_job_failures_total[1h])) or "
                  "sum by (exported_job) (increase(gpupool_job_duration_seconds_count[1h])) * 0",
                  exported_job="debit") == 0
+
+
+def test_gpu_time_panels_show_what_the_ledger_recorded(prometheus):
+    """The panels of 'What the GPUs did' agree with the ledger's figures for the same minutes:
+    the pages' "you paid ..., your GPUs were busy ..." and the admins' idle GPU-hours."""
+    def values(expr: str, by: str) -> dict[str, float]:
+        return {r["metric"].get(by, ""): float(r["value"][1]) for r in query(prometheus, expr)}
+
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs = {p["title"]: [promql(t["expr"]) for t in p["targets"]] for p in panels(dashboard)}
+    # raw counters first: MINUTES minutes of 2 A100s (3 tokens/h each) and half a T4 (0.5 tokens/h)
+    held = values("gpupool_gpu_held_seconds_total", "user")
+    assert held == {"alice": MINUTES * 120, "bob": MINUTES * 30}
+    charged = values("gpupool_tokens_charged_total", "user")
+    assert charged == {"alice": pytest.approx(MINUTES * 0.1), "bob": pytest.approx(MINUTES * 0.004, abs=0.002)}
+    # busy % of held time: alice's GPUs at 30 %; bob's share unknown, so no figure rather than 0 %
+    [busy] = exprs["Busy % of held GPU time per user per day"]
+    busy_by_user = values(busy, "user")
+    assert busy_by_user["alice"] == pytest.approx(30)
+    assert "bob" not in busy_by_user or busy_by_user["bob"] != busy_by_user["bob"]  # NaN: 0 / 0
+    # idle GPU-hours, largest first: alice 70 % of 2 GPUs; bob's unknown time is not idle
+    for title, by in (("Idle GPU-hours by user, 7 and 30 days", "user"),
+                      ("Idle GPU-hours by team, 7 and 30 days", "team")):
+        for expr in exprs[title]:
+            rows = query(prometheus, expr)
+            name = "alice" if by == "user" else "vision"
+            assert rows[0]["metric"][by] == name, (title, rows)
+            idle = values(expr, by)
+            # increase() extrapolates over the scrapes it has: compare with the counters' own ratio
+            assert idle[name] > 0 and idle.get("bob" if by == "user" else "nlp", 0) == 0, (title, idle)

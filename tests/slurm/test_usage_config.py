@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import textwrap
+from decimal import Decimal
 
 import pytest
 
@@ -45,6 +46,10 @@ def start(tmp_path, config: str) -> GPUPoolService:
      "usage_preset = 'dcgm' reads Prometheus: set c.GPUPoolService.prometheus_url"),
     ('c.GPUPoolService.slurm_usage_options = {"settle_seconds": 5}',
      "slurm_usage_options is only read with usage_preset = 'slurm'"),
+    ('c.GPUPool.share_price_factors = {"mps": "1.5", "timeslice": 1}\n'
+     'c.GPUPoolService.prometheus_url = "http://127.0.0.1:9"',
+     "c.GPUPool.share_price_factors (mps: 1.5) prices fractions by their class, which only the service's own "
+     "allocation records know; usage_preset 'gpupool' charges from prometheus:gpupool, which cannot tell"),
 ])
 def test_a_usage_setting_that_cannot_work_stops_the_service(tmp_path, config, message):
     with pytest.raises(SystemExit) as e:
@@ -71,6 +76,17 @@ def test_slurm_preset_reads_the_pools_gres_map(tmp_path, batch):
 
 def test_default_is_the_services_own_allocation_records(tmp_path):
     assert isinstance(start(tmp_path, "").manager.debits.usage_source, AllocationRecordsSource)
+
+
+def test_class_price_factors_go_with_the_allocation_records(tmp_path):
+    service = start(tmp_path, 'c.GPUPool.share_price_factors = {"mps": "1.25"}')
+    assert isinstance(service.manager.debits.usage_source, AllocationRecordsSource)
+    assert service.manager.inventory.prices.share_factor("mps") == Decimal("1.25")
+    # a factor of 1 changes nothing, so any usage source may charge
+    (tmp_path / "one").mkdir()
+    service = start(tmp_path / "one", 'c.GPUPool.share_price_factors = {"mps": 1}\n'
+                    'c.GPUPoolService.prometheus_url = "http://127.0.0.1:9"')
+    assert service.manager.debits.usage_source.name == "prometheus:gpupool"
 
 
 @pytest.mark.parametrize("comment, alloc", [

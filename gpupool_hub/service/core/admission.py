@@ -283,7 +283,7 @@ class Admission:
                         **({"share": request.share} if request.share and g.milli < 1000 else {})}
                        for g in placement.gpus),
             request=stored,
-            price_per_hour=round_milli(self.inventory.price_of(placement)), borrowed=borrowed,
+            price_per_hour=round_milli(self.inventory.price_of(placement, request.share)), borrowed=borrowed,
             created_at=self.clock(),
         )
         try:

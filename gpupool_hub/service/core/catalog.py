@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from ...placement.mig import instance_profile
 from ...placement.state import Pool
-from ...pricing import PriceTable, PricingError, model_matches
-from ...profiles import Profile
+from ...pricing import SHARE_PRICE_CLASSES, PriceTable, PricingError, model_matches
+from ...profiles import Profile, format_decimal
 from ...units import format_tokens
 
 if TYPE_CHECKING:
@@ -43,7 +43,9 @@ def catalog(inventory: "PoolInventory", min_start_hours: Decimal) -> dict[str, A
             entry["mig"] = _mig_catalog(prices, model, instances[model])
         models.append(entry)
     profiles = [_profile_entry(p, prices, sorted(counts)) for p in inventory.expected_profiles[0]]
-    return {"models": models, "min_start_hours": format_tokens(min_start_hours), "profiles": profiles}
+    factors = {c: format_decimal(prices.share_factor(c)) for c in SHARE_PRICE_CLASSES}
+    return {"models": models, "min_start_hours": format_tokens(min_start_hours), "profiles": profiles,
+            "share_price_factors": factors}
 
 
 def _profile_entry(profile: Profile, prices: PriceTable, models: list[str]) -> dict[str, Any]:
@@ -55,7 +57,7 @@ def _profile_entry(profile: Profile, prices: PriceTable, models: list[str]) -> d
                 continue
             try:
                 hourly = (prices.mig_price_per_hour(model, profile.mig) if profile.mig
-                          else prices.price_per_hour(model, profile.gpu_amount))
+                          else prices.price_per_hour(model, profile.gpu_amount, profile.share_class))
                 per_model[model] = format_tokens(hourly)
             except (PricingError, ValueError):
                 per_model[model] = None

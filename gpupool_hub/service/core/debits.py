@@ -56,6 +56,7 @@ class Debits:
         self.delay_tolerance = delay_tolerance
         self.clock = clock
         self.on_charged = on_charged
+        self.on_posted: Callable[[list[Posting]], None] = lambda postings: None
         self.threads = threads
         self.status = DebitStatus()
         self._lock = threading.Lock()
@@ -118,6 +119,7 @@ class Debits:
                     log.warning("Debit delayed: %s", self.status.last_error)
                     break
                 self.post.blocking(postings, start, end, carry)
+                self.on_posted(postings)
                 self._last = ((start, end),)
                 self.status.settling_until = None
                 self.status.last_error = None
@@ -127,6 +129,11 @@ class Debits:
                 charged += 1
                 log.info("Charged %s–%s: %d debit(s)", iso(start), iso(end), len(postings))
             return charged
+
+    def report_to(self, on_posted: Callable[[list[Posting]], None]) -> None:
+        """Hand each interval's debits, once they are in the ledger, to ``on_posted`` (the
+        service's /metrics counts the tokens charged)."""
+        self.on_posted = on_posted
 
     @writes
     def post(self, postings: list[Posting], start: datetime, end: datetime,
@@ -141,19 +148,25 @@ class Debits:
         carried to the same user's next debit on that model (MIG profile), so totals stay exact."""
         carried = self.ledger.carries()
         postings, carry = [], {}
+        # one debit per (user, charge key): fractions of several classes of one model add up,
+        # each part at its class's price, before the one rounding
+        parts: dict[tuple[str, str], tuple[Usage, Decimal, Decimal]] = {}
         for u in usage:
+            first, cost_so_far, seconds_so_far = parts.get((u.user, u.charge_key), (u, Decimal(0), Decimal(0)))
+            parts[(u.user, u.charge_key)] = (first, cost_so_far + self.prices.cost(
+                u.model, u.gpu_seconds, u.mig_profile, u.share_class), seconds_so_far + u.gpu_seconds)
+        for (_, key), (u, exact_cost, gpu_seconds) in parts.items():
             profile = u.mig_profile
-            key = u.charge_key
-            exact = self.prices.cost(u.model, u.gpu_seconds, profile) + carried.get((u.user, key), Decimal(0))
+            exact = exact_cost + carried.get((u.user, key), Decimal(0))
             cost = round_milli(exact)
             carry[(u.user, key)] = exact - cost
             if cost <= 0:
                 continue
-            hours = (u.gpu_seconds / 3600).quantize(Decimal("0.001"))
+            hours = (gpu_seconds / 3600).quantize(Decimal("0.001"))
             postings.append(Posting(
                 u.user, "debit", -cost, entry_key(DEBIT_JOB, u.user, key, start),
                 reason=f"{hours} h of a {profile} MIG instance of {u.model}" if profile else f"{hours} GPU-h of {u.model}",
                 interval_start=start, interval_end=end, model=key,
-                gpu_seconds=u.gpu_seconds.quantize(Decimal("0.001")),
+                gpu_seconds=gpu_seconds.quantize(Decimal("0.001")),
             ))
         return postings, carry

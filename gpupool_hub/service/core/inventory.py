@@ -145,18 +145,21 @@ class PoolInventory:
 
     # -------------------------------------------------------- allocations
 
-    def price_of(self, placement: Placement) -> Decimal:
-        """Tokens per hour of a placement: GPUs by their share, a MIG instance by its profile
+    def price_of(self, placement: Placement, share: str = "") -> Decimal:
+        """Tokens per hour of a placement: GPUs by their share (a fraction times its class's
+        factor, ``share`` or else ``timeslice``), a MIG instance by its profile
         (``c.GPUPool.mig_prices``, else its compute slices), whatever share was asked of it."""
         return sum((self.prices.mig_price_per_hour(g.model, g.mig_profile) if g.mig_profile
-                    else self.prices.price_per_gpu_hour(g.model) * Decimal(g.milli) / 1000
+                    else self.prices.price_per_hour(g.model, Decimal(g.milli) / 1000,
+                                                    (share or "timeslice") if g.milli < 1000 else "")
                     for g in placement.gpus), Decimal(0))
 
     def request_price(self, model: str, request: Request) -> Decimal:
         """What ``request`` would cost per hour on ``model`` (the affordability check)."""
         if request.mig:
             return self.prices.mig_price_per_hour(model, request.mig)
-        return self.prices.price_per_hour(model, Decimal(request.total_gpu_milli) / 1000)
+        share_class = (request.share or "timeslice") if request.gpu_milli else ""
+        return self.prices.price_per_hour(model, Decimal(request.total_gpu_milli) / 1000, share_class)
 
     @staticmethod
     def placement_of(record: AllocationRecord) -> Placement:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import date, datetime, timedelta, timezone
 from typing import Any
 
@@ -52,9 +52,11 @@ class GpuUseJob:
     """Built from the units it reads and writes (kueue-style explicit dependencies)."""
 
     def __init__(self, source: UtilizationSource, *, records: Records, log: GpuUseLog, settings: Any,
-                 interval: float = GPU_USE_INTERVAL) -> None:
+                 interval: float = GPU_USE_INTERVAL,
+                 on_recorded: Callable[[Sequence[GpuUse]], None] = lambda rows: None) -> None:
         self.source, self.records, self.log, self.settings = source, records, log, settings
         self.interval = interval
+        self.on_recorded = on_recorded  # the service's /metrics counts what was written
         self.teams = settings.team_table()
 
     def team_of(self, record: AllocationRecord) -> str:
@@ -80,4 +82,7 @@ class GpuUseJob:
         own = {key: r.utilization for key, r in readings.items()}
         day = start.astimezone(self.settings.tz).date()
         rows = use_rows(records, own, step, day, self.team_of)
-        return await self.log.record.off_loop(rows, start, end)
+        recorded = await self.log.record.off_loop(rows, start, end)
+        if recorded:
+            self.on_recorded(rows)
+        return recorded
