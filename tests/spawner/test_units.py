@@ -80,7 +80,7 @@ def test_profiles_parse_into_requests():
     cpu, two, quarter = parse_profiles(PROFILES)
     assert not cpu.needs_gpu and cpu.memory == 4 * 2**30 and cpu.default
     assert two.request() == {"gpus": 2, "models": ["RTX 3090"]}
-    assert quarter.request() == {"gpu_fraction": "0.25"}
+    assert quarter.request() == {"gpu_fraction": "0.25", "share": "timeslice"}  # its guarantee class (issue 23)
     assert parse_profiles([{"slug": "m", "memory": "512Mi", "cpu": 0.5}])[0].request() == {
         "gpus": 0, "cpu_milli": 500, "memory_mib": 512}
 

@@ -391,7 +391,7 @@ class PoolInventory:
             models = sorted({g.model for g in self.pool.by_name[node].node.gpus if g.index in idx})
             parts.append(f"{len(idx)} {'/'.join(models)} GPU(s) on {node}")
         for node, why in sorted(self.unavailable.items()):
-            parts.append(f"{node} is {why}")
+            parts.append(f"node {node} ({why})")  # "node gpu-a (drained: maint)", "node n2 (its node agent …)"
         if not parts:
             return ""
         return " Held outside the hub (jobs it did not start, or nodes it may not use): " + "; ".join(parts) + "."
