@@ -15,4 +15,4 @@ case "$workers" in
     auto | [0-9] | [0-9][0-9]) ;;
     *) echo "GPUPOOL_TEST_WORKERS=$workers: expected a number of pytest workers (0 for none) or auto" >&2; exit 2 ;;
 esac
-exec .venv/bin/python -m pytest -n "$workers" --dist loadgroup "$@"
+exec .venv/bin/python -m pytest -n "$workers" "$@"

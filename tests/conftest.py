@@ -5,13 +5,13 @@ developer's machine. CI sets ``GPUPOOL_REQUIRE_INTEGRATION=1``; then every
 skip is reported as a failure, so a missing install step cannot hide behind
 a green run.
 
-``scripts/test.sh`` runs the suite on several pytest-xdist workers
-(``--dist loadgroup``). A module's tests stay together on one worker, so a
-module's hub starts once. Tests that share something machine-wide stay on one
-worker too, through :data:`SHARED`: the session's Slurm cluster (slurmctld,
-slurmd, slurmdbd and MariaDB are one set of daemons) and the agent tests'
-fixed Unix accounts (created once, and every process of theirs killed when the
-session ends). Those groups are scheduled first, as they are the longest.
+``scripts/test.sh`` runs the suite on several pytest-xdist workers. A
+module's tests stay together on one worker, so a module's hub starts once.
+Tests that share something machine-wide stay on one worker too, through
+:data:`SHARED`: the session's Slurm cluster (slurmctld, slurmd, slurmdbd and
+MariaDB are one set of daemons) and the agent tests' fixed Unix accounts
+(created once, and every process of theirs killed when the session ends).
+Those groups are scheduled first, as they are the longest.
 """
 
 from __future__ import annotations
@@ -25,22 +25,39 @@ pytest_plugins += ["tests.load"]  # GPUPOOL_TEST_LOAD: busy CPUs beside the test
 
 REQUIRE_INTEGRATION = os.environ.get("GPUPOOL_REQUIRE_INTEGRATION", "") not in ("", "0")
 
-#: xdist group -> the session fixture whose users all run on one worker
-SHARED = {"slurm-cluster": "slurm_cluster", "agent-unix-users": "test_users"}
+#: work that shares something machine-wide, by test path: it all runs on one xdist worker
+SHARED = {
+    "slurm-cluster": ("tests/slurm/",),  # the session's one Slurm cluster
+    "agent-unix-users": ("tests/agent/", "tests/e2e/test_no_borrowed_tokens.py"),  # fixed Unix accounts
+}
 
 
-def shared_group(item: pytest.Item) -> str | None:
-    names = getattr(item, "fixturenames", ())
-    return next((group for group, fixture in SHARED.items() if fixture in names), None)
+def scope_of(nodeid: str) -> str:
+    """The unit of work a test belongs to on xdist: its shared group, else its module."""
+    path = nodeid.split("::", 1)[0]
+    return next((group for group, prefixes in SHARED.items() if path.startswith(prefixes)), path)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Whole units of work (:func:`scope_of`) to each worker, the shared groups first.
+
+    xdist's own ``--dist loadgroup`` reads ``xdist_group`` marks into the test ids,
+    which does not take with this pytest (tests of one module went to both workers,
+    each starting the module's hub), so the units are made here from the test ids."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Units(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return scope_of(nodeid)
+
+    return Units(config, log)  # type: ignore[arg-type]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(shared_group(item) or item.nodeid.split("::", 1)[0]))
-    if hasattr(config, "workerinput"):  # an xdist worker
-        # the long groups first, so no worker idles at the end while one works through them
-        items.sort(key=lambda item: shared_group(item) is None)
+    if hasattr(config, "workerinput"):  # an xdist worker: the long shared groups first, so no
+        # worker idles at the end while the other works through one of them
+        items.sort(key=lambda item: scope_of(item.nodeid) not in SHARED)
 
 
 @pytest.hookimpl(hookwrapper=True)
