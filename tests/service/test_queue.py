@@ -299,3 +299,21 @@ def test_a_spawn_for_another_model_replaces_the_queued_one_and_starts_at_once(tm
     got = m.admission.admit("bob", [], "", Request(gpus=1), ["RTX A6000"])
     assert got.node == "node-c" and got.gpus[0]["model"] == A6000
     assert m.queue.entries == {} and m.ledger.queue_entries() == []
+
+
+def test_a_spawn_that_claims_its_reserved_gpus_and_is_then_abandoned_holds_nothing(tmp_path):
+    """The claim of a queued place may be in flight when the hub cancels the spawn: the
+    spawner then releases by its attempt's key, which must find the claimed GPUs."""
+    m = manager(tmp_path)
+    held = admit(m, "alice")
+    with pytest.raises(Refused):
+        m.admission.admit("bob", [], "", Request(gpus=1), None, key="attempt-1")
+    m.admission.release(held.id, "server stopped")  # bob's place now has the GPU reserved
+    got = m.admission.admit("bob", [], "", Request(gpus=1), None, key="attempt-1")  # the claim
+    assert got.user == "bob"
+    # a retry of the same claim (its answer was lost) gets the same GPUs, not new ones
+    assert m.admission.admit("bob", [], "", Request(gpus=1), None, key="attempt-1").id == got.id
+    released = m.admission.release_key("attempt-1", "spawn abandoned: CancelledError")
+    assert released is not None and released.id == got.id
+    assert m.ledger.active_allocations() == []
+    assert admit(m, "carol").gpus[0]["uuid"] == "GPU-0"  # the GPU is free for the next user

@@ -110,7 +110,7 @@ def _clean_pool(request):
         if not allocations(hub):
             return
         time.sleep(0.3)
-    pytest.fail(f"GPUs still allocated after every server stopped: {allocations(hub)}")
+    pytest.fail(f"GPUs still allocated after every server stopped: {allocations(hub)}\n{hub.log_tail(80)}")
 
 
 # ---------------------------------------------------------------- helpers

@@ -14,6 +14,7 @@ import re
 import sys
 from functools import cache
 from importlib import resources
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tornado import web
@@ -112,6 +113,7 @@ def warm_up() -> int:
         for method, operation in operations.items():
             if isinstance(operation, dict) and "requestBody" in operation:
                 _validator(path, method)
+                _fast_check(path, method)
                 built += 1
     return built
 
@@ -164,15 +166,53 @@ def _problem(error: ValidationError) -> tuple[str, str]:
     return _pointer(parts), why if len(why) <= 300 else why[:300] + "…"
 
 
+@cache
+def _fast_check(path: str, method: str) -> Callable[[Any], Any]:
+    """``method path``'s body schema compiled to Python by fastjsonschema: about 40 times
+    faster than jsonschema on a spawn's body (7 µs against 300 µs), which every ``POST
+    /allocations`` pays. It only ever says "valid" for a body that jsonschema takes too
+    (see :func:`check_body`); jsonschema keeps the last word and writes the messages."""
+    import fastjsonschema
+
+    body = SPEC["paths"][path][method]["requestBody"]["content"]["application/json"]["schema"]
+    # draft 7 has every keyword openapi.json uses; no formats (as jsonschema here), no defaults filled in
+    return fastjsonschema.compile({**body, "components": SPEC["components"]}, use_default=False, use_formats=False,
+                                  detailed_exceptions=False)
+
+
+def _has_float(value: Any) -> bool:
+    """Whether a JSON value holds a float anywhere: fastjsonschema takes ``1.0`` as an integer."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float):
+            return True
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
 def check_body(body: Any, path: str, method: str) -> None:
     """Check a request body against ``openapi.json``'s schema for ``method path``, or 400.
 
     The answer names the field at fault by its JSON pointer (``/request/gpus``)
     and says why; nothing is read from a body that fails, so nothing is written.
     """
+    import fastjsonschema
+
+    method = method.lower()
+    try:
+        _fast_check(path, method)(body)
+    except fastjsonschema.JsonSchemaException:
+        pass  # jsonschema decides, and says why
+    else:
+        if not _has_float(body):  # the one rule on which the compiled check is laxer
+            return
     from jsonschema.exceptions import best_match  # loaded with the validator (see _validator_class)
 
-    error = best_match(_validator(path, method.lower()).iter_errors(body))
+    error = best_match(_validator(path, method).iter_errors(body))
     if error is not None:
         where, why = _problem(error)
         raise web.HTTPError(400, f"request body field {where} {why}" if where != "/" else f"request body {why}")

@@ -210,7 +210,7 @@ class Admission:
             queue.expire()
             waited = self._from_queue(user, server, req, requested_models, team, usage)
             if waited is not None:
-                return self.record(waited[0], user, server, request, requested_models, waited[1], team, usage)
+                return self.record(waited[0], user, server, request, requested_models, waited[1], team, usage, key)
         alloc_id = uuid.uuid4().hex
         try:
             placement = self.pool.allocate(alloc_id, req)
@@ -223,7 +223,7 @@ class Admission:
                 self.reclaims.start(user, server, team, usage, holdings, req, requested_models)
             if queue is not None and queue.enabled_for(req):
                 alloc_id, placement = queue.join(user, server, req, requested_models, self._priority(team, req, usage))
-                return self.record(alloc_id, user, server, request, requested_models, placement, team, usage)
+                return self.record(alloc_id, user, server, request, requested_models, placement, team, usage, key)
             free = self.pool.free_summary()
             raise Refused(RefusalReason.NO_CAPACITY,
                           f"No capacity for {request.describe()} right now. Free now: {free}."
