@@ -52,6 +52,8 @@ class Point:
     value: str
     credits: str | None  # set where the day has credits: a marker is drawn
     debits: str | None
+    iso: str = ""  # the day, for data-date
+    label: str = ""  # the day as people read it ("Tue 3 Mar"), formatted once, not per use in the page
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,8 @@ class Bar:
     day: date
     total: str
     segments: list[Segment]
+    iso: str = ""
+    label: str = ""
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,11 @@ class BarChart:
     right: int = WIDTH - PAD_RIGHT
     top: int = PAD_TOP
     bottom: int = HEIGHT - PAD_BOTTOM
+
+
+def day_label(day: date) -> str:
+    """A day as the charts' tooltips name it: "Tue 3 Mar"."""
+    return day.strftime("%a %-d %b")
 
 
 def nice_ticks(low: Decimal, high: Decimal, count: int = 6) -> list[Decimal]:
@@ -154,7 +163,7 @@ def balance_chart(points: Sequence[DayPoint], floor: Decimal | None) -> LineChar
     out = [
         Point(xs[i], y(p.balance), p.day, format_tokens(p.balance),
               format_tokens(p.credits) if p.credits else None,
-              format_tokens(p.debits) if p.debits else None)
+              format_tokens(p.debits) if p.debits else None, p.day.isoformat(), day_label(p.day))
         for i, p in enumerate(points)
     ]
     path = " ".join(f"{'M' if i == 0 else 'L'}{p.x},{p.y}" for i, p in enumerate(out))
@@ -190,7 +199,7 @@ def stacked_bars(days: Sequence[date], spend: Mapping[date, Mapping[str, Decimal
             h = round(float(amount) * scale, 2)
             base -= h
             segments.append(Segment(round(base, 2), h, model, format_tokens(amount), series[model]))
-        bars.append(Bar(x, width, d, format_tokens(totals[d]), segments))
+        bars.append(Bar(x, width, d, format_tokens(totals[d]), segments, d.isoformat(), day_label(d)))
     xs = [b.x + width / 2 for b in bars]
     return BarChart(
         bars=bars, legend=[(m, series[m]) for m in models],
