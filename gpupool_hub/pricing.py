@@ -179,7 +179,10 @@ class PriceTable:
         """Unrounded cost of GPU-seconds (of instance-seconds with ``mig_profile``); the ledger rounds once per entry."""
         if mig_profile is not None:
             return self.mig_price_per_hour(model, mig_profile) * gpu_seconds / SECONDS_PER_HOUR
-        return self.price_per_gpu_hour(model) * self.share_factor(share_class) * gpu_seconds / SECONDS_PER_HOUR
+        price = self.price_per_gpu_hour(model)
+        if share_class:  # whole GPUs (most usage) skip the factor of 1
+            price *= self.share_factor(share_class)
+        return price * gpu_seconds / SECONDS_PER_HOUR
 
     def mig_price_per_hour(self, model: str, profile: str) -> Decimal:
         """Tokens per hour of one MIG instance: ``mig_prices[profile]`` if set, else its

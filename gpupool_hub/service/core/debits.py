@@ -151,10 +151,13 @@ class Debits:
         # one debit per (user, charge key): fractions of several classes of one model add up,
         # each part at its class's price, before the one rounding
         parts: dict[tuple[str, str], tuple[Usage, Decimal, Decimal]] = {}
+        cost_of = self.prices.cost
         for u in usage:
-            first, cost_so_far, seconds_so_far = parts.get((u.user, u.charge_key), (u, Decimal(0), Decimal(0)))
-            parts[(u.user, u.charge_key)] = (first, cost_so_far + self.prices.cost(
-                u.model, u.gpu_seconds, u.mig_profile, u.share_class), seconds_so_far + u.gpu_seconds)
+            cost = cost_of(u.model, u.gpu_seconds, u.mig_profile, u.share_class)
+            part = (u.user, u.charge_key)
+            so_far = parts.get(part)
+            parts[part] = ((u, cost, u.gpu_seconds) if so_far is None
+                           else (so_far[0], so_far[1] + cost, so_far[2] + u.gpu_seconds))
         for (_, key), (u, exact_cost, gpu_seconds) in parts.items():
             profile = u.mig_profile
             exact = exact_cost + carried.get((u.user, key), Decimal(0))
