@@ -104,7 +104,7 @@ class PriceTable:
             if not isinstance(name, str) or not _words(name):
                 raise PricingError(f"c.{trait}: model name {name!r} must be a non-empty string")
             try:
-                parsed[name] = parse_amount(value, what=f"price", allow_negative=False)
+                parsed[name] = parse_amount(value, what="price", allow_negative=False)
             except AmountError as e:
                 raise PricingError(f"c.{trait}[{name!r}] = {value!r}: {e}") from None
             words = _words(name)

@@ -16,12 +16,11 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-import pytest
 from traitlets.config import Config
 
 from gpupool_hub.agent.enforce import TERMINATED
 from gpupool_hub.service.core.admission import parse_request
-from tests.agent.conftest import GIB, alive
+from tests.agent.conftest import alive
 from tests.agent.test_memguard import ALICE, BOB, start, table
 from tests.agent.test_service import make_agent
 from tests.service.openapi import check

@@ -19,7 +19,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 import uuid
 from collections import Counter
 from datetime import datetime, timedelta, timezone
