@@ -5,7 +5,7 @@ core units it needs, never from the PoolManager; only a unit changes its own
 state (``Enforcement.warn()``, not ``enforcement.warnings[user] = …``); core/
 imports no web framework and no other wing; the API keeps one module per path
 family, none past 350 lines; no class past 400 lines; only usage/ talks to
-Prometheus; handlers, pages and jobs call the core's methods directly, never
+Prometheus; the pure rules import no I/O; handlers, pages and jobs call the core's methods directly, never
 by handing a function value to the thread helpers.
 """
 
@@ -184,3 +184,40 @@ def test_pages_have_no_sql_of_their_own():
     found = [f"{p.name}: {line.strip()}" for p in modules(SERVICE / "pages")
              for line in p.read_text().splitlines() if "sqlalchemy" in line or ".execute(" in line]
     assert found == [], "pages read the database through ledger.py's query functions:\n" + "\n".join(found)
+
+
+#: the pure rules (rule 5): they decide, others do the I/O
+PURE = ["credits.py", "fairshare.py", "waitqueue.py", "eta.py", "cull.py", "idle.py", "placement"]
+#: what a pure rule may not import: the network, processes, the database, the event loop, the devices
+IO_MODULES = {"socket", "subprocess", "requests", "tornado", "sqlalchemy", "asyncio", "http", "urllib.request",
+              "psutil", "pynvml", "threading", "concurrent", "multiprocessing", "shutil", "sqlite3", "psycopg"}
+#: nor the wings that do it for them
+IO_WINGS = {"service", "ledger", "hubapi", "usage", "agent", "spawner", "inventory.slurm", "lifetime"}
+
+
+def test_the_pure_rules_import_no_io_and_no_wing_that_does_it():
+    found = []
+    paths = [p for name in PURE for p in ([PACKAGE / name] if name.endswith(".py") else modules(PACKAGE / name))]
+    for path in paths:
+        package = path.relative_to(PACKAGE).parent.parts  # () for top-level modules, ("placement",) inside it
+        for node in ast.walk(tree(path)):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level == 0:
+                    names = [node.module or ""]
+                else:  # resolve relative to gpupool_hub, as the top-level name inside the package
+                    base = list(package[:len(package) - node.level + 1])
+                    names = ["gpupool_hub." + ".".join([*base, *(node.module.split(".") if node.module else [])])]
+            else:
+                continue
+            for name in names:
+                if name.startswith("gpupool_hub."):
+                    inner = name.removeprefix("gpupool_hub.")
+                    if any(inner == w or inner.startswith(w + ".") for w in IO_WINGS):
+                        found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} imports {name}")
+                elif any(name == m or name.startswith(m + ".") for m in IO_MODULES):
+                    found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} imports {name}")
+    assert len(paths) > 10, paths
+    assert found == [], ("the pure rules do no I/O and import nothing from service/ (docs/architecture.md, "
+                         "rule 5):\n" + "\n".join(found))
