@@ -3,7 +3,7 @@
 ========================== ============================================ =========
 ``{prefix}``               My GPU usage (own data only)                 user
 ``{prefix}me/history.csv`` own entries as CSV                           user
-``{prefix}admin/pool``     pool map: nodes, GPUs coloured by holder     admin
+``{prefix}admin/pool``     pool map: GPUs by holder; per model if large  admin
 ``{prefix}admin/accounts`` accounts: search, sort, negative filter      admin
 ``{prefix}admin/users/…``  any user's usage page and CSV                admin
 ``{prefix}admin/grant``    grant form (idempotent per render)           admin
@@ -14,7 +14,7 @@
 ``{prefix}static/…``       the stylesheet                               —
 ========================== ============================================ =========
 
-Handlers live in ``usage.py`` and ``admin.py``, login and page plumbing in
+Handlers live in ``usage.py``, ``admin.py`` and ``poolmap.py``, login and page plumbing in
 ``base.py``, chart geometry in ``charts.py`` (pure), and the read-only queries
 the charts need in ``ledger.py`` (its read-only queries for the pages). See docs/pages.md.
 """
@@ -30,10 +30,10 @@ from .admin import (
     GrantHandler,
     IdleHoursHandler,
     LedgerHandler,
-    PoolMapHandler,
     TeamsHandler,
 )
 from .base import NotFoundHandler, OAuthCallbackHandler, StaticHandler
+from .poolmap import PoolMapHandler
 from .usage import MyHistoryCSVHandler, MyUsageHandler, UserHistoryCSVHandler, UserUsageHandler
 
 STATIC_DIR = str(resources.files(__package__).joinpath("static"))

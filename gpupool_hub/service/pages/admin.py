@@ -1,4 +1,5 @@
-"""Admin pages (``{prefix}admin/…``): pool map, accounts, grants, teams, audit, ledger check.
+"""Admin pages (``{prefix}admin/…``): accounts, grants, teams, idle hours, audit, ledger check
+(the pool map has a module of its own, ``poolmap.py``).
 
 Every handler here sets ``admin_only``: ``PageHandler.check_hub_user`` lets
 through only OAuth tokens that carry the admin scope. They read and write
@@ -10,7 +11,6 @@ through the same service units as the API (``pool.snapshot``,
 from __future__ import annotations
 
 import uuid
-from dataclasses import replace
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
@@ -21,7 +21,6 @@ from ...ledger import SORTS, IdempotencyConflict
 from ...units import AmountError, format_tokens, from_milli, parse_amount
 from ..api.httpargs import INT64_MAX
 from .base import PageHandler
-from .charts import RESERVED, gpu_cell, holder_colours
 
 ACCOUNTS_PAGE = 50
 AUDIT_PAGE = 100
@@ -34,44 +33,6 @@ class AdminPage(PageHandler):
 class AdminIndexHandler(AdminPage):
     def get(self) -> None:
         self.redirect(self.url("admin/pool"))
-
-
-class PoolMapHandler(AdminPage):
-    """Every node, every GPU a cell coloured by its holders (shares as parts of the cell)."""
-
-    title = "Pool map"
-
-    async def get(self) -> None:
-        m = self.manager
-        active = {r.id: r for r in await m.records.active_allocations.off_loop()}
-        # reservations of a reclaim in progress are not allocations: their cells say "reserved"
-        who = {a: (r.user, r.server, r.borrowed) for a, r in active.items()}
-        snapshot = await m.views.pool_snapshot.off_loop()
-        colours = holder_colours(who.get(a, (RESERVED,))[0]
-                                 for n in snapshot for g in n["gpus"] for a in g["holders"])
-        nodes = []
-        holders: dict[str, float] = {}
-        own = m.idle.own_utilization()  # each server's own figure, as of the idle job's last run
-        for node in snapshot:
-            report = m.inventory.reports.get(node["node"])
-            cells = [gpu_cell(g, who, colours) for g in node["gpus"]]
-            for cell in cells:
-                cell.parts = [replace(p, utilization=own.get(p.allocation)) for p in cell.parts]
-                cell.cannot_attribute = report.unattributed.get(cell.uuid) if report is not None else None
-            for cell in cells:
-                for part in cell.parts:
-                    holders[part.user] = holders.get(part.user, 0.0) + float(part.fraction)
-            nodes.append({"name": node["node"], "labels": node["labels"], "cells": cells,
-                          "cpu": (node["cpu_milli"] - node["cpu_free"], node["cpu_milli"]),
-                          "memory": (node["memory_mib"] - node["memory_free"], node["memory_mib"]),
-                          "report": report, "unavailable": m.inventory.unavailable.get(node["node"]),
-                          "problem": m.inventory.problems.get(node["node"])})
-        legend = [(u, colours[u], f"{n:g}") for u, n in sorted(holders.items())]
-        free = m.pool.free_summary().per_model
-        accuracy = await m.queue.accuracy.off_loop()  # the wait estimates' record: a read-only query
-        self.render_page("admin/pool.html", nodes=nodes, legend=legend, free=free, eta_accuracy=accuracy,
-                         outside=self.context.reconcile_report(),
-                         reclaims=m.reclaims.team_report()["reclaims"], allocations=list(active.values()))
 
 
 class AccountsHandler(AdminPage):

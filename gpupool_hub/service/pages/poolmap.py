@@ -1,0 +1,153 @@
+"""The admin pool map (``{prefix}admin/pool``): every GPU as a cell, or, for a large
+pool, a summary per model that drills down.
+
+A cell per GPU is what an admin of a few nodes wants: who holds what, at a
+glance. At 1,000 nodes that is 10,000 cells, several megabytes of SVG that no
+one reads. So past ``FULL_MAP_NODES`` nodes the page shows one row per GPU model
+(nodes, GPUs, held, free, the largest free block), the nodes that need
+attention, and the top holders; a model's link (``?model=``) or a search by
+node name (``?node=``) draws the cells of the matching nodes, ``NODES_PER_PAGE``
+at a time. The page's size then grows with what is shown, not with the pool.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from tornado import web
+
+from ..api.httpargs import INT64_MAX
+from ..api.schema import text_problem
+from .admin import AdminPage
+from .charts import RESERVED, gpu_cell, holder_colours
+
+#: up to this many nodes, and with no filter, the map draws every GPU
+FULL_MAP_NODES = 32
+#: nodes drawn per page of a drill-down
+NODES_PER_PAGE = 25
+#: holders listed in the legend of a summary (the largest first)
+TOP_HOLDERS = 20
+#: allocations listed under a summary (the newest first); a drill-down lists those of its nodes
+ALLOCATIONS_SHOWN = 100
+#: nodes needing attention listed on a summary
+ATTENTION_SHOWN = 50
+
+
+@dataclass
+class ModelRow:
+    """One GPU model of the pool, summed over its nodes."""
+
+    model: str
+    nodes: int = 0
+    gpus: int = 0
+    held_milli: int = 0
+    mig_gpus: int = 0
+
+    @property
+    def held(self) -> str:
+        return f"{self.held_milli / 1000:g}"
+
+
+def model_rows(snapshot: list[dict[str, Any]]) -> list[ModelRow]:
+    """One row per GPU model, in name order (a pure summary of ``Pool.snapshot()``)."""
+    rows: dict[str, ModelRow] = {}
+    for node in snapshot:
+        seen: set[str] = set()
+        for g in node["gpus"]:
+            row = rows.setdefault(g["model"], ModelRow(g["model"]))
+            row.gpus += 1
+            row.held_milli += g["allocated_milli"]
+            row.mig_gpus += bool(g.get("mig"))
+            if g["model"] not in seen:
+                seen.add(g["model"])
+                row.nodes += 1
+    return sorted(rows.values(), key=lambda r: r.model)
+
+
+def matching(snapshot: list[dict[str, Any]], model: str, search: str) -> list[dict[str, Any]]:
+    """The nodes holding a GPU of ``model`` (any, when empty) whose name contains ``search``."""
+    search = search.casefold()
+    return [n for n in snapshot
+            if (not model or any(g["model"] == model for g in n["gpus"]))
+            and (not search or search in n["node"].casefold())]
+
+
+class PoolMapHandler(AdminPage):
+    """Every node's GPUs as cells coloured by their holders; for a large pool, a summary
+    per model first (see the module's docstring)."""
+
+    title = "Pool map"
+
+    def _text(self, name: str) -> str:
+        value = self.get_argument(name, "").strip()
+        problem = text_problem(value, max_length=255, allow_empty=True)
+        if problem:
+            raise web.HTTPError(400, f"{name} {problem}")
+        return value
+
+    async def get(self) -> None:
+        m = self.manager
+        model, search = self._text("model"), self._text("node")
+        page = self.int_arg("page", 1, minimum=1, maximum=INT64_MAX // NODES_PER_PAGE)
+        active = {r.id: r for r in await m.records.active_allocations.off_loop()}
+        # reservations of a reclaim in progress are not allocations: their cells say "reserved"
+        who = {a: (r.user, r.server, r.borrowed) for a, r in active.items()}
+        snapshot = await m.views.pool_snapshot.off_loop()
+        summary = not model and not search and len(snapshot) > FULL_MAP_NODES
+        shown = [] if summary else matching(snapshot, model, search)
+        total_shown = len(shown)
+        if not summary and (model or search or len(shown) > FULL_MAP_NODES):
+            shown = shown[(page - 1) * NODES_PER_PAGE:page * NODES_PER_PAGE]
+        nodes, holders = self._nodes(shown, who)
+        if summary:  # the legend counts the whole pool's holders, the largest first
+            holders = {}
+            for node in snapshot:
+                for g in node["gpus"]:
+                    for alloc, milli in g["holders"].items():
+                        user = who.get(alloc, (RESERVED,))[0]
+                        holders[user] = holders.get(user, 0.0) + milli / 1000
+            top = sorted(holders.items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_HOLDERS]
+        else:
+            top = sorted(holders.items())
+        colours = holder_colours(u for u, _ in top)
+        legend = [(u, colours[u], f"{n:g}") for u, n in top]
+        on_page = {n["name"] for n in nodes}
+        allocations = sorted(active.values(), key=lambda r: r.created_at, reverse=True)
+        if not summary:
+            allocations = [a for a in allocations if a.node in on_page]
+        inventory = m.inventory
+        attention = [(name, inventory.unavailable.get(name) or inventory.problems.get(name))
+                     for name in sorted({*inventory.unavailable, *inventory.problems})]
+        self.render_page(
+            "admin/pool.html", nodes=nodes, legend=legend, free=m.pool.free_summary().per_model,
+            eta_accuracy=await m.queue.accuracy.off_loop(),  # the wait estimates' record: a read-only query
+            outside=self.context.reconcile_report(), reclaims=m.reclaims.team_report()["reclaims"],
+            allocations=allocations[:ALLOCATIONS_SHOWN], allocations_total=len(allocations),
+            summary=summary, models=model_rows(snapshot) if summary else [], model=model, search=search,
+            page=page, pages=max(1, -(-total_shown // NODES_PER_PAGE)), matched=total_shown,
+            node_count=len(snapshot), attention=attention[:ATTENTION_SHOWN], attention_total=len(attention),
+        )
+
+    def _nodes(self, shown: list[dict[str, Any]], who: dict[str, tuple[str, str, bool]]
+               ) -> tuple[list[dict[str, Any]], dict[str, float]]:
+        """The drawn nodes (cells and notes) and the GPUs each of their holders has on them."""
+        m = self.manager
+        colours = holder_colours(who.get(a, (RESERVED,))[0] for n in shown for g in n["gpus"] for a in g["holders"])
+        own = m.idle.own_utilization()  # each server's own figure, as of the idle job's last run
+        nodes, holders = [], {}
+        for node in shown:
+            report = m.inventory.reports.get(node["node"])
+            cells = [gpu_cell(g, who, colours) for g in node["gpus"]]
+            for cell in cells:
+                cell.parts = [replace(p, utilization=own.get(p.allocation)) for p in cell.parts]
+                cell.cannot_attribute = report.unattributed.get(cell.uuid) if report is not None else None
+                for part in cell.parts:
+                    holders[part.user] = holders.get(part.user, 0.0) + float(part.fraction)
+            nodes.append({"name": node["node"], "labels": node["labels"], "cells": cells,
+                          "cpu": (node["cpu_milli"] - node["cpu_free"], node["cpu_milli"]),
+                          "memory": (node["memory_mib"] - node["memory_free"], node["memory_mib"]),
+                          "report": report, "unavailable": m.inventory.unavailable.get(node["node"]),
+                          "problem": m.inventory.problems.get(node["node"])})
+        return nodes, holders
+
