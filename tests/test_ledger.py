@@ -393,3 +393,16 @@ def test_a_lease_has_one_holder_until_it_expires_or_its_holder_is_gone(ledger):
     assert ledger.claim_lease("jobs", "b", 30, now=now + timedelta(seconds=53)) == "a"
     ledger.release_lease("jobs", "a")
     assert ledger.claim_lease("jobs", "b", 30, now=now + timedelta(seconds=54)) == "b"
+
+
+def test_balances_of_many_users_in_one_read(ledger):
+    """The cull job reads every holder's balance at once: more names than one query takes
+    (500 a chunk), an unknown name left out rather than failing the others."""
+    for i in range(1200):
+        ledger.post(Posting(f"user{i:04d}", "grant", Decimal(i + 1) / 1000, f"grant-{i}"))
+    names = [f"user{i:04d}" for i in range(1200)] + ["nobody", "user0007"]
+    balances = ledger.balances(names)
+    assert len(balances) == 1200 and "nobody" not in balances
+    assert balances["user0007"] == Decimal("0.008") == ledger.balance("user0007")
+    assert balances["user1199"] == Decimal("1.2")
+    assert ledger.balances([]) == {}

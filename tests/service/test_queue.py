@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gpupool_hub.placement import Request
+from gpupool_hub.placement.request import normalize_model
 from gpupool_hub.reasons import RefusalReason
 from gpupool_hub.service.core.errors import Refused
 from tests.fixtures.manager import Clock, make_manager, units_for
@@ -317,3 +318,32 @@ def test_a_spawn_that_claims_its_reserved_gpus_and_is_then_abandoned_holds_nothi
     assert released is not None and released.id == got.id
     assert m.ledger.active_allocations() == []
     assert admit(m, "carol").gpus[0]["uuid"] == "GPU-0"  # the GPU is free for the next user
+
+
+def test_demand_for_many_holders_at_once_answers_as_one_at_a_time(tmp_path):
+    """The cull and idle jobs ask for every holder in one pass; each answer must be what
+    ``demand_for`` says for that holder alone: others' waits count, one's own never."""
+    clock = Clock()
+    m = manager(tmp_path, nodes=TWO_NODES, clock=clock)
+    for user in ("alice", "bob", "carol"):
+        admit(m, user)
+    for user, server in (("dave", "a"), ("alice", "w"), ("erin", "b")):
+        clock.advance(1)
+        queued(m, user, server=server)
+    a6000 = "NVIDIA RTX A6000"
+    asks = [(u, frozenset(models)) for u in ("alice", "bob", "dave", "erin", "zoe")
+            for models in ({R3090}, {a6000}, set(), {R3090, a6000})]
+    together = m.queue.demand(asks)
+
+    def one_at_a_time(user, models):  # the rule, scanning every waiting entry for one holder
+        keys = {normalize_model(x) for x in models}
+        return max((e.last_seen for e in m.queue.entries.values()
+                    if e.placement is None and not e.expired and e.waiter.user != user
+                    and (e.waiter.request.models is None or keys & e.waiter.request.models)), default=None)
+
+    assert together == {ask: one_at_a_time(*ask) for ask in asks}
+    assert all(m.queue.demand_for(*ask) == together[ask] for ask in asks)
+    # erin waited last: everyone else's pressure is her retry; hers is dave's or alice's newest
+    assert together[("bob", frozenset({R3090}))] == m.queue.entries[("erin", "b")].last_seen
+    assert together[("erin", frozenset({R3090}))] == m.queue.entries[("alice", "w")].last_seen
+    assert together[("bob", frozenset({a6000}))] is None  # nobody waits for an A6000

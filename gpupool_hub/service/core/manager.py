@@ -33,7 +33,7 @@ from typing import Any
 
 from ...config import GPUPool
 from ...inventory.sources import InventorySource
-from ...ledger import Ledger, UnknownAccount, utcnow
+from ...ledger import Ledger, utcnow
 from ...placement.state import Pool
 from ...reasons import AuditAction
 from ...usage import UsageSource
@@ -110,13 +110,8 @@ class PoolManager:
         restored = self.inventory.restore(self.ledger)
         self.queue.restore()
         events = self.ledger.audit_latest([AuditAction.CULL_KERNELS.value, AuditAction.STOP_SERVER.value])
-        balances = {}
-        for name in {e.user for e in events}:
-            try:
-                balances[name] = self.ledger.balance(name)
-            except UnknownAccount:  # no account, no balance below zero: nothing to enforce
-                continue
-        self.enforcement.restore(events, balances)
+        # no account, no balance below zero: nothing to enforce (left out of balances)
+        self.enforcement.restore(events, self.ledger.balances({e.user for e in events}))
         self.enforcement.restore_taken(self.ledger.audit_events(
             [AuditAction.PREEMPT.value, AuditAction.IDLE_RECLAIM.value], since=self.clock() - TAKEN_WATCH))
         # fair share: cool-downs and counters from the preempt events; held servers re-classified

@@ -36,7 +36,7 @@ from ...placement.request import Request, model_allowed, normalize_model, same_r
 from ...placement.state import Placement
 from ...reasons import RefusalReason
 from ...timefmt import iso
-from ...waitqueue import (BORROWER, ExpectedRelease, Waiter, dispatch, estimate_starts, fair_order, reserve_node, wait_place, wait_text)
+from ...waitqueue import (BORROWER, ExpectedRelease, Waiter, demand, dispatch, estimate_starts, fair_order, reserve_node, wait_place, wait_text)
 from .errors import Refused
 from .inventory import PoolInventory
 from .queue_eta import QueueRanges
@@ -461,12 +461,17 @@ class WaitQueue(QueueRanges):
     # ---------------------------------------------------------------- demand
 
     @writes
-    def demand_for(self, user: str, models: set[str]) -> datetime | None:
+    def demand_for(self, user: str, models: Iterable[str]) -> datetime | None:
         """The newest retry of another user's waiting entry that GPUs of ``models``
         (pool model strings) would serve: the pressure signal for culling ``user``.
         A user's own entry never counts."""
-        keys = {normalize_model(m) for m in models}
-        seen = [e.last_seen for e in self.entries.values()
-                if e.placement is None and e.waiter.user != user and not e.expired
-                and (e.waiter.request.models is None or keys & e.waiter.request.models)]
-        return max(seen, default=None)
+        ask = (user, frozenset(models))
+        return self.demand([ask])[ask]
+
+    @writes
+    def demand(self, asks: Iterable[tuple[str, frozenset[str]]]) -> dict[tuple[str, frozenset[str]], datetime | None]:
+        """:meth:`demand_for` of many (user, models) at once, in one pass over the entries
+        (:func:`~gpupool_hub.waitqueue.demand`): the cull and idle jobs ask for every holder."""
+        return demand([(e.last_seen, e.waiter.user, e.waiter.request.models) for e in self.entries.values()
+                       if e.placement is None and not e.expired], asks)
+

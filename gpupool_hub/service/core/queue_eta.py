@@ -17,7 +17,7 @@ from typing import Any
 
 from ... import eta as eta_rules
 from ...config import GPUPool
-from ...ledger import Ledger, UnknownAccount
+from ...ledger import Ledger
 from ...placement.request import normalize_model
 from ...timefmt import iso
 from ...waitqueue import Waiter
@@ -115,14 +115,11 @@ class QueueRanges:
         for r in held:
             burn[r.user] = burn.get(r.user, Decimal(0)) + r.price_per_hour
         floor_at: dict[str, datetime] = {}
-        for user, rate in burn.items():
-            if rate <= 0:
-                continue
-            try:
-                left = self.ledger.balance(user) - self.settings.base_rules().floor
-            except UnknownAccount:
-                continue
-            floor_at[user] = now + timedelta(hours=float(max(left, Decimal(0)) / rate))
+        balances = self.ledger.balances(u for u, rate in burn.items() if rate > 0)
+        floor = self.settings.base_rules().floor
+        for user, balance in balances.items():  # no account, no floor to reach
+            left = balance - floor
+            floor_at[user] = now + timedelta(hours=float(max(left, Decimal(0)) / burn[user]))
         out = {}
         for r in held:
             at = min((x for x in (ends.get(r.id), floor_at.get(r.user)) if x is not None), default=None)

@@ -8,7 +8,7 @@ takes the write lock. Code already off the loop calls the ledger directly.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import date, datetime
 from decimal import Decimal
 from itertools import islice
@@ -31,6 +31,11 @@ class Records:
     @reads
     def balance(self, name: str) -> Decimal:
         return self.ledger.balance(name)
+
+    @reads
+    def balances(self, names: Iterable[str]) -> dict[str, Decimal]:
+        """Balances of those of ``names`` with an account, in one read (see ``Ledger.balances``)."""
+        return self.ledger.balances(names)
 
     @reads
     def account(self, name: str) -> Account:

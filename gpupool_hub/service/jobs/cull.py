@@ -89,11 +89,18 @@ class CullJob:
         warnings = enforcement.warnings_for(culler.dry_run)
         grace = timedelta(seconds=culler.grace_period)
         # users the agents enforce against are re-checked too, so a top-up frees them
-        for user in set(servers) | set(warnings) | set(enforcement.users):
+        judged = set(servers) | set(warnings) | set(enforcement.users)
+        balances = await self.records.balances.off_loop(judged)  # one read for all, not one per user
+        demands = (await self.queue.demand.off_loop([(u, frozenset(models.get(u, ()))) for u in judged])
+                   if self.settings.queue_enabled else {})
+        for user in judged:
+            if user not in balances:
+                log.warning("Cull: %s holds GPUs but has no account; nothing to judge", user)
+                continue
+            balance = balances[user]
             try:
                 groups = set(await self.groups(user))
                 rules = self.settings.rules_for(groups)
-                balance = await self.records.balance.off_loop(user)
             except Exception:
                 log.exception("Cull: cannot judge %s this time", user)
                 continue
@@ -104,7 +111,7 @@ class CullJob:
             # the pool is under pressure for this user when someone else waits for what they hold
             # (with the queue off: others' refusals), never by their own request
             if self.settings.queue_enabled:
-                demand = await self.queue.demand_for.off_loop(user, models.get(user, set()))
+                demand = demands[(user, frozenset(models.get(user, ())))]
             else:
                 demand = enforcement.last_refusal_excluding(user)
             busy = None if measured is None else others_utilization(user, holdings, capacity)

@@ -61,18 +61,20 @@ class IdleJob:
                 r.created_at, [own.get((r.id, g["uuid"])) for g in r.gpus], idle_after=s.idle_after,
                 min_runtime=s.min_runtime, max_idle=s.max_idle)) is not None})
         servers = []
+        demands = await self.queue.demand.off_loop(  # one pass over the waiters for every holder
+            {(r.user, frozenset(g["model"] for g in r.gpus)) for r in records if r.gpus})
         for r in records:
             ids = [g["uuid"] for g in r.gpus]
             if not ids:
                 continue
-            models = {g["model"] for g in r.gpus}
+            models = frozenset(g["model"] for g in r.gpus)
             highs = [own_peak.get((r.user, u)) if u in shared else peak.get(u) for u in ids]
             longs = [own_long.get((r.user, u)) if u in shared else peak_long.get(u) for u in ids]
             servers.append(IdleServer(
                 user=r.user, server=r.server, allocation=r.id, started=r.created_at,
                 idle=all(h is not None and h < s.idle_threshold for h in highs),
                 idle_long=bool(s.max_idle) and all(h is not None and h < s.idle_threshold for h in longs),
-                wanted=await self.queue.demand_for.off_loop(r.user, models) is not None,
+                wanted=demands[(r.user, models)] is not None,
                 peak=max(h for h in highs) if all(h is not None for h in highs) else None,
                 shared=any(u in shared for u in ids)))
         warnings = self.idle.warnings_for(s.idle_dry_run)
