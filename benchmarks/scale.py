@@ -700,9 +700,9 @@ def draw(rows: list[tuple[tuple[int, int], dict[str, Any]]], dbs: list[str]) -> 
     labels = [f"{u // 1000}k users\n{n} nodes" for (u, n), _ in rows]
     fig, axes = plt.subplots(1, len(groups), figsize=(5 * len(groups), 4.2))
     for ax, (title, names) in zip(axes, groups.items()):
-        for name in names:
+        for k, name in enumerate(names):  # one colour per figure; solid SQLite, dashed PostgreSQL
             for db, style in zip(dbs, ("-o", "--s")):
-                ax.plot(labels, [r[db].get(name) for _, r in rows], style, label=f"{name} ({db})")
+                ax.plot(labels, [r[db].get(name) for _, r in rows], style, color=f"C{k}", label=f"{name} ({db})")
         ax.set_title(title)
         ax.set_yscale("log")
         ax.grid(alpha=0.3)
