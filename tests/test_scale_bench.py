@@ -1,0 +1,58 @@
+"""benchmarks/scale.py runs end to end on a tiny pool and reports every figure (issue #26).
+
+No timing is asserted here: the figures and their targets live in the benchmark.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmarks.scale import TARGETS
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_bench(tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, str(REPO / "benchmarks" / "scale.py"), "--users", "200", "--nodes", "4", "--quick",
+           "--cache", str(tmp_path / "cache")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(REPO)}, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def test_scale_bench_prints_every_figure(tmp_path):
+    first = run_bench(tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    result = json.loads(first.stdout.strip().splitlines()[-1])
+    figures = result["sqlite"]
+    assert set(TARGETS) <= set(figures), sorted(set(TARGETS) - set(figures))
+    assert all(isinstance(figures[name], (int, float)) and figures[name] >= 0 for name in TARGETS)
+    assert isinstance(result["targets_met"], bool)
+    # the built pool is what the options asked for: servers running, others waiting for GPUs
+    pool = result["pool"]
+    assert (pool["users"], pool["nodes"], pool["gpus"]) == (200, 4, 40)
+    assert pool["running"] > 0 and pool["waiting"] > 0 and pool["entries"] >= 200 * 50
+    assert result["sqlite"]["restored"] == pool["running"]
+    # each figure is printed beside its target, a missed one as NOT REACHED
+    for name in TARGETS:
+        assert any(line.startswith(name) for line in first.stdout.splitlines()), name
+    # the second run takes the cached ledger and leaves it as it was
+    cached = sorted((tmp_path / "cache").glob("*.sqlite"))
+    assert len(cached) == 1
+    before = cached[0].stat().st_mtime_ns
+    second = run_bench(tmp_path)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "set-up: cached" in second.stderr
+    assert cached[0].stat().st_mtime_ns == before
+    assert json.loads(second.stdout.strip().splitlines()[-1])["pool"] == pool
