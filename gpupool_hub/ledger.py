@@ -1059,18 +1059,6 @@ class Ledger(LedgerRecords, LedgerLeases, LedgerGpuUse):
             raise UnknownAccount(name)
         return from_milli(value)
 
-    def balances(self, names: Iterable[str]) -> dict[str, Decimal]:
-        """The balance of each of ``names`` that has an account (the others are left out), in
-        one query per 500 names: the periodic jobs judge every holder, not one at a time."""
-        wanted = sorted(set(names))
-        out: dict[str, Decimal] = {}
-        with self._read() as conn:
-            for chunk in _chunks(wanted):
-                rows = conn.execute(sa.select(accounts.c.name, accounts.c.balance_milli)
-                                    .where(accounts.c.name.in_(list(chunk))))
-                out.update((name, from_milli(milli)) for name, milli in rows)
-        return out
-
     def account(self, name: str) -> Account:
         with self._read() as conn:
             row = conn.execute(sa.select(accounts).where(accounts.c.name == name)).first()
@@ -1190,6 +1178,14 @@ class Ledger(LedgerRecords, LedgerLeases, LedgerGpuUse):
         with self._read() as conn:
             return [_allocation(r) for r in conn.execute(q)]
 
+    def held_servers(self) -> dict[str, int]:
+        """How many allocations each user holds now: the wait queue's fair order counts them at
+        every dispatch, so one grouped count (from the active index), not every record parsed."""
+        q = (sa.select(allocations.c.user, sa.func.count()).where(allocations.c.released_at.is_(None))
+             .group_by(allocations.c.user))
+        with self._read() as conn:
+            return {user: count for user, count in conn.execute(q)}
+
     def allocations_overlapping(self, start: datetime, end: datetime) -> list[AllocationRecord]:
         """Allocations held at any moment of [start, end): what the embedded usage source charges."""
         q = sa.select(allocations).where(
@@ -1200,6 +1196,18 @@ class Ledger(LedgerRecords, LedgerLeases, LedgerGpuUse):
             return [_allocation(r) for r in conn.execute(q)]
 
     # ---- accounts in bulk
+
+    def balances(self, names: Iterable[str]) -> dict[str, Decimal]:
+        """The balance of each of ``names`` that has an account (the others are left out), in
+        one query per 500 names: the periodic jobs judge every holder, not one at a time."""
+        wanted = sorted(set(names))
+        out: dict[str, Decimal] = {}
+        with self._read() as conn:
+            for chunk in _chunks(wanted):
+                rows = conn.execute(sa.select(accounts.c.name, accounts.c.balance_milli)
+                                    .where(accounts.c.name.in_(list(chunk))))
+                out.update((name, from_milli(milli)) for name, milli in rows)
+        return out
 
     def credits_through_of(self, names: Iterable[str]) -> dict[str, date | None]:
         """``credits_through`` of each existing account among ``names`` (one query per 500)."""

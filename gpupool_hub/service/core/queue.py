@@ -259,10 +259,7 @@ class WaitQueue(QueueRanges):
             self.reservation = None
             return []
         by_id = {e.waiter.id: e for e in waiting}
-        held: dict[str, int] = {}
-        for record in self.ledger.active_allocations():
-            held[record.user] = held.get(record.user, 0) + 1
-        self.held_by_user = held
+        self.held_by_user = self.ledger.held_servers()
         order = fair_order((e.waiter for e in waiting), self._head(), self._running(self.entries.values()))
         d = dispatch(self.pool, order, lambda w: w.id, self.reservation)
         self.reservation = d.reservation
