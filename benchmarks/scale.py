@@ -571,8 +571,20 @@ async def profile_job(manager: Any, clock: Any, name: str) -> dict[str, float]:
         prof = cProfile.Profile()
         prof.runcall(run)
     else:
-        culler = Culler(pressure_allocated_fraction=0.5, grace_period=3600, dry_run=True)
-        job = CullJob(None, culler, no_groups, ServerUtilization(culler, None), **units_for(CullJob, manager))
+        if name == "idle":
+            from gpupool_hub.service.jobs.idle import IdleJob
+            from gpupool_hub.usage.utilization import ReportedUtilization
+
+            source = ReportedUtilization(manager.settings.idle_threshold)
+            now, rng = datetime.now(timezone.utc), random.Random(1)
+            held = manager.ledger.active_allocations()
+            for at in (now - timedelta(minutes=40), now - timedelta(minutes=20), now):
+                source.report({g["uuid"]: (0.0 if rng.random() < 0.2 else 0.9) for r in held for g in r.gpus}, at)
+            job = IdleJob(None, source, **units_for(IdleJob, manager))  # type: ignore[arg-type]
+            await job()  # as timed: the first run warns, the profiled one is the steady state
+        else:
+            culler = Culler(pressure_allocated_fraction=0.5, grace_period=3600, dry_run=True)
+            job = CullJob(None, culler, no_groups, ServerUtilization(culler, None), **units_for(CullJob, manager))
         prof = cProfile.Profile()
         prof.enable()
         await job()
@@ -724,7 +736,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer samples and a lighter heaviest user (tests)")
     ap.add_argument("--curve", action="store_true", help=f"run {CURVE}, print a table, draw the PNG")
     ap.add_argument("--largest", action="store_true", help=f"--curve: also {LARGEST}")
-    ap.add_argument("--profile", choices=("debit", "cull"), help="cProfile one more run of this job (stderr)")
+    ap.add_argument("--profile", choices=("debit", "cull", "idle"), help="cProfile one more run of this job (stderr)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.ERROR)  # the jobs' warnings and the access log are not figures
     logging.getLogger("tornado.access").setLevel(logging.CRITICAL)

@@ -4,8 +4,9 @@ after the grace (rules in ``gpupool_hub/idle.py``)."""
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timezone
+from collections import Counter
 from collections.abc import Iterable
+from datetime import datetime, timezone
 from typing import Any
 
 from ...config import GPUPool
@@ -126,7 +127,7 @@ def held_gpus(records: Iterable[AllocationRecord]) -> tuple[list[str], set[str],
     the (user, GPU) pairs on shared GPUs: a server there is judged by its own processes,
     never by the GPU's figure."""
     uuids = [g["uuid"] for r in records for g in r.gpus]
-    shared = {u for u in uuids if uuids.count(u) > 1}
+    shared = {u for u, holdings in Counter(uuids).items() if holdings > 1}  # one pass: 10,000 GPUs at a facility
     pairs = sorted({(r.user, g["uuid"]) for r in records for g in r.gpus if g["uuid"] in shared})
     return uuids, shared, pairs
 
