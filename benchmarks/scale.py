@@ -570,6 +570,18 @@ async def profile_job(manager: Any, clock: Any, name: str) -> dict[str, float]:
         run = manager.debits.debit_due
         prof = cProfile.Profile()
         prof.runcall(run)
+    elif name == "spawn":  # 50 admissions of new users' servers, as POST allocations makes them
+        from gpupool_hub.service.core.admission import parse_request
+        from gpupool_hub.service.core.errors import Refused
+
+        prof = cProfile.Profile()
+        prof.enable()
+        for i in range(50):
+            try:
+                manager.admission.admit(f"prof{i:05d}", [], "", parse_request({"gpus": 1}), None)
+            except Refused:
+                pass
+        prof.disable()
     else:
         if name == "idle":
             from gpupool_hub.service.jobs.idle import IdleJob
@@ -736,7 +748,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer samples and a lighter heaviest user (tests)")
     ap.add_argument("--curve", action="store_true", help=f"run {CURVE}, print a table, draw the PNG")
     ap.add_argument("--largest", action="store_true", help=f"--curve: also {LARGEST}")
-    ap.add_argument("--profile", choices=("debit", "cull", "idle"), help="cProfile one more run of this job (stderr)")
+    ap.add_argument("--profile", choices=("debit", "cull", "idle", "spawn"), help="cProfile one more run of this job (stderr)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.ERROR)  # the jobs' warnings and the access log are not figures
     logging.getLogger("tornado.access").setLevel(logging.CRITICAL)

@@ -36,7 +36,8 @@ from ...placement.request import Request, model_allowed, normalize_model, same_r
 from ...placement.state import Placement
 from ...reasons import RefusalReason
 from ...timefmt import iso
-from ...waitqueue import (BORROWER, ExpectedRelease, Waiter, demand, dispatch, estimate_starts, fair_order, reserve_node, wait_place, wait_text)
+from ...waitqueue import (BORROWER, ExpectedRelease, Waiter, demand, dispatch, estimate_starts, fair_order,
+                          reserve_node, wait_place, wait_text)
 from .errors import Refused
 from .inventory import PoolInventory
 from .queue_eta import QueueRanges
@@ -288,6 +289,10 @@ class WaitQueue(QueueRanges):
                 out[e.waiter.user] = out.get(e.waiter.user, 0) + 1
         return out
 
+    def waiting_count(self) -> int:
+        """How many wait (not yet placed): ``len(ordered())`` without sorting them."""
+        return sum(1 for e in self.entries.values() if e.placement is None)
+
     def ordered(self) -> list[Waiter]:
         entries = list(self.entries.values())
         return fair_order((e.waiter for e in entries if e.placement is None), self._head(), self._running(entries))
@@ -314,7 +319,7 @@ class WaitQueue(QueueRanges):
                           None if history else eta_rules.FALLBACK_NOTE)
                 + self.unavailable_note(entry.waiter.request))
         return Refused(RefusalReason.QUEUED, text, retry_at=retry, details={
-            "position": position, "queue_length": len(self.ordered()), "eta": iso(eta),
+            "position": position, "queue_length": self.waiting_count(), "eta": iso(eta),
             "since": iso(entry.waiter.since), **self._range_json(est, now)})
 
     def unavailable_note(self, req: Request) -> str:
@@ -427,7 +432,7 @@ class WaitQueue(QueueRanges):
                          "eta": iso(estimates.get(w.id)), "reserved_on": e.placement.node if e.placement else None,
                          "last_seen": iso(e.last_seen), **self._range_json(
                              None if e.placement else self.range_of(w.id, estimates.get(w.id)), now)})
-        return {"waiting": rows, "length": len(self.ordered()),
+        return {"waiting": rows, "length": self.waiting_count(),
                 "reserved_node": self.reservation[1] if self.reservation else None, "accuracy": self.accuracy()}
 
     def waiting_of(self, user: str) -> list[dict[str, Any]]:
