@@ -14,7 +14,6 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 
-import pytest
 
 from gpupool_hub.ledger import Posting, gpu_use_of, idle_gpu_time
 from gpupool_hub.placement import Request
@@ -25,7 +24,7 @@ from tests.agent.conftest import A100, GIB, gpu
 from tests.agent.test_service import make_agent
 from tests.agent.test_shared_truth import NODES, T1, T2, TOKENS, until_async
 from tests.fixtures.manager import make_manager
-from tests.pages.inprocess import LOGIN_COOKIE, PREFIX, PagesService, attrs, user_model
+from tests.pages.inprocess import PREFIX, PagesService, attrs, chromium_on, user_model
 
 TEAMS = {"physics": {"gpus": 1}, "biology": {"gpus": 1}}
 MODELS = {"admin-login": user_model("ada", admin=True), "t1-login": user_model(T1), "t2-login": user_model(T2)}
@@ -105,30 +104,16 @@ async def test_my_gpu_usage_shows_busy_per_day_and_admins_see_idle_gpu_hours(pro
 
 async def screenshots(service: PagesService) -> None:
     """The two pages in headless Chromium (async: the in-process service runs on this loop)."""
-    from tests.labext.browser import CHROMIUM_ARGS, find_chromium
     from tests.pages.conftest import SCREENSHOTS
 
-    pytest.importorskip("playwright.async_api", reason="the playwright package is not installed")
-    path = find_chromium()
-    if not path:
-        pytest.skip("Chromium not found; apt-get install chromium")
-    from playwright.async_api import async_playwright
-
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    async with async_playwright() as pw:
-        browser = await pw.chromium.launch(executable_path=path, headless=True, args=CHROMIUM_ARGS)
-        try:
-            for login, path_, name in (("t1-login", "", "my-usage-gpu-busy.png"),
-                                       ("admin-login", "admin/idle", "admin-idle-gpu-hours.png")):
-                context = await browser.new_context(viewport={"width": 1280, "height": 900}, timezone_id="UTC",
-                                                    locale="en-US")
-                await context.add_cookies([{"name": LOGIN_COOKIE, "value": login, "url": service.origin}])
-                page = await context.new_page()
-                await page.goto(f"{service.origin}{PREFIX}{path_}", wait_until="domcontentloaded")
-                target = page.locator('[data-gpupool="gpu-days"]' if not path_ else '[data-gpupool="idle-user-7"]')
-                await target.scroll_into_view_if_needed()
-                assert await target.is_visible()
-                await page.screenshot(path=str(SCREENSHOTS / name), full_page=not path_ == "")
-                await context.close()
-        finally:
-            await browser.close()
+    async with chromium_on(service) as open_as:
+        for login, path_, name in (("t1-login", "", "my-usage-gpu-busy.png"),
+                                   ("admin-login", "admin/idle", "admin-idle-gpu-hours.png")):
+            page = await open_as(login)
+            await page.goto(f"{service.origin}{PREFIX}{path_}", wait_until="domcontentloaded")
+            target = page.locator('[data-gpupool="gpu-days"]' if not path_ else '[data-gpupool="idle-user-7"]')
+            await target.scroll_into_view_if_needed()
+            assert await target.is_visible()
+            await page.screenshot(path=str(SCREENSHOTS / name), full_page=not path_ == "")
+            await page.context.close()

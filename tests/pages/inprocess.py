@@ -10,10 +10,13 @@ the login, the XSRF check on form posts, and the 403 of ``check_hub_user``.
 from __future__ import annotations
 
 import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from html import unescape
 from typing import Any
 from urllib.parse import urlencode
 
+import pytest
 from jupyterhub.services.auth import HubOAuth
 from tornado.httpclient import AsyncHTTPClient, HTTPResponse
 from tornado.httpserver import HTTPServer
@@ -122,3 +125,31 @@ def attrs(html: str, selector_attr: str) -> list[dict[str, str]]:
     for m in re.finditer(r"<(\w+)\s([^>]*?%s[^>]*)>" % re.escape(selector_attr), html):
         out.append({k: unescape(v) for k, v in re.findall(r'([\w:-]+)="([^"]*)"', m.group(2))})
     return out
+
+
+@asynccontextmanager
+async def chromium_on(service: PagesService) -> AsyncIterator[Callable[[str], Awaitable[Any]]]:
+    """Headless Chromium in front of the in-process service (async Playwright: the service
+    runs on the test's own loop). Yields ``open_as(token)``: a new page whose browser holds
+    that user's login cookie. Skips where Playwright or Chromium is missing."""
+    pytest.importorskip("playwright.async_api", reason="the playwright package is not installed")
+    from playwright.async_api import async_playwright
+
+    from tests.labext.browser import CHROMIUM_ARGS, find_chromium
+
+    path = find_chromium()
+    if not path:
+        pytest.skip("Chromium not found; apt-get install chromium")
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=path, headless=True, args=CHROMIUM_ARGS)
+
+        async def open_as(token: str) -> Any:
+            context = await browser.new_context(viewport={"width": 1280, "height": 900}, timezone_id="UTC",
+                                                locale="en-US")
+            await context.add_cookies([{"name": LOGIN_COOKIE, "value": token, "url": service.origin}])
+            return await context.new_page()
+
+        try:
+            yield open_as
+        finally:
+            await browser.close()

@@ -16,7 +16,7 @@ from gpupool_hub.service.core.admission import parse_request
 from gpupool_hub.service.pages.poolmap import NODES_PER_PAGE
 from tests.fixtures.manager import make_manager
 
-from .inprocess import PagesService, attrs, user_model
+from .inprocess import PREFIX, PagesService, attrs, chromium_on, user_model
 
 MODELS = ["NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3", "NVIDIA GeForce RTX 3090", "NVIDIA L40S"]
 PRICES = {"A100": 4, "H100": 8, "RTX 3090": 1, "L40S": 3}
@@ -111,42 +111,26 @@ async def test_bad_filters_are_refused_saying_why(service, query, why):
 async def test_the_summary_and_a_drilled_down_model_in_chromium(service):
     """What an admin sees: the summary, then one model's first page of nodes (screenshots
     in build/screenshots/pages/: pool-map-1000-nodes.png and pool-map-1000-nodes-h100.png)."""
-    pytest.importorskip("playwright.async_api", reason="the playwright package is not installed")
-    from playwright.async_api import async_playwright
-
-    from tests.labext.browser import CHROMIUM_ARGS, find_chromium
-
     from .conftest import SCREENSHOTS
-    from .inprocess import LOGIN_COOKIE, PREFIX
 
-    path = find_chromium()
-    if not path:
-        pytest.skip("Chromium not found; apt-get install chromium")
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    async with async_playwright() as pw:
-        browser = await pw.chromium.launch(executable_path=path, headless=True, args=CHROMIUM_ARGS)
-        try:
-            context = await browser.new_context(viewport={"width": 1280, "height": 900}, timezone_id="UTC",
-                                                locale="en-US")
-            await context.add_cookies([{"name": LOGIN_COOKIE, "value": "admin-token", "url": service.origin}])
-            page = await context.new_page()
-            errors: list[str] = []
-            page.on("pageerror", lambda err: errors.append(str(err)))
-            await page.goto(f"{service.origin}{PREFIX}admin/pool", wait_until="load")
-            assert await page.locator("[data-gpupool=models] tbody tr").count() == len(MODELS)
-            assert await page.locator("[data-gpupool=gpu]").count() == 0
-            await page.screenshot(path=str(SCREENSHOTS / "pool-map-1000-nodes.png"), full_page=False)
-            await page.click(f"text={MODELS[1]}")
-            await page.wait_for_selector("[data-gpupool=drill-down]")
-            assert await page.locator("[data-gpupool=node]").count() == NODES_PER_PAGE
-            assert await page.locator(f"[data-gpupool=gpu][data-model='{MODELS[1]}']").count() == NODES_PER_PAGE * 10
-            await page.screenshot(path=str(SCREENSHOTS / "pool-map-1000-nodes-h100.png"), full_page=False)
-            # the search finds one node among the thousand
-            await page.fill("[data-gpupool=node-search] input[name=node]", "gpu0421")
-            await page.click("[data-gpupool=node-search] button")
-            await page.wait_for_selector("[data-gpupool=node][data-node=gpu0421]")
-            found = [await n.get_attribute("data-node") for n in await page.locator("[data-gpupool=node]").all()]
-            assert found == ["gpu0421"]
-            assert errors == []
-        finally:
-            await browser.close()
+    async with chromium_on(service) as open_as:
+        page = await open_as("admin-token")
+        errors: list[str] = []
+        page.on("pageerror", lambda err: errors.append(str(err)))
+        await page.goto(f"{service.origin}{PREFIX}admin/pool", wait_until="load")
+        assert await page.locator("[data-gpupool=models] tbody tr").count() == len(MODELS)
+        assert await page.locator("[data-gpupool=gpu]").count() == 0
+        await page.screenshot(path=str(SCREENSHOTS / "pool-map-1000-nodes.png"), full_page=False)
+        await page.click(f"text={MODELS[1]}")
+        await page.wait_for_selector("[data-gpupool=drill-down]")
+        assert await page.locator("[data-gpupool=node]").count() == NODES_PER_PAGE
+        assert await page.locator(f"[data-gpupool=gpu][data-model='{MODELS[1]}']").count() == NODES_PER_PAGE * 10
+        await page.screenshot(path=str(SCREENSHOTS / "pool-map-1000-nodes-h100.png"), full_page=False)
+        # the search finds one node among the thousand
+        await page.fill("[data-gpupool=node-search] input[name=node]", "gpu0421")
+        await page.click("[data-gpupool=node-search] button")
+        await page.wait_for_selector("[data-gpupool=node][data-node=gpu0421]")
+        found = [await n.get_attribute("data-node") for n in await page.locator("[data-gpupool=node]").all()]
+        assert found == ["gpu0421"]
+        assert errors == []
