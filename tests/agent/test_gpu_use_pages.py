@@ -14,7 +14,6 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 
-
 from gpupool_hub.ledger import Posting, gpu_use_of, idle_gpu_time
 from gpupool_hub.placement import Request
 from gpupool_hub.service.jobs.gpuuse import GpuUseJob
