@@ -45,6 +45,7 @@ is one JSON object with the figures.
 from __future__ import annotations
 
 import argparse
+import bisect
 import csv
 import heapq
 import json
@@ -52,6 +53,7 @@ import random
 import sys
 import time
 import zlib
+from operator import itemgetter
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -207,6 +209,13 @@ class Replay:
         self.fair = scheduler in ("today", "project", "rr-nobackfill")
         self.backfill = scheduler in ("today", "project", "fifo-backfill")
         self.waiting: Dict[str, Tuple[Pod, Waiter]] = {}
+        # (priority, arrival, name, waiter) of the waiting, sorted (names are unique: waiters are never compared)
+        self.queue: List[Tuple[int, float, str, Waiter]] = []
+        self.queue_key: Dict[str, Tuple[int, float, str, Waiter]] = {}
+        self.never: Dict[Tuple[Any, ...], bool] = {}  # per request shape: fits no node even when empty
+        # kept as waiters join and leave, for the accounting at every event
+        self.team_waiting = [0] * TEAMS
+        self.wanted: Dict[Optional[str], int] = {}  # model (None: any) -> waiters that can use it
         self.reservation: Optional[Tuple[str, str]] = None
         self.held: Dict[str, Tuple[Pod, float, Any]] = {}  # pod name -> (pod, start, placement)
         self.held_by_user: Dict[str, int] = {}
@@ -230,10 +239,29 @@ class Replay:
     # ------------------------------------------------------------ queue rules
 
     def ordered(self) -> List[Waiter]:
-        ws = [w for _, w in self.waiting.values()]
+        # self.queue is in Waiter.order_key order: fair_order's first sort finds it sorted
+        ws = list(map(itemgetter(3), self.queue))
         if self.fair:
             return fair_order(ws, self.reservation[0] if self.reservation else None, self.held_by_user)
-        return sorted(ws, key=lambda w: (w.since, w.id))
+        return ws  # one priority class: arrival order
+
+    def wait(self, pod: Pod, w: Waiter) -> None:
+        self.waiting[pod.name] = (pod, w)
+        self.queue_key[pod.name] = key = (w.priority, self.now, pod.name, w)
+        bisect.insort(self.queue, key)
+        self.team_waiting[pod.team] += pod.request.total_gpu_milli
+        for mk in w.request.models if w.request.models is not None else (None,):
+            self.wanted[mk] = self.wanted.get(mk, 0) + 1
+
+    def unwait(self, name: str) -> Pod:
+        pod, w = self.waiting.pop(name)
+        del self.queue[bisect.bisect_left(self.queue, self.queue_key.pop(name))]
+        self.team_waiting[pod.team] -= pod.request.total_gpu_milli
+        for mk in w.request.models if w.request.models is not None else (None,):
+            self.wanted[mk] -= 1
+            if not self.wanted[mk]:
+                del self.wanted[mk]
+        return pod
 
     def dispatch(self) -> None:
         if not self.waiting:
@@ -244,14 +272,14 @@ class Replay:
             d = dispatch(self.pool, order, lambda w: w.id, self.reservation)
             self.reservation = d.reservation
             for w, placement in d.placed:
-                self.start(self.waiting.pop(w.id)[0], placement, reserved=True)
+                self.start(self.unwait(w.id), placement, reserved=True)
             return
         for w in order:  # no backfill: stop at the first that does not fit
             try:
                 placement = self.pool.allocate(w.id, w.request)
             except (NoCapacity, ModelUnavailable):
                 break
-            self.start(self.waiting.pop(w.id)[0], placement, reserved=True)
+            self.start(self.unwait(w.id), placement, reserved=True)
 
     def arrive(self, pod: Pod) -> None:
         team_quota = self.cap / TEAMS
@@ -264,10 +292,13 @@ class Replay:
                 return
             except (NoCapacity, ModelUnavailable):
                 pass
-        if reserve_node(self.pool, pod.request) is None:  # fits no node ever: the hub refuses it
+        never = self.never.get(w.shape)
+        if never is None:  # the node list is fixed: whether a shape could ever fit is asked once
+            never = self.never[w.shape] = reserve_node(self.pool, pod.request) is None
+        if never:  # fits no node ever: the hub refuses it
             self.res.dropped += 1
             return
-        self.waiting[pod.name] = (pod, w)
+        self.wait(pod, w)
         self.dispatch()
         if pod.name in self.waiting and self.kind in ("today", "project"):
             self.estimate(pod.name)
@@ -362,19 +393,10 @@ class Replay:
         if self.now < end:
             self.res.util_area += self.pool.allocated_gpu_milli * min(dt, end - self.now)
         if self.waiting:
-            wanted: set = set()
-            any_model = False
-            demand = [0.0] * TEAMS
-            for pod, w in self.waiting.values():
-                demand[pod.team] += pod.request.total_gpu_milli
-                if w.request.models is None:
-                    any_model = True
-                else:
-                    wanted |= w.request.models
-            free = self.free_milli()
-            self.res.frag_gpu_s += dt * sum(m for mk, m in free.items() if any_model or mk in wanted) / 1000
-            for t in range(TEAMS):
-                demand[t] += self.team_milli[t]
+            wanted, any_model = self.wanted, None in self.wanted
+            self.res.frag_gpu_s += dt * sum(m for mk, m in self.free_by_model.items()
+                                            if any_model or mk in wanted) / 1000
+            demand = [float(self.team_waiting[t] + self.team_milli[t]) for t in range(TEAMS)]
             fair = max_min_fair(demand, self.cap)
             for t in range(TEAMS):
                 self.res.team_held[t] += self.team_milli[t] * dt
