@@ -20,8 +20,9 @@ Schedulers, each on a fresh ``gpupool_hub.placement.Pool`` with FGD:
 - ``project``    the same queue with the ETA learned from the replay's own
                  history (``gpupool_hub.eta``)
 - with ``--variants``, dispatch rules for tuning: ``fifo-backfill`` (arrival
-  order, backfill around a reserved node) and ``rr-nobackfill`` (round-robin,
-  no backfill)
+  order, backfill around a reserved node), ``rr-nobackfill`` (round-robin,
+  no backfill) and ``aging`` (the project's queue where a waiter of 15 minutes
+  counts as its user's first: the starvation check)
 
 Reported per scheduler: wait p50/p95/p99 (every GPU pod, 0 when it starts at
 once), mean GPU utilisation over the arrivals and its course, fragmentation
@@ -73,14 +74,16 @@ TEAMS = 4
 TYPICAL_S = 4 * 3600.0  # c.GPUPool.expected_session_hours' default: today's estimator
 CHAIN_ROUNDS = 3  # as service/core/queue.py
 HISTORY_REFRESH_S = 600.0  # the project's estimator reads the history every 10 simulated minutes
-RELEASES_TTL_S = 30.0  # expected releases reused this long, as the service does (core/queue.py: RELEASES_TTL)
+RELEASES_TTL_S = 30.0
+DRAIN_WINDOW_S = 600.0  # the project's estimator measures how fast the queue is served over this window  # expected releases reused this long, as the service does (core/queue.py: RELEASES_TTL)
 EPOCH = datetime(2026, 1, 1, tzinfo=timezone.utc)
 TARGET_IN_RANGE = 0.80
 TARGET_ERROR = 0.25
 TARGET_P95_RATIO = 0.8
 TARGET_WALL_S = 120.0
 SCHEDULERS = ("fifo-fgd", "today", "project")
-VARIANTS = ("fifo-backfill", "rr-nobackfill")
+VARIANTS = ("fifo-backfill", "rr-nobackfill", "aging")
+AGING_S = 900.0  # the "aging" variant: a waiter this old counts as its user's first (waitqueue.fair_order)
 
 
 @dataclass
@@ -206,8 +209,9 @@ class Replay:
         self.cap = self.pool.capacity_gpu_milli
         self.pods = pods
         self.kind = scheduler
-        self.fair = scheduler in ("today", "project", "rr-nobackfill")
-        self.backfill = scheduler in ("today", "project", "fifo-backfill")
+        self.fair = scheduler in ("today", "project", "rr-nobackfill", "aging")
+        self.backfill = scheduler in ("today", "project", "fifo-backfill", "aging")
+        self.aging = AGING_S if scheduler == "aging" else None
         self.waiting: Dict[str, Tuple[Pod, Waiter]] = {}
         # (priority, arrival, name, waiter) of the waiting, sorted (names are unique: waiters are never compared)
         self.queue: List[Tuple[int, float, str, Waiter]] = []
@@ -228,6 +232,9 @@ class Replay:
         self.snapshot = eta.SessionHistory()
         self.snapshot_at = -1e18
         self.shown: Dict[str, Tuple[float, float, float, str]] = {}
+        self.calibration = eta.Calibration()  # the project's shown estimates against real starts so far
+        self.model_s: Dict[str, float] = {}  # the model's own point estimate at join
+        self.served: List[Tuple[float, int]] = []  # (time, GPU share) of each start from the queue
         self.cache_at = -1e18
         self.curves: Dict[Any, Any] = {}
         self.running: List[eta.Running] = []
@@ -242,7 +249,8 @@ class Replay:
         # self.queue is in Waiter.order_key order: fair_order's first sort finds it sorted
         ws = list(map(itemgetter(3), self.queue))
         if self.fair:
-            return fair_order(ws, self.reservation[0] if self.reservation else None, self.held_by_user)
+            aged = EPOCH + timedelta(seconds=self.now - self.aging) if self.aging is not None else None
+            return fair_order(ws, self.reservation[0] if self.reservation else None, self.held_by_user, aged)
         return ws  # one priority class: arrival order
 
     def wait(self, pod: Pod, w: Waiter) -> None:
@@ -310,6 +318,9 @@ class Replay:
             lo, mid, hi, basis = shown
             self.res.eta.append((lo, mid, hi, self.now - pod.arrive))
             self.res.eta_basis[basis] = self.res.eta_basis.get(basis, 0) + 1
+            self.served.append((self.now, pod.request.total_gpu_milli))
+            if pod.name in self.model_s:
+                self.calibration.add(self.model_s.pop(pod.name), self.now - pod.arrive)
         self.held[pod.name] = (pod, self.now, placement)
         self.held_by_user[pod.user] = self.held_by_user.get(pod.user, 0) + 1
         self.team_milli[pod.team] += placement.gpu_milli
@@ -328,6 +339,15 @@ class Replay:
         self.history.add(eta.profile_key(r.gpus, r.gpu_milli), pod.user, self.now - started)
 
     # ------------------------------------------------------------ estimates
+
+    def drain(self) -> Optional[float]:
+        """GPU share served from the queue per second over the last ``DRAIN_WINDOW_S``."""
+        cut = self.now - DRAIN_WINDOW_S
+        i = bisect.bisect_left(self.served, (cut, -1))
+        del self.served[:i]
+        if len(self.served) < 10:
+            return None
+        return sum(m for _, m in self.served) / max(self.now - max(cut, self.served[0][0]), 1.0)
 
     def free_milli(self) -> Dict[str, int]:
         return dict(self.free_by_model)
@@ -354,9 +374,13 @@ class Replay:
                                             eta.profile_key(pod.request.gpus, pod.request.gpu_milli), pod.user,
                                             self.now - started)
                                 for pod, started, placement in self.held.values() if placement.gpus]
-            got = eta.estimate_ranges(order, free, self.running, self.snapshot, now, curves=self.curves,
-                                      only=name).get(name)
+            # everyone queued was just dispatched and did not fit: what the pool shows free is of no
+            # use to them (scattered over nodes, or short of CPU or memory)
+            got = eta.estimate_ranges(order, {}, self.running, self.snapshot, now, curves=self.curves,
+                                      only=name, calibration=self.calibration, drain=self.drain()).get(name)
             if got is not None:
+                if got.model_s is not None:
+                    self.model_s[name] = got.model_s
                 self.shown[name] = (*(((t - now).total_seconds() if t is not None else float("inf"))
                                       for t in (got.low, got.mid, got.high)), "history")
                 return

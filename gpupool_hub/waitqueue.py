@@ -88,7 +88,7 @@ class Dispatch:
 
 
 def fair_order(waiters: Iterable[Waiter], head: str | None = None,
-               running: Mapping[str, int] | None = None) -> list[Waiter]:
+               running: Mapping[str, int] | None = None, aged: datetime | None = None) -> list[Waiter]:
     """Priority class, then round by round across users, then arrival.
 
     A waiter's round is how many GPU servers its user already has ahead of it:
@@ -101,6 +101,10 @@ def fair_order(waiters: Iterable[Waiter], head: str | None = None,
     ``head`` (the id holding a reserved node) goes first in its class: a later
     user's first waiter must not take its place and move the reservation, or
     a big request that is some user's second could starve.
+
+    ``aged``: a waiter that has waited since this time or earlier counts as its
+    user's first (round 0), so a heavy user's later servers are not pushed
+    back without end by a stream of other users' first ones.
     """
     running = running or {}
     rounds: dict[tuple[int, str], int] = {}
@@ -109,7 +113,7 @@ def fair_order(waiters: Iterable[Waiter], head: str | None = None,
     for w in arrived:
         turn = rounds.get((w.priority, w.user), running.get(w.user, 0))
         rounds[(w.priority, w.user)] = turn + 1
-        keys.append((w.priority, -1 if w.id == head else turn))
+        keys.append((w.priority, -1 if w.id == head else 0 if aged is not None and w.since <= aged else turn))
     # a stable sort on (class, round) keeps arrival order within a round
     return [arrived[i] for i in sorted(range(len(arrived)), key=keys.__getitem__)]
 
