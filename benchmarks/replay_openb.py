@@ -221,6 +221,7 @@ class Replay:
         self.team_waiting = [0] * TEAMS
         self.wanted: Dict[Optional[str], int] = {}  # model (None: any) -> waiters that can use it
         self.reservation: Optional[Tuple[str, str]] = None
+        self.settled = True  # no release since the last full dispatch pass
         self.held: Dict[str, Tuple[Pod, float, Any]] = {}  # pod name -> (pod, start, placement)
         self.held_by_user: Dict[str, int] = {}
         self.team_milli = [0] * TEAMS
@@ -271,7 +272,23 @@ class Replay:
                 del self.wanted[mk]
         return pod
 
+    def join_behind(self, w: Waiter, held: str) -> None:
+        """A newcomer behind the head, when nothing was released since the last full pass.
+
+        That pass left everyone waiting with the head first and its node held; since then
+        the pool has only lost capacity, so a new pass would place none of them again, and
+        keep the head and its node: only the newcomer can start, on a node other than the
+        held one (as :func:`waitqueue.dispatch` would place it)."""
+        if not any(c.name != held for c in self.pool.candidates(w.request)):
+            return
+        try:
+            placement = self.pool.allocate(w.id, w.request, avoid=frozenset({held}))
+        except (NoCapacity, ModelUnavailable):
+            return
+        self.start(self.unwait(w.id), placement, reserved=True)
+
     def dispatch(self) -> None:
+        self.settled = True
         if not self.waiting:
             self.reservation = None
             return
@@ -307,7 +324,11 @@ class Replay:
             self.res.dropped += 1
             return
         self.wait(pod, w)
-        self.dispatch()
+        head = self.waiting[self.reservation[0]][1] if self.backfill and self.reservation else None
+        if self.settled and head is not None and w.priority >= head.priority:
+            self.join_behind(w, self.reservation[1])  # what a full pass would do, in one step
+        else:
+            self.dispatch()
         if pod.name in self.waiting and self.kind in ("today", "project"):
             self.estimate(pod.name)
 
@@ -331,6 +352,7 @@ class Replay:
     def leave(self, name: str) -> None:
         pod, started, placement = self.held.pop(name)
         self.pool.release(name)
+        self.settled = False  # until the next full dispatch pass
         self.held_by_user[pod.user] -= 1
         self.team_milli[pod.team] -= placement.gpu_milli
         for g in placement.gpus:

@@ -294,9 +294,9 @@ def estimate_ranges(ordered: Sequence[Waiter], free_milli: Mapping[str, int], ru
         models = w.request.models
         key = frozenset(models) if models is not None else None
         demand[key] = demand.get(key, 0) + w.request.total_gpu_milli
-        need = sum(d for k, d in demand.items() if k is None or key is None or k & key)
         if only is not None and w.id != only:
             continue
+        need = sum(d for k, d in demand.items() if k is None or key is None or k & key)
         need -= sum(m for model, m in free_milli.items() if models is None or model in models)
         if need <= 0:
             out[w.id] = Estimate(now, now, now, "history", 0.0)

@@ -107,13 +107,22 @@ def fair_order(waiters: Iterable[Waiter], head: str | None = None,
     back without end by a stream of other users' first ones.
     """
     running = running or {}
-    rounds: dict[tuple[int, str], int] = {}
+    rounds: dict[int, dict[str, int]] = {}  # per class, per user: the round of their next waiter
     arrived = sorted(waiters, key=_ORDER_KEY)
     keys = []
+    cls, mine = None, {}
     for w in arrived:
-        turn = rounds.get((w.priority, w.user), running.get(w.user, 0))
-        rounds[(w.priority, w.user)] = turn + 1
-        keys.append((w.priority, -1 if w.id == head else 0 if aged is not None and w.since <= aged else turn))
+        if w.priority != cls:
+            cls, mine = w.priority, rounds.setdefault(w.priority, {})
+        turn = mine.get(w.user)
+        if turn is None:
+            turn = running.get(w.user, 0)
+        mine[w.user] = turn + 1
+        if w.id == head:
+            turn = -1
+        elif aged is not None and w.since <= aged:
+            turn = 0
+        keys.append((cls, turn))
     # a stable sort on (class, round) keeps arrival order within a round
     return [arrived[i] for i in sorted(range(len(arrived)), key=keys.__getitem__)]
 
@@ -170,13 +179,12 @@ def dispatch(pool: Pool, ordered: Sequence[Waiter], new_id: Callable[[Waiter], s
     held: str | None = None
     head: Waiter | None = None
     for w in ordered:
-        if w.shape in failed:
+        kind, need = w.size
+        if kind is not None and kind in short and _covered(need, short[kind]):
+            continue
+        if failed and w.shape in failed:
             continue
         r = w.request
-        kind, need = w.size
-        if kind is not None and head is not None and any(
-                need[0] >= a and need[1] >= c and need[2] >= m for a, c, m in short.get(kind, ())):
-            continue
         cands = pool.candidates(r)
         usable = [c for c in cands if c.name != held]
         if not usable:
@@ -186,7 +194,7 @@ def dispatch(pool: Pool, ordered: Sequence[Waiter], new_id: Callable[[Waiter], s
                     held = reservation[1]
                 else:
                     held = reserve_node(pool, r)
-            if not cands or held is None:
+            if kind is None and (not cands or held is None):
                 failed.add(w.shape)
             if kind is not None:
                 front = short.setdefault(kind, [])
@@ -200,6 +208,15 @@ def dispatch(pool: Pool, ordered: Sequence[Waiter], new_id: Callable[[Waiter], s
             continue
         placed.append((w, placement))
     return Dispatch(placed, (head.id, held) if head is not None and held is not None else None)
+
+
+def _covered(need: tuple[int, int, int], front: list[tuple[int, int, int]]) -> bool:
+    """Whether ``need`` asks at least as much of each as one of ``front``."""
+    a0, c0, m0 = need
+    for a, c, m in front:
+        if a0 >= a and c0 >= c and m0 >= m:
+            return True
+    return False
 
 
 def estimate_starts(ordered: Sequence[Waiter], free_milli: Mapping[str, int],
