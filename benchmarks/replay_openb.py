@@ -250,8 +250,7 @@ class Replay:
         # self.queue is in Waiter.order_key order: fair_order's first sort finds it sorted
         ws = list(map(itemgetter(3), self.queue))
         if self.fair:
-            aged = EPOCH + timedelta(seconds=self.now - self.aging) if self.aging is not None else None
-            return fair_order(ws, self.reservation[0] if self.reservation else None, self.held_by_user, aged)
+            return fair_order(ws, self.reservation[0] if self.reservation else None, self.held_by_user, self.aged())
         return ws  # one priority class: arrival order
 
     def wait(self, pod: Pod, w: Waiter) -> None:
@@ -272,6 +271,9 @@ class Replay:
                 del self.wanted[mk]
         return pod
 
+    def aged(self) -> Optional[datetime]:
+        return EPOCH + timedelta(seconds=self.now - self.aging) if self.aging is not None else None
+
     def join_behind(self, w: Waiter, held: str) -> None:
         """A newcomer behind the head, when nothing was released since the last full pass.
 
@@ -279,6 +281,10 @@ class Replay:
         the pool has only lost capacity, so a new pass would place none of them again, and
         keep the head and its node: only the newcomer can start, on a node other than the
         held one (as :func:`waitqueue.dispatch` would place it)."""
+        head = self.waiting[self.reservation[0]][1] if self.reservation else None
+        aged = self.aged()
+        if head is not None and aged is not None and head.since <= aged:
+            return  # an aged head stops backfill
         if not any(c.name != held for c in self.pool.candidates(w.request)):
             return
         try:
@@ -294,7 +300,7 @@ class Replay:
             return
         order = self.ordered()
         if self.backfill:
-            d = dispatch(self.pool, order, lambda w: w.id, self.reservation)
+            d = dispatch(self.pool, order, lambda w: w.id, self.reservation, self.aged())
             self.reservation = d.reservation
             for w, placement in d.placed:
                 self.start(self.unwait(w.id), placement, reserved=True)
@@ -417,6 +423,8 @@ class Replay:
         for _ in range(CHAIN_ROUNDS):
             chained = [ExpectedRelease("", w.request.total_gpu_milli, min(w.request.models), at + typical)
                        for w in order if (at := out.get(w.id)) is not None and w.request.models]
+            if not chained:  # nothing to chain: the same releases give the same estimates
+                break
             again = estimate_starts(order, free, releases + chained, now)
             if again == out:
                 break

@@ -162,13 +162,17 @@ def reserve_node(pool: Pool, req: Request) -> str | None:
 
 
 def dispatch(pool: Pool, ordered: Sequence[Waiter], new_id: Callable[[Waiter], str],
-             reservation: tuple[str, str] | None = None) -> Dispatch:
+             reservation: tuple[str, str] | None = None, aged: datetime | None = None) -> Dispatch:
     """Place waiters in ``ordered`` order; the first that does not fit holds a node.
 
     ``reservation`` is the previous pass's (head id, node); it is kept while that
     waiter is still the head, so the node it drains is not given away meanwhile.
     Placements are made in ``pool`` under ``new_id(waiter)``; the caller records
     or releases them.
+
+    ``aged``: a head waiting since this time or earlier stops backfill: nobody
+    behind it starts until it has, so every node drains for it, not only the
+    held one (whose servers may run for days).
     """
     placed: list[tuple[Waiter, Placement]] = []
     failed: set[tuple[Any, ...]] = set()  # shapes that fit nowhere (outside the reserved node) this pass
@@ -194,6 +198,8 @@ def dispatch(pool: Pool, ordered: Sequence[Waiter], new_id: Callable[[Waiter], s
                     held = reservation[1]
                 else:
                     held = reserve_node(pool, r)
+                if aged is not None and w.since <= aged:
+                    break
             if kind is None and (not cands or held is None):
                 failed.add(w.shape)
             if kind is not None:
