@@ -20,9 +20,8 @@ Schedulers, each on a fresh ``gpupool_hub.placement.Pool`` with FGD:
 - ``project``    the same queue with the ETA learned from the replay's own
                  history (``gpupool_hub.eta``)
 - with ``--variants``, dispatch rules for tuning: ``fifo-backfill`` (arrival
-  order, backfill around a reserved node), ``rr-nobackfill`` (round-robin,
-  no backfill) and ``aging`` (the project's queue where a waiter of 15 minutes
-  counts as its user's first: the starvation check)
+  order, backfill around a reserved node) and ``rr-nobackfill`` (round-robin,
+  no backfill)
 
 Reported per scheduler: wait p50/p95/p99 (every GPU pod, 0 when it starts at
 once), mean GPU utilisation over the arrivals and its course, fragmentation
@@ -82,8 +81,7 @@ TARGET_ERROR = 0.25
 TARGET_P95_RATIO = 0.8
 TARGET_WALL_S = 120.0
 SCHEDULERS = ("fifo-fgd", "today", "project")
-VARIANTS = ("fifo-backfill", "rr-nobackfill", "aging")
-AGING_S = 900.0  # the "aging" variant: a waiter this old counts as its user's first (waitqueue.fair_order)
+VARIANTS = ("fifo-backfill", "rr-nobackfill")
 
 
 @dataclass
@@ -209,9 +207,8 @@ class Replay:
         self.cap = self.pool.capacity_gpu_milli
         self.pods = pods
         self.kind = scheduler
-        self.fair = scheduler in ("today", "project", "rr-nobackfill", "aging")
-        self.backfill = scheduler in ("today", "project", "fifo-backfill", "aging")
-        self.aging = AGING_S if scheduler == "aging" else None
+        self.fair = scheduler in ("today", "project", "rr-nobackfill")
+        self.backfill = scheduler in ("today", "project", "fifo-backfill")
         self.waiting: Dict[str, Tuple[Pod, Waiter]] = {}
         # (priority, arrival, name, waiter) of the waiting, sorted (names are unique: waiters are never compared)
         self.queue: List[Tuple[int, float, str, Waiter]] = []
@@ -250,7 +247,7 @@ class Replay:
         # self.queue is in Waiter.order_key order: fair_order's first sort finds it sorted
         ws = list(map(itemgetter(3), self.queue))
         if self.fair:
-            return fair_order(ws, self.reservation[0] if self.reservation else None, self.held_by_user, self.aged())
+            return fair_order(ws, self.reservation[0] if self.reservation else None, self.held_by_user)
         return ws  # one priority class: arrival order
 
     def wait(self, pod: Pod, w: Waiter) -> None:
@@ -271,9 +268,6 @@ class Replay:
                 del self.wanted[mk]
         return pod
 
-    def aged(self) -> Optional[datetime]:
-        return EPOCH + timedelta(seconds=self.now - self.aging) if self.aging is not None else None
-
     def join_behind(self, w: Waiter, held: str) -> None:
         """A newcomer behind the head, when nothing was released since the last full pass.
 
@@ -281,10 +275,6 @@ class Replay:
         the pool has only lost capacity, so a new pass would place none of them again, and
         keep the head and its node: only the newcomer can start, on a node other than the
         held one (as :func:`waitqueue.dispatch` would place it)."""
-        head = self.waiting[self.reservation[0]][1] if self.reservation else None
-        aged = self.aged()
-        if head is not None and aged is not None and head.since <= aged:
-            return  # an aged head stops backfill
         if not any(c.name != held for c in self.pool.candidates(w.request)):
             return
         try:
@@ -300,7 +290,7 @@ class Replay:
             return
         order = self.ordered()
         if self.backfill:
-            d = dispatch(self.pool, order, lambda w: w.id, self.reservation, self.aged())
+            d = dispatch(self.pool, order, lambda w: w.id, self.reservation)
             self.reservation = d.reservation
             for w, placement in d.placed:
                 self.start(self.unwait(w.id), placement, reserved=True)

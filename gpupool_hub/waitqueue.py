@@ -88,7 +88,7 @@ class Dispatch:
 
 
 def fair_order(waiters: Iterable[Waiter], head: str | None = None,
-               running: Mapping[str, int] | None = None, aged: datetime | None = None) -> list[Waiter]:
+               running: Mapping[str, int] | None = None) -> list[Waiter]:
     """Priority class, then round by round across users, then arrival.
 
     A waiter's round is how many GPU servers its user already has ahead of it:
@@ -101,10 +101,6 @@ def fair_order(waiters: Iterable[Waiter], head: str | None = None,
     ``head`` (the id holding a reserved node) goes first in its class: a later
     user's first waiter must not take its place and move the reservation, or
     a big request that is some user's second could starve.
-
-    ``aged``: a waiter that has waited since this time or earlier counts as its
-    user's first (round 0), so a heavy user's later servers are not pushed
-    back without end by a stream of other users' first ones.
     """
     running = running or {}
     rounds: dict[int, dict[str, int]] = {}  # per class, per user: the round of their next waiter
@@ -118,11 +114,7 @@ def fair_order(waiters: Iterable[Waiter], head: str | None = None,
         if turn is None:
             turn = running.get(w.user, 0)
         mine[w.user] = turn + 1
-        if w.id == head:
-            turn = -1
-        elif aged is not None and w.since <= aged:
-            turn = 0
-        keys.append((cls, turn))
+        keys.append((cls, -1 if w.id == head else turn))
     # a stable sort on (class, round) keeps arrival order within a round
     return [arrived[i] for i in sorted(range(len(arrived)), key=keys.__getitem__)]
 
@@ -162,17 +154,13 @@ def reserve_node(pool: Pool, req: Request) -> str | None:
 
 
 def dispatch(pool: Pool, ordered: Sequence[Waiter], new_id: Callable[[Waiter], str],
-             reservation: tuple[str, str] | None = None, aged: datetime | None = None) -> Dispatch:
+             reservation: tuple[str, str] | None = None) -> Dispatch:
     """Place waiters in ``ordered`` order; the first that does not fit holds a node.
 
     ``reservation`` is the previous pass's (head id, node); it is kept while that
     waiter is still the head, so the node it drains is not given away meanwhile.
     Placements are made in ``pool`` under ``new_id(waiter)``; the caller records
     or releases them.
-
-    ``aged``: a head waiting since this time or earlier stops backfill: nobody
-    behind it starts until it has, so every node drains for it, not only the
-    held one (whose servers may run for days).
     """
     placed: list[tuple[Waiter, Placement]] = []
     failed: set[tuple[Any, ...]] = set()  # shapes that fit nowhere (outside the reserved node) this pass
@@ -198,8 +186,6 @@ def dispatch(pool: Pool, ordered: Sequence[Waiter], new_id: Callable[[Waiter], s
                     held = reservation[1]
                 else:
                     held = reserve_node(pool, r)
-                if aged is not None and w.since <= aged:
-                    break
             if kind is None and (not cands or held is None):
                 failed.add(w.shape)
             if kind is not None:
