@@ -18,7 +18,9 @@ Schedulers, each on a fresh ``gpupool_hub.placement.Pool`` with FGD:
                  round-robin across users, backfill around a reserved node) and
                  today's estimate (known ends, else a typical session of 4 h)
 - ``project``    the same queue with the ETA learned from the replay's own
-                 history (``gpupool_hub.eta``)
+                 history (``gpupool_hub.eta``): the need ahead over the rate
+                 the queue was served at in the last 10 minutes, the range
+                 calibrated on the starts so far (``eta.Calibration``)
 - with ``--variants``, dispatch rules for tuning: ``fifo-backfill`` (arrival
   order, backfill around a reserved node) and ``rr-nobackfill`` (round-robin,
   no backfill)
@@ -73,8 +75,8 @@ TEAMS = 4
 TYPICAL_S = 4 * 3600.0  # c.GPUPool.expected_session_hours' default: today's estimator
 CHAIN_ROUNDS = 3  # as service/core/queue.py
 HISTORY_REFRESH_S = 600.0  # the project's estimator reads the history every 10 simulated minutes
-RELEASES_TTL_S = 30.0
-DRAIN_WINDOW_S = 600.0  # the project's estimator measures how fast the queue is served over this window  # expected releases reused this long, as the service does (core/queue.py: RELEASES_TTL)
+RELEASES_TTL_S = 30.0  # expected releases reused this long, as the service does (core/queue.py: RELEASES_TTL)
+DRAIN_WINDOW_S = 600.0  # the project's estimator measures how fast the queue is served over this window
 EPOCH = datetime(2026, 1, 1, tzinfo=timezone.utc)
 TARGET_IN_RANGE = 0.80
 TARGET_ERROR = 0.25
