@@ -18,7 +18,9 @@ Schedulers, each on a fresh ``gpupool_hub.placement.Pool`` with FGD:
                  round-robin across users, backfill around a reserved node) and
                  today's estimate (known ends, else a typical session of 4 h)
 - ``project``    the same queue with the ETA learned from the replay's own
-                 history (``gpupool_hub.eta``)
+                 history (``gpupool_hub.eta``): the need ahead over the rate
+                 the queue was served at in the last 10 minutes, the range
+                 calibrated on the starts so far (``eta.Calibration``)
 - with ``--variants``, dispatch rules for tuning: ``fifo-backfill`` (arrival
   order, backfill around a reserved node) and ``rr-nobackfill`` (round-robin,
   no backfill)
@@ -45,6 +47,7 @@ is one JSON object with the figures.
 from __future__ import annotations
 
 import argparse
+import bisect
 import csv
 import heapq
 import json
@@ -52,6 +55,7 @@ import random
 import sys
 import time
 import zlib
+from operator import itemgetter
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -72,6 +76,7 @@ TYPICAL_S = 4 * 3600.0  # c.GPUPool.expected_session_hours' default: today's est
 CHAIN_ROUNDS = 3  # as service/core/queue.py
 HISTORY_REFRESH_S = 600.0  # the project's estimator reads the history every 10 simulated minutes
 RELEASES_TTL_S = 30.0  # expected releases reused this long, as the service does (core/queue.py: RELEASES_TTL)
+DRAIN_WINDOW_S = 600.0  # the project's estimator measures how fast the queue is served over this window
 EPOCH = datetime(2026, 1, 1, tzinfo=timezone.utc)
 TARGET_IN_RANGE = 0.80
 TARGET_ERROR = 0.25
@@ -207,7 +212,15 @@ class Replay:
         self.fair = scheduler in ("today", "project", "rr-nobackfill")
         self.backfill = scheduler in ("today", "project", "fifo-backfill")
         self.waiting: Dict[str, Tuple[Pod, Waiter]] = {}
+        # (priority, arrival, name, waiter) of the waiting, sorted (names are unique: waiters are never compared)
+        self.queue: List[Tuple[int, float, str, Waiter]] = []
+        self.queue_key: Dict[str, Tuple[int, float, str, Waiter]] = {}
+        self.never: Dict[Tuple[Any, ...], bool] = {}  # per request shape: fits no node even when empty
+        # kept as waiters join and leave, for the accounting at every event
+        self.team_waiting = [0] * TEAMS
+        self.wanted: Dict[Optional[str], int] = {}  # model (None: any) -> waiters that can use it
         self.reservation: Optional[Tuple[str, str]] = None
+        self.settled = True  # no release since the last full dispatch pass
         self.held: Dict[str, Tuple[Pod, float, Any]] = {}  # pod name -> (pod, start, placement)
         self.held_by_user: Dict[str, int] = {}
         self.team_milli = [0] * TEAMS
@@ -219,6 +232,9 @@ class Replay:
         self.snapshot = eta.SessionHistory()
         self.snapshot_at = -1e18
         self.shown: Dict[str, Tuple[float, float, float, str]] = {}
+        self.calibration = eta.Calibration()  # the project's shown estimates against real starts so far
+        self.model_s: Dict[str, float] = {}  # the model's own point estimate at join
+        self.served: List[Tuple[float, int]] = []  # (time, GPU share) of each start from the queue
         self.cache_at = -1e18
         self.curves: Dict[Any, Any] = {}
         self.running: List[eta.Running] = []
@@ -230,12 +246,47 @@ class Replay:
     # ------------------------------------------------------------ queue rules
 
     def ordered(self) -> List[Waiter]:
-        ws = [w for _, w in self.waiting.values()]
+        # self.queue is in Waiter.order_key order: fair_order's first sort finds it sorted
+        ws = list(map(itemgetter(3), self.queue))
         if self.fair:
             return fair_order(ws, self.reservation[0] if self.reservation else None, self.held_by_user)
-        return sorted(ws, key=lambda w: (w.since, w.id))
+        return ws  # one priority class: arrival order
+
+    def wait(self, pod: Pod, w: Waiter) -> None:
+        self.waiting[pod.name] = (pod, w)
+        self.queue_key[pod.name] = key = (w.priority, self.now, pod.name, w)
+        bisect.insort(self.queue, key)
+        self.team_waiting[pod.team] += pod.request.total_gpu_milli
+        for mk in w.request.models if w.request.models is not None else (None,):
+            self.wanted[mk] = self.wanted.get(mk, 0) + 1
+
+    def unwait(self, name: str) -> Pod:
+        pod, w = self.waiting.pop(name)
+        del self.queue[bisect.bisect_left(self.queue, self.queue_key.pop(name))]
+        self.team_waiting[pod.team] -= pod.request.total_gpu_milli
+        for mk in w.request.models if w.request.models is not None else (None,):
+            self.wanted[mk] -= 1
+            if not self.wanted[mk]:
+                del self.wanted[mk]
+        return pod
+
+    def join_behind(self, w: Waiter, held: str) -> None:
+        """A newcomer behind the head, when nothing was released since the last full pass.
+
+        That pass left everyone waiting with the head first and its node held; since then
+        the pool has only lost capacity, so a new pass would place none of them again, and
+        keep the head and its node: only the newcomer can start, on a node other than the
+        held one (as :func:`waitqueue.dispatch` would place it)."""
+        if not any(c.name != held for c in self.pool.candidates(w.request)):
+            return
+        try:
+            placement = self.pool.allocate(w.id, w.request, avoid=frozenset({held}))
+        except (NoCapacity, ModelUnavailable):
+            return
+        self.start(self.unwait(w.id), placement, reserved=True)
 
     def dispatch(self) -> None:
+        self.settled = True
         if not self.waiting:
             self.reservation = None
             return
@@ -244,14 +295,14 @@ class Replay:
             d = dispatch(self.pool, order, lambda w: w.id, self.reservation)
             self.reservation = d.reservation
             for w, placement in d.placed:
-                self.start(self.waiting.pop(w.id)[0], placement, reserved=True)
+                self.start(self.unwait(w.id), placement, reserved=True)
             return
         for w in order:  # no backfill: stop at the first that does not fit
             try:
                 placement = self.pool.allocate(w.id, w.request)
             except (NoCapacity, ModelUnavailable):
                 break
-            self.start(self.waiting.pop(w.id)[0], placement, reserved=True)
+            self.start(self.unwait(w.id), placement, reserved=True)
 
     def arrive(self, pod: Pod) -> None:
         team_quota = self.cap / TEAMS
@@ -264,11 +315,18 @@ class Replay:
                 return
             except (NoCapacity, ModelUnavailable):
                 pass
-        if reserve_node(self.pool, pod.request) is None:  # fits no node ever: the hub refuses it
+        never = self.never.get(w.shape)
+        if never is None:  # the node list is fixed: whether a shape could ever fit is asked once
+            never = self.never[w.shape] = reserve_node(self.pool, pod.request) is None
+        if never:  # fits no node ever: the hub refuses it
             self.res.dropped += 1
             return
-        self.waiting[pod.name] = (pod, w)
-        self.dispatch()
+        self.wait(pod, w)
+        head = self.waiting[self.reservation[0]][1] if self.backfill and self.reservation else None
+        if self.settled and head is not None and w.priority >= head.priority:
+            self.join_behind(w, self.reservation[1])  # what a full pass would do, in one step
+        else:
+            self.dispatch()
         if pod.name in self.waiting and self.kind in ("today", "project"):
             self.estimate(pod.name)
 
@@ -279,6 +337,9 @@ class Replay:
             lo, mid, hi, basis = shown
             self.res.eta.append((lo, mid, hi, self.now - pod.arrive))
             self.res.eta_basis[basis] = self.res.eta_basis.get(basis, 0) + 1
+            self.served.append((self.now, pod.request.total_gpu_milli))
+            if pod.name in self.model_s:
+                self.calibration.add(self.model_s.pop(pod.name), self.now - pod.arrive)
         self.held[pod.name] = (pod, self.now, placement)
         self.held_by_user[pod.user] = self.held_by_user.get(pod.user, 0) + 1
         self.team_milli[pod.team] += placement.gpu_milli
@@ -289,6 +350,7 @@ class Replay:
     def leave(self, name: str) -> None:
         pod, started, placement = self.held.pop(name)
         self.pool.release(name)
+        self.settled = False  # until the next full dispatch pass
         self.held_by_user[pod.user] -= 1
         self.team_milli[pod.team] -= placement.gpu_milli
         for g in placement.gpus:
@@ -297,6 +359,15 @@ class Replay:
         self.history.add(eta.profile_key(r.gpus, r.gpu_milli), pod.user, self.now - started)
 
     # ------------------------------------------------------------ estimates
+
+    def drain(self) -> Optional[float]:
+        """GPU share served from the queue per second over the last ``DRAIN_WINDOW_S``."""
+        cut = self.now - DRAIN_WINDOW_S
+        i = bisect.bisect_left(self.served, (cut, -1))
+        del self.served[:i]
+        if len(self.served) < 10:
+            return None
+        return sum(m for _, m in self.served) / max(self.now - max(cut, self.served[0][0]), 1.0)
 
     def free_milli(self) -> Dict[str, int]:
         return dict(self.free_by_model)
@@ -323,9 +394,13 @@ class Replay:
                                             eta.profile_key(pod.request.gpus, pod.request.gpu_milli), pod.user,
                                             self.now - started)
                                 for pod, started, placement in self.held.values() if placement.gpus]
-            got = eta.estimate_ranges(order, free, self.running, self.snapshot, now, curves=self.curves,
-                                      only=name).get(name)
+            # everyone queued was just dispatched and did not fit: what the pool shows free is of no
+            # use to them (scattered over nodes, or short of CPU or memory)
+            got = eta.estimate_ranges(order, {}, self.running, self.snapshot, now, curves=self.curves,
+                                      only=name, calibration=self.calibration, drain=self.drain()).get(name)
             if got is not None:
+                if got.model_s is not None:
+                    self.model_s[name] = got.model_s
                 self.shown[name] = (*(((t - now).total_seconds() if t is not None else float("inf"))
                                       for t in (got.low, got.mid, got.high)), "history")
                 return
@@ -340,6 +415,8 @@ class Replay:
         for _ in range(CHAIN_ROUNDS):
             chained = [ExpectedRelease("", w.request.total_gpu_milli, min(w.request.models), at + typical)
                        for w in order if (at := out.get(w.id)) is not None and w.request.models]
+            if not chained:  # nothing to chain: the same releases give the same estimates
+                break
             again = estimate_starts(order, free, releases + chained, now)
             if again == out:
                 break
@@ -362,19 +439,10 @@ class Replay:
         if self.now < end:
             self.res.util_area += self.pool.allocated_gpu_milli * min(dt, end - self.now)
         if self.waiting:
-            wanted: set = set()
-            any_model = False
-            demand = [0.0] * TEAMS
-            for pod, w in self.waiting.values():
-                demand[pod.team] += pod.request.total_gpu_milli
-                if w.request.models is None:
-                    any_model = True
-                else:
-                    wanted |= w.request.models
-            free = self.free_milli()
-            self.res.frag_gpu_s += dt * sum(m for mk, m in free.items() if any_model or mk in wanted) / 1000
-            for t in range(TEAMS):
-                demand[t] += self.team_milli[t]
+            wanted, any_model = self.wanted, None in self.wanted
+            self.res.frag_gpu_s += dt * sum(m for mk, m in self.free_by_model.items()
+                                            if any_model or mk in wanted) / 1000
+            demand = [float(self.team_waiting[t] + self.team_milli[t]) for t in range(TEAMS)]
             fair = max_min_fair(demand, self.cap)
             for t in range(TEAMS):
                 self.res.team_held[t] += self.team_milli[t] * dt

@@ -20,6 +20,19 @@ the waiter's need is covered with probability ``q``. The shown range is the
 ``low``–``high`` quantiles (20th–80th percentile by default), the point
 estimate the median.
 
+Why a calibration on top: the release model sees GPUs per model, not nodes,
+CPU, memory, backfill, or later arrivals that the fair order puts ahead; with
+hundreds of servers held its own spread is far too narrow. So once enough
+waiters have started (:class:`Calibration`), the range is the model's point
+estimate scaled by the 20th–80th percentile of how far off it was for
+recent starts (ratios of ``real + 1 min`` to ``estimate + 1 min``), and the
+point estimate by their median: the pool's own record corrects the model's
+bias and sets the width.
+
+``free_milli`` is what the waiters could use now. A waiter still queued after
+a dispatch pass could not use what the pool shows free (it is scattered over
+nodes, or short of CPU or memory): the time replay passes none for them.
+
 With too little history the estimator says so (``basis == "fallback"``) and
 the caller keeps today's rule (:func:`gpupool_hub.waitqueue.estimate_starts`).
 """
@@ -28,6 +41,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right, insort
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -43,6 +57,11 @@ MIN_PROFILE_SESSIONS = 10
 MIN_USER_SESSIONS = 10
 #: past sessions that must outlive a server's age; below that its tail is taken as memoryless
 MIN_TAIL = 5
+#: started waiters whose estimate is known before the range is calibrated on them, and the most kept
+MIN_CALIBRATION = 50
+CALIBRATION_SPAN = 500
+#: seconds added to both waits of a calibration ratio (a wait "within a minute" has no useful ratio)
+CALIBRATION_PAD = 15.0
 #: the estimate's time grid: from now to ``HORIZON`` seconds, each step this factor longer
 GRID_FACTOR = 1.06
 HORIZON = 14 * 86400.0
@@ -109,6 +128,35 @@ class SessionHistory:
         return chosen
 
 
+class Calibration:
+    """How the model's point estimate compared with the real wait, for recent starts."""
+
+    def __init__(self, pairs: Iterable[tuple[float, float]] = ()) -> None:
+        """``pairs``: (the model's point estimate, the real wait) in seconds, oldest first."""
+        self.ratios: deque[float] = deque(maxlen=CALIBRATION_SPAN)
+        self._sorted: list[float] | None = None
+        for model_s, real_s in pairs:
+            self.add(model_s, real_s)
+
+    def add(self, model_s: float, real_s: float) -> None:
+        self.ratios.append((max(0.0, real_s) + CALIBRATION_PAD) / (max(0.0, model_s) + CALIBRATION_PAD))
+        self._sorted = None
+
+    @property
+    def enough(self) -> bool:
+        return len(self.ratios) >= MIN_CALIBRATION
+
+    def scale(self, model_s: float, q: float) -> float:
+        """The wait at quantile ``q`` for a model estimate of ``model_s`` seconds."""
+        if self._sorted is None:
+            self._sorted = sorted(self.ratios)
+        xs = self._sorted
+        pos = q * (len(xs) - 1)
+        i = int(pos)
+        ratio = xs[i] + (xs[min(i + 1, len(xs) - 1)] - xs[i]) * (pos - i)
+        return max(0.0, (model_s + CALIBRATION_PAD) * ratio - CALIBRATION_PAD)
+
+
 @dataclass(frozen=True)
 class Running:
     """A held allocation: its GPU share of one model, whose and what it is, how old, and a known end."""
@@ -130,6 +178,7 @@ class Estimate:
     mid: datetime | None
     high: datetime | None
     basis: str
+    model_s: float | None = None  # the release model's own point estimate, seconds from now (for calibration)
 
 
 def remaining_cdf(samples: Sequence[float], age: float, deadline: float | None = None) -> list[float]:
@@ -218,7 +267,8 @@ def estimate_ranges(ordered: Sequence[Waiter], free_milli: Mapping[str, int], ru
                     history: SessionHistory, now: datetime,
                     quantiles: tuple[float, float, float] = (LOW, MID, HIGH),
                     curves: dict[frozenset[str] | None, tuple[list[float], list[float], float]] | None = None,
-                    only: str | None = None) -> dict[str, Estimate]:
+                    only: str | None = None, calibration: Calibration | None = None,
+                    drain: float | None = None) -> dict[str, Estimate]:
     """Each waiter's start range, in queue order (``ordered``: fair order, the head first).
 
     A waiter needs the GPU share of its models that it and everyone ahead of it
@@ -228,7 +278,12 @@ def estimate_ranges(ordered: Sequence[Waiter], free_milli: Mapping[str, int], ru
 
     ``curves``: the release curves per model set, filled as needed; a caller may
     keep it for a while (held allocations change slowly) and drop it to refresh.
-    ``only``: the one waiter id wanted (those ahead of it still count)."""
+    ``only``: the one waiter id wanted (those ahead of it still count).
+    ``calibration``: past estimates against real starts; once it has enough, the
+    range is the model's point estimate scaled by it.
+    ``drain``: the GPU share (milli) the queue has lately been served per second; when
+    given, the point estimate is the need ahead over that rate (what a busy pool's
+    record says), not the release model's (which ended sessions alone bias short)."""
     if not history.enough:
         return {}
     groups: dict[str, list[tuple[int, int, list[float]]]] | None = None
@@ -239,12 +294,20 @@ def estimate_ranges(ordered: Sequence[Waiter], free_milli: Mapping[str, int], ru
         models = w.request.models
         key = frozenset(models) if models is not None else None
         demand[key] = demand.get(key, 0) + w.request.total_gpu_milli
-        need = sum(d for k, d in demand.items() if k is None or key is None or k & key)
         if only is not None and w.id != only:
             continue
+        need = sum(d for k, d in demand.items() if k is None or key is None or k & key)
         need -= sum(m for model, m in free_milli.items() if models is None or model in models)
         if need <= 0:
-            out[w.id] = Estimate(now, now, now, "history")
+            out[w.id] = Estimate(now, now, now, "history", 0.0)
+            continue
+        if drain:
+            model_s = need / drain
+            if calibration is not None and calibration.enough:
+                secs = [calibration.scale(model_s, q) for q in quantiles]
+            else:
+                secs = [model_s] * 3
+            out[w.id] = Estimate(*(now + timedelta(seconds=t) for t in secs), "history", model_s)
             continue
         if key not in curves:
             if groups is None:
@@ -252,8 +315,13 @@ def estimate_ranges(ordered: Sequence[Waiter], free_milli: Mapping[str, int], ru
             curves[key] = _curve([g for model, gs in groups.items() if models is None or model in models for g in gs])
         mean, var, half = curves[key]
         probs = [_normal_tail(need - half, m, v) for m, v in zip(mean, var)]
-        at = [_first_time(probs, q) for q in quantiles]
-        out[w.id] = Estimate(*(now + timedelta(seconds=t) if t is not None else None for t in at), "history")
+        model_s = _first_time(probs, MID)
+        if calibration is not None and calibration.enough and model_s is not None:
+            at: list[float | None] = [calibration.scale(model_s, q) for q in quantiles]
+        else:
+            at = [_first_time(probs, q) for q in quantiles]
+        out[w.id] = Estimate(*(now + timedelta(seconds=t) if t is not None else None for t in at), "history",
+                             model_s)
     return out
 
 

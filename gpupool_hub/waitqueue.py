@@ -23,6 +23,9 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import cached_property
+from itertools import accumulate
+from operator import attrgetter
 from typing import Any
 
 from .placement import mig as mig_placement
@@ -50,10 +53,19 @@ class Waiter:
     def order_key(self) -> tuple[int, datetime, str]:
         return (self.priority, self.since, self.id)
 
-    @property
+    @cached_property
     def shape(self) -> tuple[Any, ...]:
         r = self.request
         return (r.cpu_milli, r.memory_mib, r.gpus, r.gpu_milli, r.models, r.mig)
+
+    @cached_property
+    def size(self) -> tuple[tuple[Any, ...] | None, tuple[int, int, int]]:
+        """Its kind of request (models; whole GPUs, a share or none) and (GPUs or share, CPU,
+        memory): of two of a kind, one asking at least as much of each fits only where the other
+        fits. Kind ``None``: pinned or MIG requests, not compared."""
+        r = self.request
+        kind = None if r.mig or r.required or r.preferred else (r.models, 2 if r.gpus else 1 if r.gpu_milli else 0)
+        return kind, (r.gpus or r.gpu_milli, r.cpu_milli, r.memory_mib)
 
 
 @dataclass(frozen=True)
@@ -91,13 +103,25 @@ def fair_order(waiters: Iterable[Waiter], head: str | None = None,
     a big request that is some user's second could starve.
     """
     running = running or {}
-    rounds: dict[tuple[int, str], int] = {}
-    keyed = []
-    for w in sorted(waiters, key=lambda w: w.order_key):
-        turn = rounds.get((w.priority, w.user), running.get(w.user, 0))
-        rounds[(w.priority, w.user)] = turn + 1
-        keyed.append(((w.priority, -1 if w.id == head else turn, w.since, w.id), w))
-    return [w for _, w in sorted(keyed, key=lambda kw: kw[0])]
+    rounds: dict[int, dict[str, int]] = {}  # per class, per user: the round of their next waiter
+    arrived = sorted(waiters, key=_ORDER_KEY)
+    keys = []
+    cls, mine = None, {}
+    for w in arrived:
+        if w.priority != cls:
+            cls, mine = w.priority, rounds.setdefault(w.priority, {})
+        turn = mine.get(w.user)
+        if turn is None:
+            turn = running.get(w.user, 0)
+        mine[w.user] = turn + 1
+        keys.append((cls, -1 if w.id == head else turn))
+    # a stable sort on (class, round) keeps arrival order within a round
+    return [arrived[i] for i in sorted(range(len(arrived)), key=keys.__getitem__)]
+
+
+# sort keys made in C, not a Python call per waiter (the order is resorted on every dispatch)
+_ORDER_KEY = attrgetter("priority", "since", "id")  # Waiter.order_key
+_AT = attrgetter("at")
 
 
 def reserve_node(pool: Pool, req: Request) -> str | None:
@@ -140,12 +164,20 @@ def dispatch(pool: Pool, ordered: Sequence[Waiter], new_id: Callable[[Waiter], s
     """
     placed: list[tuple[Waiter, Placement]] = []
     failed: set[tuple[Any, ...]] = set()  # shapes that fit nowhere (outside the reserved node) this pass
+    # per kind of request, the (GPUs or share, CPU, memory) of those that found no node outside
+    # the reserved one: a request asking at least as much of each finds none either, since a
+    # pass only takes capacity (a queue of thousands of distinct shapes stays one scan)
+    short: dict[tuple[Any, ...], list[tuple[int, int, int]]] = {}
     held: str | None = None
     head: Waiter | None = None
     for w in ordered:
-        if w.shape in failed:
+        kind, need = w.size
+        if kind is not None and kind in short and _covered(need, short[kind]):
             continue
-        cands = pool.candidates(w.request)
+        if failed and w.shape in failed:
+            continue
+        r = w.request
+        cands = pool.candidates(r)
         usable = [c for c in cands if c.name != held]
         if not usable:
             if head is None:
@@ -153,9 +185,13 @@ def dispatch(pool: Pool, ordered: Sequence[Waiter], new_id: Callable[[Waiter], s
                 if reservation is not None and reservation[0] == w.id:
                     held = reservation[1]
                 else:
-                    held = reserve_node(pool, w.request)
-            if not cands or held is None:
+                    held = reserve_node(pool, r)
+            if kind is None and (not cands or held is None):
                 failed.add(w.shape)
+            if kind is not None:
+                front = short.setdefault(kind, [])
+                front[:] = [f for f in front if not (f[0] >= need[0] and f[1] >= need[1] and f[2] >= need[2])]
+                front.append(need)
             continue
         try:
             placement = pool.allocate(new_id(w), w.request, avoid=frozenset({held}) if held else frozenset())
@@ -166,6 +202,15 @@ def dispatch(pool: Pool, ordered: Sequence[Waiter], new_id: Callable[[Waiter], s
     return Dispatch(placed, (head.id, held) if head is not None and held is not None else None)
 
 
+def _covered(need: tuple[int, int, int], front: list[tuple[int, int, int]]) -> bool:
+    """Whether ``need`` asks at least as much of each as one of ``front``."""
+    a0, c0, m0 = need
+    for a, c, m in front:
+        if a0 >= a and c0 >= c and m0 >= m:
+            return True
+    return False
+
+
 def estimate_starts(ordered: Sequence[Waiter], free_milli: Mapping[str, int],
                     releases: Iterable[ExpectedRelease], now: datetime) -> dict[str, datetime | None]:
     """When each waiter is expected to start: GPUs of its models free now plus those
@@ -174,29 +219,39 @@ def estimate_starts(ordered: Sequence[Waiter], free_milli: Mapping[str, int],
     Counts capacity per model, not per node, so it is a lower bound when nodes
     are fragmented; ``None`` when the known releases never suffice.
     """
-    events = sorted(releases, key=lambda r: r.at)
+    events = sorted(releases, key=_AT)
     # per model set: release times and the running total they free (one bisect per waiter,
     # so a queue of thousands over thousands of held GPUs stays cheap)
     freed: dict[frozenset[str] | None, tuple[list[datetime], list[int]]] = {}
     out: dict[str, datetime | None] = {}
+    # per model set seen so far: its own demand, the demand of it and every set sharing a
+    # model with it (what a waiter of that set must see covered), those sets, its GPUs free now
     demand: dict[frozenset[str] | None, int] = {}
+    need_of: dict[frozenset[str] | None, int] = {}
+    sharing: dict[frozenset[str] | None, list[frozenset[str] | None]] = {}
+    have_of: dict[frozenset[str] | None, int] = {}
     for w in ordered:
         models = w.request.models
         key = frozenset(models) if models is not None else None
-        demand[key] = demand.get(key, 0) + w.request.total_gpu_milli
-        need = sum(d for k, d in demand.items() if k is None or key is None or k & key)
-        have = sum(m for model, m in free_milli.items() if models is None or model in models)
+        if key not in sharing:
+            others = [k for k in sharing if k is None or key is None or k & key]
+            for k in others:
+                sharing[k].append(key)
+            sharing[key] = others + [key]
+            demand[key] = 0
+            need_of[key] = sum(demand[k] for k in others)
+            have_of[key] = sum(m for model, m in free_milli.items() if models is None or model in models)
+        d = w.request.total_gpu_milli
+        demand[key] += d
+        for k in sharing[key]:
+            need_of[k] += d
+        need, have = need_of[key], have_of[key]
         if have >= need:
             out[w.id] = now
             continue
         if key not in freed:
-            times, totals, total = [], [], 0
-            for r in events:
-                if models is None or r.model in models:
-                    total += r.milli
-                    times.append(r.at)
-                    totals.append(total)
-            freed[key] = (times, totals)
+            mine = events if models is None else [r for r in events if r.model in models]
+            freed[key] = ([r.at for r in mine], list(accumulate(r.milli for r in mine)))
         times, totals = freed[key]
         i = bisect_left(totals, need - have)
         out[w.id] = max(times[i], now) if i < len(totals) else None

@@ -101,3 +101,43 @@ def test_accuracy_counts_starts_inside_the_shown_minutes_and_the_median_error() 
     assert acc.median_error == 0.5
     assert acc.text(30) == "last 30 days: 60 % of starts inside the range, median error 50 % (5 starts)"
     assert eta.accuracy([]).text(30).startswith("last 30 days: no waiting server has started")
+
+
+def test_a_calibrated_range_is_the_point_estimate_scaled_by_past_misses() -> None:
+    # 101 past waits whose model said 1 minute; the real waits were 1, 1.1, ..., 11 minutes.
+    # The 20th, 50th and 80th percentile ratios of (real + pad) to (model + pad) are those of
+    # 3, 6 and 9 minutes. The model says about 10 minutes for this waiter (a fresh server,
+    # sessions of 1-20 min): the range is its estimate scaled by those ratios.
+    pad = eta.CALIBRATION_PAD
+    cal = eta.Calibration((60.0, 60.0 + 6.0 * k) for k in range(101))
+    assert cal.enough
+    running = [eta.Running(A100, 1000, "1x1000", "ann", age=0.0)]
+    plain = eta.estimate_ranges([waiter("w")], {A100: 0}, running, minutes_history(), NOW)["w"]
+    est = eta.estimate_ranges([waiter("w")], {A100: 0}, running, minutes_history(), NOW, calibration=cal)["w"]
+    assert est.model_s == plain.model_s and est.model_s is not None  # the model is asked the same
+    assert 9 <= est.model_s / 60 <= 11
+    for got, real_min in zip(minutes(est), (3.0, 6.0, 9.0)):
+        ratio = (60 * real_min + pad) / (60 + pad)
+        assert abs(got - ((est.model_s + pad) * ratio - pad) / 60) < 1e-6
+    # past waits ran 2.6-7.4x the model's (with the pad): the model's own range is "about 4–17 min"
+    assert eta.range_text(est, NOW) == "about 27–78 min"
+    assert eta.range_text(plain, NOW) == "about 4–17 min"
+
+
+def test_too_few_calibration_starts_leave_the_models_own_range() -> None:
+    cal = eta.Calibration([(60.0, 600.0)] * (eta.MIN_CALIBRATION - 1))
+    running = [eta.Running(A100, 1000, "1x1000", "ann", age=0.0)]
+    plain = eta.estimate_ranges([waiter("w")], {A100: 0}, running, minutes_history(), NOW)["w"]
+    est = eta.estimate_ranges([waiter("w")], {A100: 0}, running, minutes_history(), NOW, calibration=cal)["w"]
+    assert not cal.enough and est == plain
+
+
+def test_a_measured_drain_rate_gives_the_need_ahead_over_that_rate() -> None:
+    # three 1-GPU waiters, none of it free; the queue has been served 1 GPU a minute:
+    # the third starts in about 3 minutes, a 2-GPU fourth in about 5
+    ws = [waiter("a"), waiter("b"), waiter("c"), waiter("d", gpus=2)]
+    running = [eta.Running(A100, 1000, "1x1000", "ann", age=0.0)] * 4
+    ests = eta.estimate_ranges(ws, {A100: 0}, running, minutes_history(), NOW, drain=1000 / 60)
+    assert round(minutes(ests["c"])[1], 3) == 3.0
+    assert round(minutes(ests["d"])[1], 3) == 5.0
+    assert ests["d"].model_s == 300.0
