@@ -68,7 +68,7 @@ from gpupool_hub import eta  # noqa: E402
 from gpupool_hub.placement import ModelUnavailable, NoCapacity, Pool, Request, get_policy, load_nodes  # noqa: E402
 from gpupool_hub.placement.request import normalize_model  # noqa: E402
 from gpupool_hub.waitqueue import (BORROWER, UNDER_QUOTA, ExpectedRelease, Waiter, dispatch,  # noqa: E402
-                                   estimate_starts, fair_order, reserve_node)
+                                   estimate_starts, fair_order, join_behind, reserve_node)
 
 USERS = 64
 TEAMS = 4
@@ -271,19 +271,11 @@ class Replay:
         return pod
 
     def join_behind(self, w: Waiter, held: str) -> None:
-        """A newcomer behind the head, when nothing was released since the last full pass.
-
-        That pass left everyone waiting with the head first and its node held; since then
-        the pool has only lost capacity, so a new pass would place none of them again, and
-        keep the head and its node: only the newcomer can start, on a node other than the
-        held one (as :func:`waitqueue.dispatch` would place it)."""
-        if not any(c.name != held for c in self.pool.candidates(w.request)):
-            return
-        try:
-            placement = self.pool.allocate(w.id, w.request, avoid=frozenset({held}))
-        except (NoCapacity, ModelUnavailable):
-            return
-        self.start(self.unwait(w.id), placement, reserved=True)
+        """A newcomer behind the head, when nothing was released since the last full pass
+        (see :func:`waitqueue.join_behind`)."""
+        placement = join_behind(self.pool, w, held)
+        if placement is not None:
+            self.start(self.unwait(w.id), placement, reserved=True)
 
     def dispatch(self) -> None:
         self.settled = True

@@ -17,6 +17,14 @@ holding the write lock delays no read. A write waits for the database at most
 ``busy_timeout`` seconds (or until the deadline of :func:`write_deadline`),
 then raises :class:`LedgerBusy`; the API answers that with 503 and
 ``Retry-After``.
+
+A write that crosses SQLite's checkpoint threshold (1,000 pages of WAL) copies
+them into the database file before it returns: on a ledger of millions of
+entries that stalls the writer for up to a second, every few dozen spawns. The
+service therefore opens the ledger with ``background_checkpoints``: its writes
+only checkpoint past a 10,000-page backstop, and a job checkpoints every few
+seconds from a reader connection (:meth:`Ledger.checkpoint`), which never
+blocks a write.
 """
 
 from __future__ import annotations
@@ -429,6 +437,43 @@ class LedgerLeases:
                 conn.execute(meta_table.delete().where(meta_table.c.key == key))
 
 
+class LedgerHeldReads:
+    """Light reads of the held allocations, for what is asked often or of a large pool: the
+    wait queue's order at every dispatch and the admin pool map. A base of :class:`Ledger`."""
+
+    def _read(self) -> Connection:  # provided by Ledger
+        raise NotImplementedError("Subclass must provide implementation")
+
+    def active_allocations_on(self, *, nodes: Iterable[str] | None = None,
+                              newest: int | None = None) -> list[AllocationRecord]:
+        """Held allocations, newest first: those on ``nodes``, or the ``newest`` few. The admin
+        pool map lists a page of them; parsing all 5,000 of a large pool costs it 100 ms."""
+        q = (sa.select(allocations).where(allocations.c.released_at.is_(None))
+             .order_by(allocations.c.created_at.desc(), allocations.c.id))
+        if nodes is not None:
+            q = q.where(allocations.c.node.in_(sorted(set(nodes))))
+        if newest is not None:
+            q = q.limit(newest)
+        with self._read() as conn:
+            return [_allocation(r) for r in conn.execute(q)]
+
+    def active_holders(self) -> dict[str, tuple[str, str, bool]]:
+        """Each held allocation's (user, server, borrowed), by id: who holds what on the pool
+        map, without parsing every allocation's GPUs and request."""
+        q = (sa.select(allocations.c.id, allocations.c.user, allocations.c.server, allocations.c.borrowed)
+             .where(allocations.c.released_at.is_(None)))
+        with self._read() as conn:
+            return {i: (user, server, bool(borrowed)) for i, user, server, borrowed in conn.execute(q)}
+
+    def held_servers(self) -> dict[str, int]:
+        """How many allocations each user holds now: the wait queue's fair order counts them at
+        every dispatch, so one grouped count (from the active index), not every record parsed."""
+        q = (sa.select(allocations.c.user, sa.func.count()).where(allocations.c.released_at.is_(None))
+             .group_by(allocations.c.user))
+        with self._read() as conn:
+            return {user: count for user, count in conn.execute(q)}
+
+
 class LedgerError(RuntimeError):
     """The ledger cannot be used (schema too new, database unreachable)."""
 
@@ -634,6 +679,8 @@ def normalize_url(url: str) -> str:
 
 #: Default seconds a write waits for the database lock before raising LedgerBusy.
 DEFAULT_BUSY_TIMEOUT = 5.0
+#: WAL pages after which a write checkpoints itself, when checkpoints run in the background
+BACKSTOP_CHECKPOINT_PAGES = 10_000
 
 BUSY_MESSAGE = ("the ledger database is busy: another writer holds its lock; nothing was changed, "
                 "try again in a few seconds")
@@ -669,11 +716,13 @@ def _is_memory(url: sa.engine.URL) -> bool:
 
 
 def make_engine(url: str, *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT, reader: bool = False,
-                **kwargs: object) -> Engine:
+                autocheckpoint: int | None = None, **kwargs: object) -> Engine:
     """An engine for writes (``reader=False``) or for reads only.
 
     An in-memory SQLite database is one shared connection (``StaticPool``): every
-    thread must see the same database, and the service core runs in threads."""
+    thread must see the same database, and the service core runs in threads.
+    ``autocheckpoint``: SQLite's ``wal_autocheckpoint`` for these connections (None:
+    SQLite's own 1,000 pages)."""
     url = normalize_url(url)
     parsed = sa.engine.make_url(url)
     if _is_memory(parsed):
@@ -684,11 +733,11 @@ def make_engine(url: str, *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT, reader:
         kwargs = {"connect_args": {"options": options}, **kwargs}
     engine = sa.create_engine(url, **kwargs)  # type: ignore[arg-type]
     if engine.dialect.name == "sqlite":
-        _configure_sqlite(engine, busy_timeout, reader)
+        _configure_sqlite(engine, busy_timeout, reader, autocheckpoint)
     return engine
 
 
-def _configure_sqlite(engine: Engine, busy_timeout: float, reader: bool) -> None:
+def _configure_sqlite(engine: Engine, busy_timeout: float, reader: bool, autocheckpoint: int | None) -> None:
     @sa.event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn, _record):  # type: ignore[no-untyped-def]
         # Let SQLAlchemy, not the driver, open transactions, so BEGIN IMMEDIATE below is ours.
@@ -698,6 +747,8 @@ def _configure_sqlite(engine: Engine, busy_timeout: float, reader: bool) -> None
         cur.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
         if engine.url.database not in (None, "", ":memory:"):
             cur.execute("PRAGMA journal_mode=WAL")
+            if autocheckpoint is not None:
+                cur.execute(f"PRAGMA wal_autocheckpoint={int(autocheckpoint)}")
         if reader:
             cur.execute("PRAGMA query_only=ON")
         cur.close()
@@ -850,13 +901,17 @@ def _same(entry: Entry, posting: Posting) -> bool:
     return (entry.account, entry.kind, entry.amount) == (posting.account, posting.kind, posting.amount)
 
 
-class Ledger(LedgerRecords, LedgerLeases, LedgerGpuUse):
+class Ledger(LedgerRecords, LedgerLeases, LedgerGpuUse, LedgerHeldReads):
     """Append-only token ledger over any SQLAlchemy URL (SQLite or PostgreSQL)."""
 
     def __init__(self, url: str = "sqlite:///gpupool.sqlite", *, engine: Engine | None = None,
-                 busy_timeout: float = DEFAULT_BUSY_TIMEOUT) -> None:
+                 busy_timeout: float = DEFAULT_BUSY_TIMEOUT, background_checkpoints: bool = False) -> None:
+        """``background_checkpoints``: the caller runs :meth:`checkpoint` every few seconds, so
+        writes need not (see the module docstring); for a long-lived process only."""
         self.busy_timeout = busy_timeout
-        self.engine = engine or make_engine(url, busy_timeout=busy_timeout)
+        self.engine = engine or make_engine(
+            url, busy_timeout=busy_timeout,
+            autocheckpoint=BACKSTOP_CHECKPOINT_PAGES if background_checkpoints else None)
         # SQLite files get reader connections of their own (see the module docstring);
         # an in-memory database is one connection, and PostgreSQL readers never wait anyway.
         self.concurrent_reads = self.engine.dialect.name != "sqlite" or not _is_memory(self.engine.url)
@@ -887,6 +942,16 @@ class Ledger(LedgerRecords, LedgerLeases, LedgerGpuUse):
     def _read(self) -> Connection:
         """A connection for reads only: never waits for a writer."""
         return self.reader.connect()
+
+    def checkpoint(self) -> int:
+        """Copy the SQLite write-ahead log into the database file as far as no reader still
+        needs it (``PASSIVE``: it never waits for, nor blocks, a writer). The WAL pages left
+        behind; 0 on PostgreSQL and in-memory databases, which have none."""
+        if self.reader is self.engine or self.engine.dialect.name != "sqlite":
+            return 0
+        with self.reader.connect() as conn:
+            busy, logged, copied = conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)").one()
+        return max(0, logged - copied) if logged >= 0 else 0
 
     # ---- writes
 
@@ -1177,14 +1242,6 @@ class Ledger(LedgerRecords, LedgerLeases, LedgerGpuUse):
             q = q.where(allocations.c.user == user)
         with self._read() as conn:
             return [_allocation(r) for r in conn.execute(q)]
-
-    def held_servers(self) -> dict[str, int]:
-        """How many allocations each user holds now: the wait queue's fair order counts them at
-        every dispatch, so one grouped count (from the active index), not every record parsed."""
-        q = (sa.select(allocations.c.user, sa.func.count()).where(allocations.c.released_at.is_(None))
-             .group_by(allocations.c.user))
-        with self._read() as conn:
-            return {user: count for user, count in conn.execute(q)}
 
     def allocations_overlapping(self, start: datetime, end: datetime) -> list[AllocationRecord]:
         """Allocations held at any moment of [start, end): what the embedded usage source charges."""

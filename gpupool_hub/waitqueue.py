@@ -202,6 +202,23 @@ def dispatch(pool: Pool, ordered: Sequence[Waiter], new_id: Callable[[Waiter], s
     return Dispatch(placed, (head.id, held) if head is not None and held is not None else None)
 
 
+def join_behind(pool: Pool, newcomer: Waiter, held: str) -> Placement | None:
+    """Where a newcomer starts, when it joins behind a head whose node ``held`` is reserved
+    and nothing was released since the last :func:`dispatch` pass.
+
+    That pass left everyone waiting with the head first; since then the pool has only
+    lost capacity, so a new pass would place none of them again and would keep the head
+    and its node. Only the newcomer can start, off the held node: the same answer as a
+    whole pass, in one step instead of one per waiter. The placement is made in ``pool``
+    under the newcomer's id; None: it waits."""
+    if not any(c.name != held for c in pool.candidates(newcomer.request)):
+        return None
+    try:
+        return pool.allocate(newcomer.id, newcomer.request, avoid=frozenset({held}))
+    except (NoCapacity, ModelUnavailable):
+        return None
+
+
 def _covered(need: tuple[int, int, int], front: list[tuple[int, int, int]]) -> bool:
     """Whether ``need`` asks at least as much of each as one of ``front``."""
     a0, c0, m0 = need

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import multiprocessing
+import shutil
+import sqlite3
 import uuid
 from datetime import date, datetime, timedelta, timezone
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -406,3 +409,41 @@ def test_balances_of_many_users_in_one_read(ledger):
     assert balances["user0007"] == Decimal("0.008") == ledger.balance("user0007")
     assert balances["user1199"] == Decimal("1.2")
     assert ledger.balances([]) == {}
+
+
+def _entries_in_file_alone(db: Path, tmp_path: Path) -> int:
+    """Entries the database file holds without its write-ahead log (as a copy of the file alone
+    would show): what a checkpoint has copied into it so far."""
+    copy = tmp_path / f"copy-{uuid.uuid4().hex}.sqlite"
+    shutil.copyfile(db, copy)
+    with sqlite3.connect(copy) as conn:
+        return conn.execute("SELECT COUNT(*) FROM gpupool_entries").fetchone()[0]
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_with_background_checkpoints_writes_leave_the_wal_to_the_checkpoint(tmp_path, background):
+    db = tmp_path / "ledger.sqlite"
+    ledger = Ledger(f"sqlite:///{db}", background_checkpoints=background)
+    try:
+        ledger.open_account("alice", now=NOW)
+        assert ledger.checkpoint() == 0  # the schema and the account are in the file now
+        for i in range(600):  # a few thousand pages of WAL: past SQLite's own 1,000-page checkpoint
+            ledger.post(Posting("alice", "grant", Decimal(1), f"grant-{i}", reason="x" * 2000), now=NOW)
+        in_file = _entries_in_file_alone(db, tmp_path)
+        if background:
+            assert in_file == 0  # no write paid for copying the log into the file
+        else:
+            assert in_file > 0  # some write did
+        assert ledger.checkpoint() == 0
+        assert _entries_in_file_alone(db, tmp_path) == 600
+        assert ledger.balance("alice") == Decimal(600)
+    finally:
+        ledger.close()
+
+
+def test_checkpoint_is_a_no_op_without_a_write_ahead_log(postgres_url):
+    ledger = Ledger(postgres_url, background_checkpoints=True)
+    try:
+        assert ledger.checkpoint() == 0
+    finally:
+        ledger.close()

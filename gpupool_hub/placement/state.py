@@ -178,6 +178,8 @@ class Pool:
         self.max_gpu_milli = max((sum(ns.cap) for ns in self.nodes), default=MILLI) or MILLI
         self.capacity_gpu_milli = sum(sum(ns.cap) for ns in self.nodes)
         self.allocated_gpu_milli = 0
+        self.releases = 0  # counts release(): whoever saw the pool unable to place something can tell
+        # whether it may have changed its mind since (only a release frees capacity)
         if policy is None:
             policy = "fgd"
         self.policy = get_policy(policy) if isinstance(policy, str) else policy
@@ -401,6 +403,7 @@ class Pool:
             ns, slots, charges, placement = self._allocs.pop(alloc_id)
         except KeyError:
             raise PlacementConflict(f"unknown allocation id {alloc_id!r}") from None
+        self.releases += 1
         self._by_whole[ns.model_key][ns.n_full] -= 1
         ns.cpu_free += placement.cpu_milli
         ns.mem_free += placement.memory_mib

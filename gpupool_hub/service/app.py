@@ -53,6 +53,9 @@ from .webapp import MAX_BODY_SIZE, make_app
 
 log = logging.getLogger("gpupool")
 
+#: seconds between checkpoints of the SQLite ledger's write-ahead log (a few hundred pages each)
+CHECKPOINT_INTERVAL = 5.0
+
 
 class GPUPoolService(Application):
     """The gpupool hub service."""
@@ -242,7 +245,8 @@ class GPUPoolService(Application):
         except DbUrlFileError as e:
             self.log.critical("%s", e)
             raise SystemExit(f"gpupool: {e}") from None
-        self.ledger = Ledger(db_url, busy_timeout=self.db_write_timeout)
+        # writes leave the WAL's checkpoints to the "checkpoint" job (a reader thread; see ledger.py)
+        self.ledger = Ledger(db_url, busy_timeout=self.db_write_timeout, background_checkpoints=True)
         self.inventory_source = self.settings_.make_inventory_source()
         self.manager = PoolManager(
             settings=self.settings_, ledger=self.ledger, pool=self.settings_.make_pool(self.inventory_source),
@@ -396,6 +400,7 @@ class GPUPoolService(Application):
         m, jobs = self.manager, self.jobs
         await self.lease.renew.off_loop()  # before the first run: is it ours to run the jobs?
         jobs.every(self.jobs_lease_ttl / 3, "lease", self.lease.renew.off_loop, leased=False)
+        jobs.every(CHECKPOINT_INTERVAL, "checkpoint", m.records.checkpoint.off_loop, leased=False)
         jobs.every(self.replenish_interval, "replenish", ReplenishJob(self.hub, self.groups, m.accounts))
         # an interval is charged once the servers were reconciled after it closed (jobs/reconcile.py)
         debit = DebitAfterReconcile(self.reconciler, DebitJob(m.debits, jobs.in_thread), m.debits)

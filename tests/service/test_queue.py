@@ -262,8 +262,10 @@ def test_one_user_waits_in_at_most_two_places_and_others_are_not_pushed_back(tmp
     first = admit(m, "mallory", server="s0")
     assert queued(m, "bob").details["position"] == 1
     assert queued(m, "mallory", server="s1").details["position"] == 2
+    assert [(w["server"], w["position"]) for w in m.queue.waiting_of("mallory")] == [("s1", 2)]
     m.admission.release(first.id, "stopped")
     assert admit(m, "bob").user == "bob"
+    assert m.queue.waiting_of("bob") == [] and m.views.me("bob")["waiting"] == []
     # with one place free again, she may queue another server
     queued(m, "mallory", server="s2")
 

@@ -37,10 +37,11 @@ from ...placement.state import Placement
 from ...reasons import RefusalReason
 from ...timefmt import iso
 from ...waitqueue import (BORROWER, ExpectedRelease, Waiter, demand, dispatch, estimate_starts, fair_order,
-                          reserve_node, wait_place, wait_text)
+                          join_behind, wait_place, wait_text)
 from .errors import Refused
 from .inventory import PoolInventory
-from .queue_eta import QueueRanges
+from .queue_eta import RELEASES_TTL, QueueRanges
+from .queue_reports import QueueReports
 from .reclaims import Reclaims
 from .threads import CoreThreads, writes
 
@@ -48,8 +49,6 @@ log = logging.getLogger("gpupool.queue")
 
 #: seconds an estimate is reused (estimates read balances; retries come every few seconds)
 ESTIMATE_TTL = 3.0
-#: seconds the expected ends of held allocations are reused (they read every holder's balance)
-RELEASES_TTL = 30.0
 #: an entry not yet in the cached estimates waits this long for a recomputation (bursts of joins)
 ESTIMATE_MIN_AGE = 0.5
 #: rounds of "a waiter that starts ends a typical session later" in estimates
@@ -71,6 +70,40 @@ class Entry:
         return self.waiter.user, self.waiter.server
 
 
+class Entries(dict[tuple[str, str], Entry]):
+    """The entries by (user, server), with how many each user has: ``GET me`` asks for every
+    request whether the user waits, and must not scan thousands of entries to learn it no.
+    Only the queue's writer thread changes it; readers see a count at most one change old."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.per_user: dict[str, int] = {}
+
+    def __setitem__(self, key: tuple[str, str], entry: Entry) -> None:
+        if key not in self:
+            self.per_user[key[0]] = self.per_user.get(key[0], 0) + 1
+        super().__setitem__(key, entry)
+
+    def pop(self, key: tuple[str, str], *default: Any) -> Any:  # type: ignore[override]
+        if key in self:
+            left = self.per_user[key[0]] - 1
+            if left:
+                self.per_user[key[0]] = left
+            else:
+                del self.per_user[key[0]]
+        return super().pop(key, *default)
+
+    def __delitem__(self, key: tuple[str, str]) -> None:
+        self.pop(key)
+
+    def clear(self) -> None:
+        self.per_user.clear()
+        super().clear()
+
+    def has_user(self, user: str) -> bool:
+        return user in self.per_user
+
+
 def _request_json(req: Request) -> dict[str, Any]:
     return {"cpu_milli": req.cpu_milli, "memory_mib": req.memory_mib, "gpus": req.gpus,
             "gpu_milli": req.gpu_milli, "models": sorted(req.models) if req.models is not None else None,
@@ -84,7 +117,7 @@ def _request(data: dict[str, Any]) -> Request:
                    mig=data.get("mig"))
 
 
-class WaitQueue(QueueRanges):
+class WaitQueue(QueueRanges, QueueReports):
     """Waiting servers: join, dispatch, claim, leave, expire, positions and estimates."""
 
     def __init__(self, settings: GPUPool, ledger: Ledger, inventory: PoolInventory, reclaims: Reclaims,
@@ -95,7 +128,7 @@ class WaitQueue(QueueRanges):
         self.reclaims = reclaims
         self.clock = clock
         self.threads = threads
-        self.entries: dict[tuple[str, str], Entry] = {}
+        self.entries = Entries()
         # (user, server) whose place was given up by a cancel: their spawner's next retry ends
         self.cancelled: dict[tuple[str, str], tuple[datetime, Request, list[str] | None]] = {}
         self.reservation: tuple[str, str] | None = None  # (head entry id, node held for it)
@@ -110,6 +143,9 @@ class WaitQueue(QueueRanges):
         self._history: tuple[float, eta_rules.SessionHistory] | None = None
         self._ranges: tuple[float, dict[str, eta_rules.Estimate]] | None = None
         self._shown: set[str] = set()  # entry ids whose shown estimate is recorded
+        # after a full dispatch that left a head waiting: (the pool, its release count, the head's
+        # entry); while all three still hold, a newcomer needs no full pass (``join_behind``)
+        self._settled: tuple[Any, int, Entry] | None = None
 
     @property
     def pool(self) -> Any:
@@ -132,7 +168,7 @@ class WaitQueue(QueueRanges):
 
     def could_fit(self, req: Request) -> bool:
         """Whether some node could ever take ``req`` (else it must not wait)."""
-        return reserve_node(self.pool, req) is not None
+        return self.pool.could_ever_fit(req)
 
     def pending(self, user: str, server: str) -> Entry | None:
         return self.entries.get((user, server))
@@ -149,7 +185,13 @@ class WaitQueue(QueueRanges):
                                "requested_models": requested_models, "priority": priority, "since": now})
         entry = Entry(w, requested_models, now)
         self.entries[entry.key] = entry
-        self.dispatch()
+        head = self._settled_head()
+        if head is not None and self.reservation is not None and w.priority >= head.waiter.priority:
+            entry.placement = join_behind(self.pool, w, self.reservation[1])  # what a full pass would do
+            if entry.placement is not None:
+                self._releases = self._held = None
+        else:
+            self.dispatch()
         if entry.placement is not None:
             return self.claim(entry)
         log.info("%s/%s queued for %s (%d waiting)", user, server or "-", req.describe(), len(self.entries))
@@ -158,6 +200,8 @@ class WaitQueue(QueueRanges):
     def check_limit(self, user: str, server: str) -> None:
         """``Refused(QUEUE_LIMIT)`` when ``user`` already holds ``max_waiting_per_user`` places
         (for other servers): refused at once, never queued, naming the servers that wait."""
+        if not self.entries.has_user(user):
+            return
         mine = sorted((e for e in self.entries.values() if e.waiter.user == user and e.waiter.server != server),
                       key=lambda e: e.waiter.since)
         limit = self.settings.max_waiting_per_user
@@ -204,6 +248,7 @@ class WaitQueue(QueueRanges):
     def remove(self, entry: Entry, why: str) -> None:
         """Drop an entry, giving its reserved GPUs back (and to the next waiters)."""
         self.entries.pop(entry.key, None)
+        self._settled = None  # it may have been the head
         self.ledger.queue_remove(entry.waiter.id)
         log.info("%s/%s left the queue: %s", entry.waiter.user, entry.waiter.server or "-", why)
         if entry.placement is not None:
@@ -244,17 +289,22 @@ class WaitQueue(QueueRanges):
     def expire(self) -> int:
         """Drop entries whose spawner stopped asking; mark those past ``max_wait``."""
         now = self.clock()
+        # every admission asks first: two cut-offs, not two settings reads per entry
+        unseen_before = now - timedelta(seconds=self.settings.queue_poll_timeout)
+        too_old = now - timedelta(seconds=self.settings.max_wait)
         gone = 0
         for entry in list(self.entries.values()):
-            if (now - entry.last_seen).total_seconds() > self.settings.queue_poll_timeout:
+            if entry.last_seen < unseen_before:
                 self.remove(entry, "no retry from its spawner (left or cancelled)")
                 gone += 1
-            elif entry.placement is None and (now - entry.waiter.since).total_seconds() > self.settings.max_wait:
+            elif entry.waiter.since < too_old and entry.placement is None and not entry.expired:
                 entry.expired = True
+                self._settled = None  # an expired head gives its node up at the next pass
         return gone
 
     def dispatch(self) -> list[Entry]:
         """GPUs were released: place waiters in fair order (see :func:`waitqueue.dispatch`)."""
+        self._settled = None
         waiting = [e for e in self.entries.values() if e.placement is None and not e.expired]
         if not waiting:
             self.reservation = None
@@ -271,8 +321,23 @@ class WaitQueue(QueueRanges):
             placed.append(entry)
             log.info("Reserved %s for waiting %s/%s", self.pool.describe(placement), w.user, w.server or "-")
         if placed:  # GPUs moved: the expected ends change
-            self._releases = None
+            self._releases = self._held = None
+        if d.reservation is not None:
+            self._settled = (self.pool, self.pool.releases, by_id[d.reservation[0]])
         return placed
+
+    def _settled_head(self) -> Entry | None:
+        """The head entry of the last full dispatch, if nothing since could change that pass's
+        answer: no release in the pool (nor a new pool), and the head still waits."""
+        settled = self._settled
+        if settled is None:
+            return None
+        pool, releases, head = settled
+        if pool is not self.pool or releases != pool.releases or head.placement is not None or head.expired:
+            return None
+        if self.entries.get(head.key) is not head or self.reservation is None or self.reservation[0] != head.waiter.id:
+            return None
+        return head
 
     # ---------------------------------------------------- positions, estimates
 
@@ -353,9 +418,9 @@ class WaitQueue(QueueRanges):
         owner's balance reaching the floor, else the typical session length."""
         now = self.clock()
         typical = timedelta(hours=self.settings.expected_session_hours)
-        known = {r: now + timedelta(seconds=s) for r, s in self._known_ends(now).items()}
+        held, known = self.held_ends()
         out = []
-        for r in self.ledger.active_allocations():
+        for r in held:
             at = min(x for x in (known.get(r.id), r.created_at + typical) if x is not None)
             for g in r.gpus:
                 out.append(ExpectedRelease(r.node, g["milli"], normalize_model(g["model"]), max(at, now)))
@@ -392,73 +457,6 @@ class WaitQueue(QueueRanges):
         if extra is None:
             self._estimates = (stamp, out)
         return out
-
-    def summary(self) -> dict[str, dict[str, Any]]:
-        """Per pool model: how many wait for it and when one more GPU of it is expected."""
-        ordered = self.ordered()
-        out: dict[str, dict[str, Any]] = {}
-        for model in sorted(self.inventory.models()):
-            key = normalize_model(model)
-            n = sum(1 for w in ordered if w.request.models is None or key in w.request.models)
-            eta = est = None
-            if n:
-                probe = Waiter(id="?", user="", server="", request=Request(gpus=1, models=frozenset({key})),
-                               since=self.clock(), priority=99)
-                eta = self.estimates(probe).get("?")
-                est = self.ranges(probe).get("?") or eta_rules.Estimate(eta, eta, eta, "fallback")
-            out[model] = {"waiting": n, "eta": iso(eta), **self._range_json(est, self.clock())}
-        return out
-
-    @writes
-    def cached_summary(self) -> dict[str, dict[str, Any]]:
-        """``summary``, reused for a few seconds (every spawn form asks)."""
-        stamp = self.clock().timestamp()
-        if self._summary is None or stamp - self._summary[0] >= ESTIMATE_TTL:
-            self._summary = (stamp, self.summary())
-        return self._summary[1]
-
-    @writes
-    def report(self) -> dict[str, Any]:
-        """The admin view: who waits for what, since when, position and estimate."""
-        now = self.clock()
-        estimates = self.estimates()
-        place = {w.id: i for i, w in enumerate(self.ordered(), 1)}
-        rows = []
-        for e in sorted(self.entries.values(), key=lambda e: (place.get(e.waiter.id, 0), e.waiter.since)):
-            w = e.waiter
-            rows.append({"user": w.user, "server": w.server, "request": w.request.describe(),
-                         "since": iso(w.since), "waited_seconds": int((now - w.since).total_seconds()),
-                         "position": place.get(w.id, 0), "priority": "under_quota" if w.priority == 0 else "fcfs",
-                         "eta": iso(estimates.get(w.id)), "reserved_on": e.placement.node if e.placement else None,
-                         "last_seen": iso(e.last_seen), **self._range_json(
-                             None if e.placement else self.range_of(w.id, estimates.get(w.id)), now)})
-        return {"waiting": rows, "length": self.waiting_count(),
-                "reserved_node": self.reservation[1] if self.reservation else None, "accuracy": self.accuracy()}
-
-    def waiting_of(self, user: str) -> list[dict[str, Any]]:
-        """``GET me``'s ``waiting``: the user's waiting servers with position and the last
-        computed estimate. Called off the writer thread, so it reads a snapshot of the
-        entries and never recomputes estimates (the spawner's retries keep them fresh)."""
-        entries = list(self.entries.values())  # one atomic copy: the writer may change the dict
-        mine = [e for e in entries if e.waiter.user == user]
-        if not mine:
-            return []
-        order = [w.id for w in fair_order((e.waiter for e in entries if e.placement is None), self._head(),
-                                          self._running(entries))]
-        cached = self._estimates
-        estimates = cached[1] if cached is not None else {}
-        ranged = self._ranges  # one read, as for the estimates
-        ranges = ranged[1] if ranged is not None else {}
-        now = self.clock()
-        # the GPU part of the description ("2 GPUs (rtx 3090)"): what the widget shows
-        return [{"server": e.waiter.server, "request": e.waiter.request.describe().partition(", ")[0],
-                 "since": iso(e.waiter.since),
-                 "position": order.index(e.waiter.id) + 1 if e.waiter.id in order else 0,
-                 "queue_length": len(order), "eta": iso(estimates.get(e.waiter.id)),
-                 **self._range_json(ranges.get(e.waiter.id) or (
-                     eta_rules.Estimate(*[estimates.get(e.waiter.id)] * 3, "fallback")
-                     if e.waiter.id in estimates else None), now)}
-                for e in sorted(mine, key=lambda e: e.waiter.since)]
 
     # ---------------------------------------------------------------- demand
 

@@ -10,14 +10,14 @@ pages publish.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 from ... import eta as eta_rules
 from ...config import GPUPool
-from ...ledger import Ledger
+from ...ledger import AllocationRecord, Ledger
 from ...placement.request import normalize_model
 from ...timefmt import iso
 from ...waitqueue import Waiter
@@ -29,6 +29,8 @@ ESTIMATE_TTL = 3.0
 #: seconds the session history (closed allocations of the last HISTORY_DAYS) is reused
 HISTORY_TTL = 600.0
 HISTORY_DAYS = 90
+#: seconds the held allocations and their known ends are reused (they read every holder's balance)
+RELEASES_TTL = 30.0
 #: the window of the published accuracy of shown estimates
 ACCURACY_DAYS = 30
 
@@ -50,6 +52,8 @@ class QueueRanges:
     expected_ends: Callable[[], dict[str, datetime]]
     _history: tuple[float, eta_rules.SessionHistory] | None = None
     _ranges: tuple[float, dict[str, eta_rules.Estimate]] | None = None
+    _held: tuple[float, list[AllocationRecord], dict[str, datetime]] | None = None
+    _curve_cache: tuple[eta_rules.SessionHistory, dict[Any, Any]] | None = None
 
     def ordered(self) -> list[Waiter]:  # provided by WaitQueue
         raise NotImplementedError("Subclass must provide implementation")
@@ -66,29 +70,45 @@ class QueueRanges:
                 (_profile(req), user, seconds) for req, user, seconds in self.ledger.session_lengths(since)))
         return self._history[1]
 
-    def ranges(self, extra: Waiter | None = None) -> dict[str, eta_rules.Estimate]:
+    def ranges(self, extra: Waiter | None = None, only: str | None = None) -> dict[str, eta_rules.Estimate]:
         """Each waiting entry's start range (cached like ``estimates``); empty without history.
-        With ``extra``, only that hypothetical newcomer's, at the end (not cached)."""
+        With ``extra``, only that hypothetical newcomer's, at the end; with ``only``, only that
+        waiting entry's (neither is cached)."""
         stamp = self.clock().timestamp()
-        if extra is not None or self._ranges is None or stamp - self._ranges[0] >= ESTIMATE_TTL:
+        if extra is not None or only is not None or self._ranges is None or stamp - self._ranges[0] >= ESTIMATE_TTL:
             now = self.clock()
-            known = self._known_ends(now)
-            running = [eta_rules.Running(normalize_model(r.gpus[0]["model"]), sum(g["milli"] for g in r.gpus),
-                                         _profile(r.request), r.user, (now - r.created_at).total_seconds(),
-                                         known.get(r.id)) for r in self.ledger.active_allocations() if r.gpus]
-            out = eta_rules.estimate_ranges(self.ordered() + ([extra] if extra else []), self.free_milli(), running,
-                                            self.history(), now, only=extra.id if extra else None)
-            if extra is not None:
+            history = self.history()
+            out = eta_rules.estimate_ranges(self.ordered() + ([extra] if extra else []), self.free_milli(),
+                                            self._held_for_estimates(now), history, now, curves=self._curves(history),
+                                            only=extra.id if extra else only)
+            if extra is not None or only is not None:
                 return out
             self._ranges = (stamp, out)
         return self._ranges[1]
+
+    def _held_for_estimates(self, now: datetime) -> Iterator[eta_rules.Running]:
+        """The held allocations as the estimator sees them (read only when a curve is missing)."""
+        held, ends = self.held_ends()
+        for r in held:
+            if r.gpus:
+                at = ends.get(r.id)
+                yield eta_rules.Running(normalize_model(r.gpus[0]["model"]), sum(g["milli"] for g in r.gpus),
+                                        _profile(r.request), r.user, (now - r.created_at).total_seconds(),
+                                        None if at is None else max(0.0, (at - now).total_seconds()))
+
+    def _curves(self, history: eta_rules.SessionHistory) -> dict[Any, Any]:
+        """The release curves per model set, kept while the held allocations and the history
+        they came from are (a curve walks every held allocation: 5,000 in a large pool)."""
+        self.held_ends()  # drops the curves when the held allocations are read anew
+        if self._curve_cache is None or self._curve_cache[0] is not history:
+            self._curve_cache = (history, {})
+        return self._curve_cache[1]
 
     def range_of(self, entry_id: str, eta: datetime | None) -> eta_rules.Estimate:
         """The entry's range from history, else today's estimate as a point (``basis`` "fallback")."""
         got = self.ranges().get(entry_id)
         if got is None and self.history().enough:  # a newcomer: not in the cached ranges yet
-            self._ranges = None
-            got = self.ranges().get(entry_id)
+            got = self.ranges(only=entry_id).get(entry_id)
         return got if got is not None else eta_rules.Estimate(eta, eta, eta, "fallback")
 
     @staticmethod
@@ -105,12 +125,21 @@ class QueueRanges:
         rows = self.ledger.estimates_started(self.clock() - timedelta(days=ACCURACY_DAYS))
         return eta_rules.accuracy(rows).json(ACCURACY_DAYS)
 
-    def _known_ends(self, now: datetime) -> dict[str, float]:
-        """Seconds from ``now`` to each held allocation's known end: a reclaim or idle deadline,
-        or its owner's balance reaching the floor."""
+    def held_ends(self) -> tuple[list[AllocationRecord], dict[str, datetime]]:
+        """The held allocations and the known end of each that has one (cached ``RELEASES_TTL``
+        seconds: it reads every holder's balance, and every estimate of a join needs it)."""
+        stamp = self.clock().timestamp()
+        if self._held is None or stamp - self._held[0] >= RELEASES_TTL:
+            held = self.ledger.active_allocations()
+            self._held = (stamp, held, self._known_ends(held, self.clock()))
+            self._curve_cache = None
+        return self._held[1], self._held[2]
+
+    def _known_ends(self, held: list[AllocationRecord], now: datetime) -> dict[str, datetime]:
+        """When each held allocation is known to end: a reclaim or idle deadline, or its
+        owner's balance reaching the floor."""
         ends = {v.id: rc.deadline for rc in self.reclaims.active.values() for v in rc.victims}
         ends.update(self.expected_ends())
-        held = self.ledger.active_allocations()
         burn: dict[str, Decimal] = {}
         for r in held:
             burn[r.user] = burn.get(r.user, Decimal(0)) + r.price_per_hour
@@ -124,6 +153,5 @@ class QueueRanges:
         for r in held:
             at = min((x for x in (ends.get(r.id), floor_at.get(r.user)) if x is not None), default=None)
             if at is not None:
-                out[r.id] = max(0.0, (at - now).total_seconds())
+                out[r.id] = max(at, now)
         return out
-

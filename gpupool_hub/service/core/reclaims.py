@@ -144,9 +144,8 @@ class Reclaims:
 
     @writes
     def team_report(self) -> dict[str, Any]:
-        holdings = self.holdings()
         now = self.clock()
-        teams = self.teams.report(holdings) if self.teams.enabled else []
+        teams = self.teams.report(self.holdings()) if self.teams.enabled else []  # reads every allocation
         for t in teams:
             until = self.cooldown_until.get(t["team"])
             t["preempted"] = self.preemptions.get(t["team"], 0)

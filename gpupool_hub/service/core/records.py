@@ -29,6 +29,12 @@ class Records:
         self.threads = threads
 
     @reads
+    def checkpoint(self) -> int:
+        """The ledger's background checkpoint (``Ledger.checkpoint``): on a reader thread, so
+        it never waits behind, nor holds up, a write."""
+        return self.ledger.checkpoint()
+
+    @reads
     def balance(self, name: str) -> Decimal:
         return self.ledger.balance(name)
 
@@ -78,6 +84,15 @@ class Records:
     @reads
     def active_allocations(self, user: str | None = None) -> list[AllocationRecord]:
         return self.ledger.active_allocations(user)
+
+    @reads
+    def active_allocations_on(self, *, nodes: Iterable[str] | None = None,
+                              newest: int | None = None) -> list[AllocationRecord]:
+        return self.ledger.active_allocations_on(nodes=nodes, newest=newest)
+
+    @reads
+    def active_holders(self) -> dict[str, tuple[str, str, bool]]:
+        return self.ledger.active_holders()
 
     @reads
     def audit_log(self, *, limit: int = 100, before: int | None = None,

@@ -90,9 +90,8 @@ class PoolMapHandler(AdminPage):
         m = self.manager
         model, search = self._text("model"), self._text("node")
         page = self.int_arg("page", 1, minimum=1, maximum=INT64_MAX // NODES_PER_PAGE)
-        active = {r.id: r for r in await m.records.active_allocations.off_loop()}
         # reservations of a reclaim in progress are not allocations: their cells say "reserved"
-        who = {a: (r.user, r.server, r.borrowed) for a, r in active.items()}
+        who = await m.records.active_holders.off_loop()
         snapshot = await m.views.pool_snapshot.off_loop()
         summary = not model and not search and len(snapshot) > FULL_MAP_NODES
         shown = [] if summary else matching(snapshot, model, search)
@@ -112,10 +111,12 @@ class PoolMapHandler(AdminPage):
             top = sorted(holders.items())
         colours = holder_colours(u for u, _ in top)
         legend = [(u, colours[u], f"{n:g}") for u, n in top]
-        on_page = {n["name"] for n in nodes}
-        allocations = sorted(active.values(), key=lambda r: r.created_at, reverse=True)
-        if not summary:
-            allocations = [a for a in allocations if a.node in on_page]
+        if summary:  # the newest of the whole pool
+            allocations = await m.records.active_allocations_on.off_loop(newest=ALLOCATIONS_SHOWN)
+            allocations_total = len(who)
+        else:
+            allocations = await m.records.active_allocations_on.off_loop(nodes=[n["name"] for n in nodes])
+            allocations_total = len(allocations)
         inventory = m.inventory
         attention = [(name, inventory.unavailable.get(name) or inventory.problems.get(name))
                      for name in sorted({*inventory.unavailable, *inventory.problems})]
@@ -123,7 +124,7 @@ class PoolMapHandler(AdminPage):
             "admin/pool.html", nodes=nodes, legend=legend, free=m.pool.free_summary().per_model,
             eta_accuracy=await m.queue.accuracy.off_loop(),  # the wait estimates' record: a read-only query
             outside=self.context.reconcile_report(), reclaims=m.reclaims.team_report()["reclaims"],
-            allocations=allocations[:ALLOCATIONS_SHOWN], allocations_total=len(allocations),
+            allocations=allocations[:ALLOCATIONS_SHOWN], allocations_total=allocations_total,
             summary=summary, models=model_rows(snapshot) if summary else [], model=model, search=search,
             page=page, pages=max(1, -(-total_shown // NODES_PER_PAGE)), matched=total_shown,
             node_count=len(snapshot), attention=attention[:ATTENTION_SHOWN], attention_total=len(attention),
