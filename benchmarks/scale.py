@@ -693,6 +693,7 @@ def one_size(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp) / "ledger.sqlite"
         shutil.copyfile(cache, work)
+        os.sync()  # the copy's writeback would otherwise queue ahead of every commit's fsync
         results["sqlite"] = asyncio.run(measure(f"sqlite:///{work}", nodes, args.quick, args.profile))
         if args.postgres:
             results["postgresql"] = run_postgres(cache, nodes, args)
@@ -717,6 +718,7 @@ def run_postgres(cache: Path, nodes: list[dict[str, Any]], args: argparse.Namesp
         admin.dispose()
         url = f"{server.url}/gpupool"
         copy_s = copy_to_postgres(cache, url)
+        os.sync()
         print(f"set-up: PostgreSQL copy in {copy_s:.1f} s", file=sys.stderr)
         return asyncio.run(measure(url, nodes, args.quick, None))
     finally:

@@ -109,7 +109,8 @@ class Admission:
         return self.inventory.pool
 
     def affordable_models(self, user: str, groups: Iterable[str], request: Request,
-                          requested_models: list[str] | None) -> frozenset[str]:
+                          requested_models: list[str] | None,
+                          held: list[AllocationRecord] | None = None) -> frozenset[str]:
         """The allowed pool models the user's balance covers; ``Refused`` if none.
 
         A new server starts only if the balance pays for *all* the user's servers,
@@ -121,7 +122,8 @@ class Admission:
         self.accounts.ensure(user, groups)
         rules = self.settings.rules_for(groups)
         balance = self.ledger.balance(user)
-        held = self.ledger.active_allocations(user)
+        if held is None:
+            held = self.ledger.active_allocations(user)
         held_price = sum((r.price_per_hour for r in held), Decimal(0))
         allowed = (self.inventory.resolve_models(requested_models) if requested_models
                    else frozenset(self.inventory.models()))
@@ -175,16 +177,18 @@ class Admission:
         """
         if key is not None and key in self.tombstones:
             raise AttemptAbandoned(f"spawn attempt {key!r} was abandoned and its allocation released")
-        for record in self.ledger.active_allocations(user):
+        held: list[AllocationRecord] | None = self.ledger.active_allocations(user)
+        for record in list(held or ()):
             if record.server == server:
                 if key is None or record.request.get("key") == key:
                     return record
                 self.release(record.id, "superseded by a new spawn attempt of the same server")
+                held = None  # read again below
         self.reclaims.expire()
         if request.total_gpu_milli == 0:
             raise BadRequest("a request without GPUs needs no allocation")
         groups = set(groups)
-        affordable = self.affordable_models(user, groups, request, requested_models)
+        affordable = self.affordable_models(user, groups, request, requested_models, held)
         req = dataclasses.replace(request, models=affordable)
         return self.place(user, groups, server, request, req, requested_models, key)
 

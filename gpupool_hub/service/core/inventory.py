@@ -76,12 +76,18 @@ class PoolInventory:
         self.expected_profiles: tuple[list[Profile], int | None] = ([], None)
         # device UUID -> node, as last reported (kept in the ledger: see the module docstring)
         self.claims: dict[str, str] = {}
+        self._models: tuple[Pool, frozenset[str]] | None = None
         prices.check_models(self.models())
 
     # ------------------------------------------------------------ models
 
     def models(self) -> set[str]:
-        return {g.model for ns in self.pool.nodes for g in ns.node.gpus}
+        """The pool's GPU models (every admission asks: once per pool, not per GPU each time;
+        a pool's nodes never change, a changed inventory is a new pool)."""
+        cached = self._models
+        if cached is None or cached[0] is not self.pool:
+            cached = self._models = (self.pool, frozenset(g.model for ns in self.pool.nodes for g in ns.node.gpus))
+        return set(cached[1])
 
     def gpu_count(self) -> int:
         return sum(len(ns.node.gpus) for ns in self.pool.nodes)
