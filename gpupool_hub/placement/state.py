@@ -478,6 +478,10 @@ class Pool:
         """Per node and per GPU: model, allocated milli and holders, for the allocation map API."""
         return report.snapshot(self)
 
+    def held_per_model(self) -> "tuple[Dict[str, Dict[str, int]], Dict[str, int]]":
+        """Per model: nodes, GPUs, MIG GPUs, milli held; and each allocation's milli (see report)."""
+        return report.held_per_model(self)
+
     def free_summary(self) -> "report.FreeSummary":
         """What is free right now, per GPU model: the words behind a "no capacity" message."""
         return report.free_summary(self)

@@ -70,6 +70,20 @@ def check_invariants(pool: Pool, live: dict) -> None:
     for snap in pool.snapshot():
         for g in snap["gpus"]:
             assert g["allocated_milli"] <= MILLI  # fractions on one GPU never sum above 1
+    # the admin map's one-pass summary equals a recount from the snapshot and the placements
+    per_model, by_alloc = pool.held_per_model()
+    snap = pool.snapshot()
+    for model, e in per_model.items():
+        gpus = [g for n in snap for g in n["gpus"] if g["model"] == model]
+        assert e["gpus"] == len(gpus) and e["held_milli"] == sum(g["allocated_milli"] for g in gpus)
+        assert e["nodes"] == sum(1 for n in snap if any(g["model"] == model for g in n["gpus"]))
+        assert e["mig_gpus"] == sum(1 for g in gpus if g.get("mig"))
+    charged: dict[str, int] = {}  # what each holds of its devices (a MIG instance: all of it)
+    for ns in pool.nodes:
+        for held in ns.holders:
+            for a, milli in held.items():
+                charged[a] = charged.get(a, 0) + milli
+    assert by_alloc == charged and set(by_alloc) == {a for a, p in live.items() if p.gpus}
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

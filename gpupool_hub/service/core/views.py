@@ -23,6 +23,7 @@ from typing import Any
 from ...config import GPUPool
 from ...credits import balance_status, next_credit_times
 from ...ledger import AllocationRecord, Ledger
+from ...placement.report import FreeSummary
 from ...timefmt import iso
 from ...units import format_tokens
 from .accounts import Accounts
@@ -103,6 +104,19 @@ class Views:
     def pool_snapshot(self) -> list[dict[str, Any]]:
         """Every node and GPU with its holders, as the pool holds them now (writer thread)."""
         return self.inventory.pool.snapshot()
+
+    @writes
+    def free_summary(self) -> FreeSummary:
+        """What is free now, per model (writer thread: the pool lives there)."""
+        return self.inventory.pool.free_summary()
+
+    @writes
+    def pool_summary(self) -> tuple[dict[str, dict[str, int]], dict[str, int], FreeSummary]:
+        """The pool per model, each allocation's GPU share, and what is free: the admin pool
+        map's summary of a large pool (writer thread: the pool lives there), one pass each."""
+        pool = self.inventory.pool
+        per_model, by_alloc = pool.held_per_model()
+        return per_model, by_alloc, pool.free_summary()
 
     @writes
     def pool_report(self, active: Iterable[AllocationRecord], idle_since: dict[str, datetime],

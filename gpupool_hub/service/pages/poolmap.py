@@ -49,20 +49,10 @@ class ModelRow:
         return f"{self.held_milli / 1000:g}"
 
 
-def model_rows(snapshot: list[dict[str, Any]]) -> list[ModelRow]:
-    """One row per GPU model, in name order (a pure summary of ``Pool.snapshot()``)."""
-    rows: dict[str, ModelRow] = {}
-    for node in snapshot:
-        seen: set[str] = set()
-        for g in node["gpus"]:
-            row = rows.setdefault(g["model"], ModelRow(g["model"]))
-            row.gpus += 1
-            row.held_milli += g["allocated_milli"]
-            row.mig_gpus += bool(g.get("mig"))
-            if g["model"] not in seen:
-                seen.add(g["model"])
-                row.nodes += 1
-    return sorted(rows.values(), key=lambda r: r.model)
+def model_rows(per_model: dict[str, dict[str, int]]) -> list[ModelRow]:
+    """One row per GPU model, in name order (from ``Pool.held_per_model()``)."""
+    return [ModelRow(model, nodes=e["nodes"], gpus=e["gpus"], held_milli=e["held_milli"], mig_gpus=e["mig_gpus"])
+            for model, e in sorted(per_model.items())]
 
 
 def matching(snapshot: list[dict[str, Any]], model: str, search: str) -> list[dict[str, Any]]:
@@ -92,22 +82,24 @@ class PoolMapHandler(AdminPage):
         page = self.int_arg("page", 1, minimum=1, maximum=INT64_MAX // NODES_PER_PAGE)
         # reservations of a reclaim in progress are not allocations: their cells say "reserved"
         who = await m.records.active_holders.off_loop()
-        snapshot = await m.views.pool_snapshot.off_loop()
-        summary = not model and not search and len(snapshot) > FULL_MAP_NODES
-        shown = [] if summary else matching(snapshot, model, search)
-        total_shown = len(shown)
-        if not summary and (model or search or len(shown) > FULL_MAP_NODES):
-            shown = shown[(page - 1) * NODES_PER_PAGE:page * NODES_PER_PAGE]
-        nodes, holders = self._nodes(shown, who)
-        if summary:  # the legend counts the whole pool's holders, the largest first
-            holders = {}
-            for node in snapshot:
-                for g in node["gpus"]:
-                    for alloc, milli in g["holders"].items():
-                        user = who.get(alloc, (RESERVED,))[0]
-                        holders[user] = holders.get(user, 0.0) + milli / 1000
+        summary = not model and not search and len(m.pool.nodes) > FULL_MAP_NODES
+        if summary:  # one pass over the pool: no cell, no snapshot of every GPU
+            per_model, by_alloc, free = await m.views.pool_summary.off_loop()
+            node_count, matched, nodes = len(m.pool.nodes), 0, []
+            holders: dict[str, float] = {}  # the legend counts the whole pool's holders, the largest first
+            for alloc, milli in by_alloc.items():
+                user = who.get(alloc, (RESERVED,))[0]
+                holders[user] = holders.get(user, 0.0) + milli / 1000
             top = sorted(holders.items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_HOLDERS]
         else:
+            snapshot = await m.views.pool_snapshot.off_loop()
+            free = await m.views.free_summary.off_loop()
+            node_count, per_model = len(snapshot), {}
+            shown = matching(snapshot, model, search)
+            matched = len(shown)
+            if model or search or len(shown) > FULL_MAP_NODES:
+                shown = shown[(page - 1) * NODES_PER_PAGE:page * NODES_PER_PAGE]
+            nodes, holders = self._nodes(shown, who)
             top = sorted(holders.items())
         colours = holder_colours(u for u, _ in top)
         legend = [(u, colours[u], f"{n:g}") for u, n in top]
@@ -121,13 +113,13 @@ class PoolMapHandler(AdminPage):
         attention = [(name, inventory.unavailable.get(name) or inventory.problems.get(name))
                      for name in sorted({*inventory.unavailable, *inventory.problems})]
         self.render_page(
-            "admin/pool.html", nodes=nodes, legend=legend, free=m.pool.free_summary().per_model,
+            "admin/pool.html", nodes=nodes, legend=legend, free=free.per_model,
             eta_accuracy=await m.queue.accuracy.off_loop(),  # the wait estimates' record: a read-only query
             outside=self.context.reconcile_report(), reclaims=m.reclaims.team_report()["reclaims"],
             allocations=allocations[:ALLOCATIONS_SHOWN], allocations_total=allocations_total,
-            summary=summary, models=model_rows(snapshot) if summary else [], model=model, search=search,
-            page=page, pages=max(1, -(-total_shown // NODES_PER_PAGE)), matched=total_shown,
-            node_count=len(snapshot), attention=attention[:ATTENTION_SHOWN], attention_total=len(attention),
+            summary=summary, models=model_rows(per_model), model=model, search=search,
+            page=page, pages=max(1, -(-matched // NODES_PER_PAGE)), matched=matched,
+            node_count=node_count, attention=attention[:ATTENTION_SHOWN], attention_total=len(attention),
         )
 
     def _nodes(self, shown: list[dict[str, Any]], who: dict[str, tuple[str, str, bool]]
