@@ -17,9 +17,9 @@ from benchmarks.scale import TARGETS
 REPO = Path(__file__).resolve().parents[1]
 
 
-def run_bench(tmp_path: Path) -> subprocess.CompletedProcess[str]:
+def run_bench(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, str(REPO / "benchmarks" / "scale.py"), "--users", "200", "--nodes", "4", "--quick",
-           "--cache", str(tmp_path / "cache")]
+           "--cache", str(tmp_path / "cache"), *extra]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
                             env={**os.environ, "PYTHONPATH": str(REPO)}, start_new_session=True)
     try:
@@ -35,9 +35,11 @@ def test_scale_bench_prints_every_figure(tmp_path):
     first = run_bench(tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     result = json.loads(first.stdout.strip().splitlines()[-1])
-    figures = result["sqlite"]
-    assert set(TARGETS) <= set(figures), sorted(set(TARGETS) - set(figures))
-    assert all(isinstance(figures[name], (int, float)) and figures[name] >= 0 for name in TARGETS)
+    for db in ("sqlite", "postgresql"):  # both, unless --sqlite-only
+        figures = result[db]
+        assert set(TARGETS) <= set(figures), (db, sorted(set(TARGETS) - set(figures)))
+        assert all(isinstance(figures[name], (int, float)) and figures[name] >= 0 for name in TARGETS), db
+    assert result["postgresql"]["restored"] == result["sqlite"]["restored"]
     assert isinstance(result["targets_met"], bool)
     # the built pool is what the options asked for: servers running, others waiting for GPUs
     pool = result["pool"]
@@ -51,8 +53,9 @@ def test_scale_bench_prints_every_figure(tmp_path):
     cached = sorted((tmp_path / "cache").glob("*.sqlite"))
     assert len(cached) == 1
     before = cached[0].stat().st_mtime_ns
-    second = run_bench(tmp_path)
+    second = run_bench(tmp_path, "--sqlite-only")
     assert second.returncode == 0, second.stderr[-3000:]
+    assert "postgresql" not in json.loads(second.stdout.strip().splitlines()[-1])
     assert "set-up: cached" in second.stderr
     assert cached[0].stat().st_mtime_ns == before
     assert json.loads(second.stdout.strip().splitlines()[-1])["pool"] == pool
