@@ -278,10 +278,13 @@ class LedgerRecords:
     def _write(self) -> Any:  # provided by Ledger
         raise NotImplementedError("Subclass must provide implementation")
 
-    def queue_add(self, entry: Mapping[str, Any]) -> None:
-        """Store a waiting server (keys as the ``gpupool_queue`` columns)."""
+    def queue_add(self, entry: Mapping[str, Any], shown: Sequence[Any] | None = None) -> None:
+        """Store a waiting server (keys as the ``gpupool_queue`` columns); with ``shown`` (the
+        arguments of :meth:`estimate_shown`), the estimate it was shown, in the same transaction."""
         with self._write() as conn:
             conn.execute(queue.insert().values(**{**entry, "since": _db_time(entry["since"])}))
+            if shown is not None:
+                self._estimate_shown(conn, *shown)
 
     def queue_remove(self, entry_id: str) -> None:
         with self._write() as conn:
@@ -298,10 +301,15 @@ class LedgerRecords:
         """Record the estimate shown to a waiting entry (``bounds``: low, mid, high seconds
         after ``at``). Idempotent: the first one shown stays."""
         with self._write() as conn:
-            if conn.execute(sa.select(estimates.c.id).where(estimates.c.id == entry_id)).first() is None:
-                low, mid, high = bounds
-                conn.execute(estimates.insert().values(id=entry_id, user=user, shown_at=_db_time(at), low_s=low,
-                                                       mid_s=mid, high_s=high, basis=basis))
+            self._estimate_shown(conn, entry_id, user, at, bounds, basis)
+
+    @staticmethod
+    def _estimate_shown(conn: Connection, entry_id: str, user: str, at: datetime, bounds: Sequence[int | None],
+                        basis: str) -> None:
+        if conn.execute(sa.select(estimates.c.id).where(estimates.c.id == entry_id)).first() is None:
+            low, mid, high = bounds
+            conn.execute(estimates.insert().values(id=entry_id, user=user, shown_at=_db_time(at), low_s=low,
+                                                   mid_s=mid, high_s=high, basis=basis))
 
     def estimate_started(self, entry_id: str, at: datetime) -> None:
         """The entry really started (its GPUs were claimed); once: a second call keeps the first time."""

@@ -4,8 +4,11 @@ for newcomers, and pressure from waiters (never from a user's own entry)."""
 
 from __future__ import annotations
 
+import sqlite3
+
 import pytest
 
+from gpupool_hub.ledger import LedgerBusy
 from gpupool_hub.placement import Request
 from gpupool_hub.placement.request import normalize_model
 from gpupool_hub.reasons import RefusalReason
@@ -349,3 +352,45 @@ def test_demand_for_many_holders_at_once_answers_as_one_at_a_time(tmp_path):
     assert together[("bob", frozenset({R3090}))] == m.queue.entries[("erin", "b")].last_seen
     assert together[("erin", frozenset({R3090}))] == m.queue.entries[("alice", "w")].last_seen
     assert together[("bob", frozenset({a6000}))] is None  # nobody waits for an A6000
+
+
+def test_a_join_the_ledger_cannot_store_leaves_nobody_waiting_and_nothing_reserved(tmp_path):
+    clock = Clock()
+    m = manager(tmp_path, TWO_NODES, clock=clock, busy_timeout=0.2)
+    admit(m, "alice")
+    admit(m, "bob")
+    queued(m, "carol", gpus=2)  # the head: node-b is held for her
+    clock.advance(1)
+    m.accounts.ensure("dave")
+    assert m.accounts.ensure("dave") is False  # his account is open: joining is the only write left
+    # another process holds the write lock while dave joins: his entry and the estimate he
+    # is shown go in one transaction, which cannot commit
+    locker = sqlite3.connect(tmp_path / "ledger.sqlite", isolation_level=None)
+    locker.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(LedgerBusy):
+            admit(m, "dave")
+    finally:
+        locker.rollback()
+        locker.close()
+    assert ("dave", "") not in m.queue.entries and not m.queue.waiting_of("dave")
+    assert [r["user"] for r in m.ledger.queue_entries()] == ["carol"]
+    # his next try joins as if the first never happened, behind carol, with one shown estimate
+    r = queued(m, "dave")
+    assert r.details["position"] == 2 and [e["user"] for e in m.ledger.queue_entries()] == ["carol", "dave"]
+    with m.ledger.engine.connect() as conn:
+        shown = conn.exec_driver_sql("SELECT user FROM gpupool_estimates ORDER BY shown_at, user").fetchall()
+    assert sorted(u for (u,) in shown) == ["carol", "dave"]
+
+
+def test_a_newcomer_that_starts_as_it_joins_leaves_no_queue_record(tmp_path):
+    m = manager(tmp_path, TWO_NODES)
+    a = admit(m, "alice")
+    b = admit(m, "bob")
+    queued(m, "carol", gpus=2)  # node-b held for her
+    m.admission.release(a.id if a.node == "node-a" else b.id, "stopped")  # node-a free
+    assert admit(m, "dave").node == "node-a"  # backfilled at once, off the held node
+    assert [r["user"] for r in m.ledger.queue_entries()] == ["carol"]
+    with m.ledger.engine.connect() as conn:
+        users = [u for (u,) in conn.exec_driver_sql("SELECT user FROM gpupool_estimates")]
+    assert users == ["carol"]  # no estimate was shown to dave: he never waited

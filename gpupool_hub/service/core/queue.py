@@ -181,21 +181,33 @@ class WaitQueue(QueueRanges, QueueReports):
         now = self.clock()
         w = Waiter(id=uuid.uuid4().hex, user=user, server=server, request=req, since=now,
                    priority=priority)
-        self.ledger.queue_add({"id": w.id, "user": user, "server": server, "request": _request_json(req),
-                               "requested_models": requested_models, "priority": priority, "since": now})
+        row = {"id": w.id, "user": user, "server": server, "request": _request_json(req),
+               "requested_models": requested_models, "priority": priority, "since": now}
         entry = Entry(w, requested_models, now)
         self.entries[entry.key] = entry
-        head = self._settled_head()
-        if head is not None and self.reservation is not None and w.priority >= head.waiter.priority:
-            entry.placement = join_behind(self.pool, w, self.reservation[1])  # what a full pass would do
-            if entry.placement is not None:
-                self._releases = self._held = None
-        else:
-            self.dispatch()
-        if entry.placement is not None:
-            return self.claim(entry)
+        try:
+            head = self._settled_head()
+            if head is not None and self.reservation is not None and w.priority >= head.waiter.priority:
+                entry.placement = join_behind(self.pool, w, self.reservation[1])  # what a full pass would do
+                if entry.placement is not None:
+                    self._releases = self._held = None
+            else:
+                self.dispatch()
+            if entry.placement is not None:  # backfilled at once: it never waited, nothing to store
+                return self.claim(entry, stored=False)
+            refused, shown = self._refusal(entry)
+            # the entry and the estimate it was shown, in one transaction (one commit per join)
+            self.ledger.queue_add(row, shown=shown)
+            self._shown.add(w.id)
+        except BaseException:  # nothing stored: the queue in memory forgets it too
+            if self.entries.get(entry.key) is entry:
+                self.entries.pop(entry.key)
+                self._settled = None
+            if entry.placement is not None and w.id in self.pool:
+                self.pool.release(w.id)
+            raise
         log.info("%s/%s queued for %s (%d waiting)", user, server or "-", req.describe(), len(self.entries))
-        raise self.refusal(entry)
+        raise refused
 
     def check_limit(self, user: str, server: str) -> None:
         """``Refused(QUEUE_LIMIT)`` when ``user`` already holds ``max_waiting_per_user`` places
@@ -234,12 +246,14 @@ class WaitQueue(QueueRanges, QueueReports):
             return self.claim(entry)
         raise self.refusal(entry)
 
-    def claim(self, entry: Entry) -> tuple[str, Placement]:
-        """Hand the reserved GPUs over (admission records them under the entry's id)."""
+    def claim(self, entry: Entry, stored: bool = True) -> tuple[str, Placement]:
+        """Hand the reserved GPUs over (admission records them under the entry's id);
+        ``stored``: the entry is in the ledger (it waited), else it started as it joined."""
         assert entry.placement is not None
         self.entries.pop(entry.key, None)
-        self.ledger.queue_remove(entry.waiter.id)
-        self.ledger.estimate_started(entry.waiter.id, self.clock())
+        if stored:
+            self.ledger.queue_remove(entry.waiter.id)
+            self.ledger.estimate_started(entry.waiter.id, self.clock())
         self._shown.discard(entry.waiter.id)
         user = entry.waiter.user  # admission records it now: held from here on (a new dict: readers copy)
         self.held_by_user = {**self.held_by_user, user: self.held_by_user.get(user, 0) + 1}
@@ -368,15 +382,24 @@ class WaitQueue(QueueRanges, QueueReports):
         return next(i for i, w in enumerate(self.ordered(), 1) if w.id == entry.waiter.id)
 
     def refusal(self, entry: Entry) -> Refused:
+        """A waiting entry's answer: its position and estimate (the first shown is recorded)."""
+        refused, shown = self._refusal(entry)
+        if shown is not None and entry.waiter.id not in self._shown:
+            self.ledger.estimate_shown(*shown)
+            self._shown.add(entry.waiter.id)
+        return refused
+
+    def _refusal(self, entry: Entry) -> tuple[Refused, tuple[Any, ...] | None]:
+        """The answer, and the estimate to record (``Ledger.estimate_shown``'s arguments)
+        unless one was recorded for the entry already (kept for the published accuracy)."""
         now = self.clock()
         position = self.position(entry)
         eta = self.estimate_of(entry.waiter.id)
         est = self.range_of(entry.waiter.id, eta)
-        if entry.waiter.id not in self._shown:  # the estimate shown when it joined, kept for the accuracy
-            self._shown.add(entry.waiter.id)
-            self.ledger.estimate_shown(entry.waiter.id, entry.waiter.user, now, [
-                None if t is None else max(0, round((t - now).total_seconds())) for t in (est.low, est.mid, est.high)],
-                est.basis)
+        shown = None if entry.waiter.id in self._shown else (
+            entry.waiter.id, entry.waiter.user, now,
+            [None if t is None else max(0, round((t - now).total_seconds())) for t in (est.low, est.mid, est.high)],
+            est.basis)
         # those far back ask less often: every retry is work on the writer thread
         retry = now + timedelta(seconds=min(10, 2 + position // 20))
         history = est.basis == "history"
@@ -385,7 +408,7 @@ class WaitQueue(QueueRanges, QueueReports):
                 + self.unavailable_note(entry.waiter.request))
         return Refused(RefusalReason.QUEUED, text, retry_at=retry, details={
             "position": position, "queue_length": self.waiting_count(), "eta": iso(eta),
-            "since": iso(entry.waiter.since), **self._range_json(est, now)})
+            "since": iso(entry.waiter.since), **self._range_json(est, now)}), shown
 
     def unavailable_note(self, req: Request) -> str:
         """Why GPUs of the request's models sit unused while it waits: their nodes take no servers
