@@ -117,6 +117,8 @@ def test_two_services_on_one_ledger_exactly_one_runs_the_periodic_jobs(services)
     standby_runs = standby.job_runs()
     assert all(standby_runs.get(job, 0) == 0 for job in LEASED), standby_runs
     assert standby_runs.get("lease", 0) >= 1  # it keeps asking
+    # each copies the SQLite write-ahead log that its own writes leave (not a leased job)
+    assert standby_runs.get("checkpoint", 0) >= 1 and holder.job_runs().get("checkpoint", 0) >= 1
 
     # the holder dies without a word: the other takes the jobs over at its next renewal
     os.killpg(holder.proc.pid, signal.SIGKILL)
