@@ -6,7 +6,7 @@ kept apart from the state changes so that each stays small."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, List
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional
 
 from .request import MILLI
 
@@ -14,10 +14,11 @@ if TYPE_CHECKING:
     from .state import Placement, Pool
 
 
-def snapshot(pool: "Pool") -> List[Dict[str, Any]]:
-    """Per node and per GPU: model, allocated milli and holders, for the allocation map API."""
+def snapshot(pool: "Pool", names: "Optional[Iterable[str]]" = None) -> List[Dict[str, Any]]:
+    """Per node and per GPU: model, allocated milli and holders, for the allocation map API;
+    only the nodes ``names`` (in that order, unknown ones left out) when given."""
     out = []
-    for ns in pool.nodes:
+    for ns in pool.nodes if names is None else [pool.by_name[n] for n in names if n in pool.by_name]:
         n = ns.node
         gpus = []
         for pos, g in enumerate(n.gpus):

@@ -474,9 +474,10 @@ class Pool:
         return len(self._allocs)
 
     # -- reporting (placement/report.py) -------------------------------------
-    def snapshot(self) -> List[Dict[str, Any]]:
-        """Per node and per GPU: model, allocated milli and holders, for the allocation map API."""
-        return report.snapshot(self)
+    def snapshot(self, names: Optional[Iterable[str]] = None) -> List[Dict[str, Any]]:
+        """Per node and per GPU: model, allocated milli and holders, for the allocation map API
+        (of the nodes ``names`` only, when given)."""
+        return report.snapshot(self, names)
 
     def held_per_model(self) -> "tuple[Dict[str, Dict[str, int]], Dict[str, int]]":
         """Per model: nodes, GPUs, MIG GPUs, milli held; and each allocation's milli (see report)."""

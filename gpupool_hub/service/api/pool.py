@@ -10,7 +10,7 @@ from .base import APIHandler
 class PoolHandler(APIHandler):
     async def get(self) -> None:
         self.require_admin()
-        active = await self.manager.records.active_allocations.off_loop()
+        active = await self.manager.records.active_holders.off_loop()  # who, not every allocation parsed
         idle = self.manager.idle.idle_since()  # as of the idle job's last run
         report = await self.manager.views.pool_report.off_loop(active, idle, self.manager.idle.own_utilization())
         teams = await self.manager.reclaims.team_report.off_loop()

@@ -15,7 +15,7 @@ the writer only when the account must be opened or credited first.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import date, datetime
 from decimal import Decimal
 from typing import Any
@@ -101,9 +101,10 @@ class Views:
         return catalog(self.inventory, self.settings.min_start_hours)
 
     @writes
-    def pool_snapshot(self) -> list[dict[str, Any]]:
-        """Every node and GPU with its holders, as the pool holds them now (writer thread)."""
-        return self.inventory.pool.snapshot()
+    def pool_snapshot(self, names: Iterable[str] | None = None) -> list[dict[str, Any]]:
+        """Every node (or the nodes ``names``) and GPU with its holders, as the pool holds them
+        now (writer thread)."""
+        return self.inventory.pool.snapshot(names)
 
     @writes
     def free_summary(self) -> FreeSummary:
@@ -119,21 +120,22 @@ class Views:
         return per_model, by_alloc, pool.free_summary()
 
     @writes
-    def pool_report(self, active: Iterable[AllocationRecord], idle_since: dict[str, datetime],
+    def pool_report(self, active: Mapping[str, tuple[str, str, bool]], idle_since: dict[str, datetime],
                     utilization: dict[str, float] | None = None) -> dict[str, Any]:
         """``GET pool``'s nodes and free GPUs (writer thread: the pool lives there): each GPU
         and MIG instance with its holders (user, server, idle since, the server's own
         utilization), why a node agent cannot attribute a GPU's use, and what the inventory
-        source holds outside the hub or reports unavailable."""
+        source holds outside the hub or reports unavailable. ``active``: each held allocation's
+        (user, server, borrowed) by id (``Ledger.active_holders``)."""
         own = utilization or {}
-        held_by = {r.id: r for r in active}
+        held_by = active
         inv = self.inventory
         nodes = inv.pool.snapshot()
 
         def holders(held: dict[str, int]) -> list[dict[str, Any]]:
             return [{"allocation": a, "fraction": format_tokens(Decimal(m) / 1000),
-                     "user": held_by[a].user if a in held_by else None,
-                     "server": held_by[a].server if a in held_by else None,
+                     "user": held_by[a][0] if a in held_by else None,
+                     "server": held_by[a][1] if a in held_by else None,
                      **({"idle_since": iso(idle_since[a])} if a in idle_since else {}),
                      **({"utilization": round(own[a], 4)} if a in own else {})}
                     for a, m in held.items()]

@@ -13,6 +13,7 @@ at a time. The page's size then grows with what is shown, not with the pool.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from collections.abc import Iterable
 from typing import Any
 
 from tornado import web
@@ -55,12 +56,13 @@ def model_rows(per_model: dict[str, dict[str, int]]) -> list[ModelRow]:
             for model, e in sorted(per_model.items())]
 
 
-def matching(snapshot: list[dict[str, Any]], model: str, search: str) -> list[dict[str, Any]]:
-    """The nodes holding a GPU of ``model`` (any, when empty) whose name contains ``search``."""
+def matching(nodes: Iterable[Any], model: str, search: str) -> list[str]:
+    """The names of the nodes (``Pool.nodes``) holding a GPU of ``model`` (any, when empty)
+    whose name contains ``search``: a drill-down draws a page of them, not the pool."""
     search = search.casefold()
-    return [n for n in snapshot
-            if (not model or any(g["model"] == model for g in n["gpus"]))
-            and (not search or search in n["node"].casefold())]
+    return [ns.name for ns in nodes
+            if (not model or any(g.model == model for g in ns.node.gpus))
+            and (not search or search in ns.name.casefold())]
 
 
 class PoolMapHandler(AdminPage):
@@ -92,13 +94,12 @@ class PoolMapHandler(AdminPage):
                 holders[user] = holders.get(user, 0.0) + milli / 1000
             top = sorted(holders.items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_HOLDERS]
         else:
-            snapshot = await m.views.pool_snapshot.off_loop()
+            names = matching(m.pool.nodes, model, search)  # a pool's nodes never change
+            node_count, matched, per_model = len(m.pool.nodes), len(names), {}
+            if model or search or matched > FULL_MAP_NODES:
+                names = names[(page - 1) * NODES_PER_PAGE:page * NODES_PER_PAGE]
+            shown = await m.views.pool_snapshot.off_loop(names)
             free = await m.views.free_summary.off_loop()
-            node_count, per_model = len(snapshot), {}
-            shown = matching(snapshot, model, search)
-            matched = len(shown)
-            if model or search or len(shown) > FULL_MAP_NODES:
-                shown = shown[(page - 1) * NODES_PER_PAGE:page * NODES_PER_PAGE]
             nodes, holders = self._nodes(shown, who)
             top = sorted(holders.items())
         colours = holder_colours(u for u, _ in top)
