@@ -136,3 +136,19 @@ def test_pytest_is_the_subreaper_of_its_processes():
         processes.stop_processes([orphan], grace=1)
     # and its zombie is reaped, so a check by PID sees it gone
     wait_for(lambda: processes._stat(orphan.pid) is None, 5, "the orphan's zombie to be reaped")
+
+
+def test_parallel_workers_never_pick_the_same_port(monkeypatch):
+    """Two xdist workers draw test ports from disjoint shares, outside the kernel's
+    ephemeral range: a port one worker picked and has not bound yet is never another's."""
+    from tests.fixtures import ports
+
+    lo, hi = ports.ephemeral_range()
+    picked = {}
+    for worker in ("gw0", "gw1"):
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+        monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
+        picked[worker] = {ports.free_port() for _ in range(200)}
+    assert not picked["gw0"] & picked["gw1"]
+    assert {p % 2 for p in picked["gw0"]} != {p % 2 for p in picked["gw1"]}
+    assert not any(lo <= p <= hi for p in picked["gw0"] | picked["gw1"])
