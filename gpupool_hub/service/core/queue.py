@@ -40,15 +40,13 @@ from ...waitqueue import (BORROWER, ExpectedRelease, Waiter, demand, dispatch, e
                           join_behind, wait_place, wait_text)
 from .errors import Refused
 from .inventory import PoolInventory
-from .queue_eta import RELEASES_TTL, QueueRanges
+from .queue_eta import ESTIMATE_TTL, RELEASES_TTL, QueueRanges
 from .queue_reports import QueueReports
 from .reclaims import Reclaims
 from .threads import CoreThreads, writes
 
 log = logging.getLogger("gpupool.queue")
 
-#: seconds an estimate is reused (estimates read balances; retries come every few seconds)
-ESTIMATE_TTL = 3.0
 #: an entry not yet in the cached estimates waits this long for a recomputation (bursts of joins)
 ESTIMATE_MIN_AGE = 0.5
 #: rounds of "a waiter that starts ends a typical session later" in estimates

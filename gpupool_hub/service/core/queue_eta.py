@@ -24,7 +24,7 @@ from ...waitqueue import Waiter
 from .reclaims import Reclaims
 from .threads import reads
 
-#: seconds an estimate is reused (as the queue's own estimates)
+#: seconds an estimate or range is reused (they read balances; retries come every few seconds)
 ESTIMATE_TTL = 3.0
 #: seconds the session history (closed allocations of the last HISTORY_DAYS) is reused
 HISTORY_TTL = 600.0
@@ -53,7 +53,7 @@ class QueueRanges:
     _history: tuple[float, eta_rules.SessionHistory] | None = None
     _ranges: tuple[float, dict[str, eta_rules.Estimate]] | None = None
     _held: tuple[float, list[AllocationRecord], dict[str, datetime]] | None = None
-    _curve_cache: tuple[eta_rules.SessionHistory, dict[Any, Any]] | None = None
+    _curve_cache: tuple[list[AllocationRecord], eta_rules.SessionHistory, dict[Any, Any]] | None = None
 
     def ordered(self) -> list[Waiter]:  # provided by WaitQueue
         raise NotImplementedError("Subclass must provide implementation")
@@ -99,10 +99,11 @@ class QueueRanges:
     def _curves(self, history: eta_rules.SessionHistory) -> dict[Any, Any]:
         """The release curves per model set, kept while the held allocations and the history
         they came from are (a curve walks every held allocation: 5,000 in a large pool)."""
-        self.held_ends()  # drops the curves when the held allocations are read anew
-        if self._curve_cache is None or self._curve_cache[0] is not history:
-            self._curve_cache = (history, {})
-        return self._curve_cache[1]
+        held, _ = self.held_ends()
+        cache = self._curve_cache
+        if cache is None or cache[0] is not held or cache[1] is not history:
+            cache = self._curve_cache = (held, history, {})
+        return cache[2]
 
     def range_of(self, entry_id: str, eta: datetime | None) -> eta_rules.Estimate:
         """The entry's range from history, else today's estimate as a point (``basis`` "fallback")."""
@@ -132,7 +133,6 @@ class QueueRanges:
         if self._held is None or stamp - self._held[0] >= RELEASES_TTL:
             held = self.ledger.active_allocations()
             self._held = (stamp, held, self._known_ends(held, self.clock()))
-            self._curve_cache = None
         return self._held[1], self._held[2]
 
     def _known_ends(self, held: list[AllocationRecord], now: datetime) -> dict[str, datetime]:

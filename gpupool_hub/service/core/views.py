@@ -128,14 +128,13 @@ class Views:
         source holds outside the hub or reports unavailable. ``active``: each held allocation's
         (user, server, borrowed) by id (``Ledger.active_holders``)."""
         own = utilization or {}
-        held_by = active
         inv = self.inventory
         nodes = inv.pool.snapshot()
 
         def holders(held: dict[str, int]) -> list[dict[str, Any]]:
             return [{"allocation": a, "fraction": format_tokens(Decimal(m) / 1000),
-                     "user": held_by[a][0] if a in held_by else None,
-                     "server": held_by[a][1] if a in held_by else None,
+                     "user": active[a][0] if a in active else None,
+                     "server": active[a][1] if a in active else None,
                      **({"idle_since": iso(idle_since[a])} if a in idle_since else {}),
                      **({"utilization": round(own[a], 4)} if a in own else {})}
                     for a, m in held.items()]

@@ -93,6 +93,8 @@ class PoolMapHandler(AdminPage):
                 user = who.get(alloc, (RESERVED,))[0]
                 holders[user] = holders.get(user, 0.0) + milli / 1000
             top = sorted(holders.items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_HOLDERS]
+            allocations = await m.records.active_allocations_on.off_loop(newest=ALLOCATIONS_SHOWN)
+            allocations_total = len(who)  # the newest of the whole pool, of how many
         else:
             names = matching(m.pool.nodes, model, search)  # a pool's nodes never change
             node_count, matched, per_model = len(m.pool.nodes), len(names), {}
@@ -102,14 +104,10 @@ class PoolMapHandler(AdminPage):
             free = await m.views.free_summary.off_loop()
             nodes, holders = self._nodes(shown, who)
             top = sorted(holders.items())
-        colours = holder_colours(u for u, _ in top)
-        legend = [(u, colours[u], f"{n:g}") for u, n in top]
-        if summary:  # the newest of the whole pool
-            allocations = await m.records.active_allocations_on.off_loop(newest=ALLOCATIONS_SHOWN)
-            allocations_total = len(who)
-        else:
             allocations = await m.records.active_allocations_on.off_loop(nodes=[n["name"] for n in nodes])
             allocations_total = len(allocations)
+        colours = holder_colours(u for u, _ in top)
+        legend = [(u, colours[u], f"{n:g}") for u, n in top]
         inventory = m.inventory
         attention = [(name, inventory.unavailable.get(name) or inventory.problems.get(name))
                      for name in sorted({*inventory.unavailable, *inventory.problems})]
