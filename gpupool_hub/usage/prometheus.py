@@ -25,6 +25,12 @@ from typing import Any, Literal
 import requests
 
 from gpupool_hub.usage.base import Usage, UsageNotSettled, UsageUnavailable
+from gpupool_hub.usage.prometheus_counts import (
+    coverage_count_query,
+    fully_covered,
+    stats_queries,
+    sums_from_stats,
+)
 
 __all__ = [
     "PRESETS",
@@ -138,6 +144,12 @@ def _fresh(selector: str, max_sample_age: float | None) -> str:
     return f"({selector} and (time() - timestamp({selector}) < {max_sample_age:g}))"
 
 
+def _series_selector(preset: str, matchers: Mapping[str, str], max_sample_age: float | None) -> str:
+    """The raw series of a preset whose series name one allocation (or GPU) each."""
+    metric = {"gpupool": "gpupool_allocated_gpus", "agent": "gpupool_agent_user_gpu_active"}[preset]
+    return _fresh(_selector(metric, matchers), max_sample_age)
+
+
 def build_query(
     preset: str,
     *,
@@ -160,12 +172,9 @@ def build_query(
     for key in matchers:
         if not _LABEL_NAME.match(key):
             raise ValueError(f"invalid label name in selector_labels: {key!r}")
-    if preset == "gpupool":
-        sel = _fresh(_selector("gpupool_allocated_gpus", matchers), max_sample_age)
-        return f"sum by (user, model) (max by (user, model, node, server, allocation) ({sel}))"
-    if preset == "agent":
-        sel = _fresh(_selector("gpupool_agent_user_gpu_active", matchers), max_sample_age)
-        return f"sum by (user, model) (max by (user, model, node, gpu_uuid) ({sel}))"
+    if preset in _SERIES_IDENTITY:
+        sel = _series_selector(preset, matchers, max_sample_age)
+        return f"sum by (user, model) (max by ({', '.join(_SERIES_IDENTITY[preset])}) ({sel}))"
     if preset == "dcgm":
         if not _METRIC_NAME.match(dcgm_metric):
             raise ValueError(f"invalid metric name: {dcgm_metric!r}")
@@ -244,6 +253,12 @@ class PrometheusUsageSource:
     ``retries``
         Extra attempts after the first for connection errors, timeouts, 5xx
         and 429, with exponential back-off from ``backoff_seconds``.
+    ``count_on_server``
+        For the ``gpupool`` and ``agent`` presets, ask Prometheus for four
+        numbers per series over the interval (how many grid points, and the
+        value when it did not change) instead of every point; the sums are the
+        same, exactly, and anything else is read point by point. Turn off for
+        a Prometheus-compatible store without subqueries.
     """
 
     def __init__(
@@ -268,6 +283,7 @@ class PrometheusUsageSource:
         dcgm_user_source: Literal["label", "annotation"] = "label",
         coverage_query: str | None = None,
         allow_warnings: bool = False,
+        count_on_server: bool = True,
         name: str | None = None,
         session: requests.Session | None = None,
         clock: Callable[[], datetime] | None = None,
@@ -290,6 +306,7 @@ class PrometheusUsageSource:
         self.backoff_seconds = backoff_seconds
         self.coverage_query = coverage_query
         self.allow_warnings = allow_warnings
+        self.count_on_server = count_on_server
         self.name = name or f"prometheus:{preset}"
         self.query = build_query(
             preset,
@@ -307,7 +324,10 @@ class PrometheusUsageSource:
         # same numbers, but a second aggregation over 10,000 series at every step
         # was the slowest part of a debit cycle.
         self._identity = _SERIES_IDENTITY.get(preset)
+        # the raw series, for counting on the server (a custom or dcgm query is read point by point)
+        self._series: str | None = None
         if self._identity is not None:
+            self._series = _series_selector(preset, dict(selector_labels or {}), max_sample_age)
             prefix = "sum by (user, model) ("
             assert self.query.startswith(prefix) and self.query.endswith(")")
             self.query = self.query[len(prefix):-1]
@@ -354,6 +374,16 @@ class PrometheusUsageSource:
 
     def _sum_chunk(self, a: int, b: int) -> dict[tuple[str, str], Decimal]:
         """Sum of the per-step values of every (user, model) series in ``[a, b)``."""
+        counted = (stats_queries(self._series, a, b, self.step_seconds)
+                   if self.count_on_server and self._series is not None and self._identity is not None else None)
+        if counted is not None:
+            queries, at = counted
+            answers = {stat: self._query_instant(query, at) for stat, query in queries}
+            sums = sums_from_stats(answers, self._identity, (b - a) // self.step_seconds)
+            if sums is not None:
+                return sums
+            log.info("%s: a series changed value within %s–%s (or something is unusual): reading it point by point",
+                     self.name, _iso(a), _iso(b))
         result = self._query_range(self.query, a, b)
         grid = frozenset(range(a, b, self.step_seconds))
         sums: dict[tuple[str, str], Decimal] = {}
@@ -463,6 +493,10 @@ class PrometheusUsageSource:
     def _check_coverage(self, a: int, b: int) -> None:
         """Refuse a chunk where the coverage query has a gap (data missing)."""
         assert self.coverage_query is not None
+        counted = (coverage_count_query(self.coverage_query, a, b, self.step_seconds)
+                   if self.count_on_server else None)
+        if counted is not None and fully_covered(self._query_instant(*counted), a, b, self.step_seconds):
+            return
         covered: set[int] = set()
         for series in self._query_range(self.coverage_query, a, b):
             for ts, _value in self._points(series, a, b):
@@ -475,6 +509,11 @@ class PrometheusUsageSource:
                 f"{len(expected)} steps (first gap at {_iso(missing[0])}); usage data may be incomplete"
             )
 
+    def _query_instant(self, query: str, at: int) -> list[dict[str, Any]]:
+        """Run one instant query at ``at`` and validate the envelope."""
+        body = self._post("/api/v1/query", {"query": query, "time": str(at), "timeout": f"{self.timeout:g}"})
+        return self._result(body, "vector")
+
     def _query_range(self, query: str, a: int, b: int) -> list[dict[str, Any]]:
         """Run one range query for the steps in ``[a, b)`` and validate the envelope."""
         params = {
@@ -485,13 +524,16 @@ class PrometheusUsageSource:
             # plain seconds: Prometheus parses a float, but not "0.5s"
             "timeout": f"{self.timeout:g}",
         }
-        body = self._post("/api/v1/query_range", params)
+        return self._result(self._post("/api/v1/query_range", params), "matrix")
+
+    def _result(self, body: Mapping[str, Any], kind: str) -> list[dict[str, Any]]:
         data = body.get("data")
         if not isinstance(data, dict):
             raise UsageUnavailable(f"{self.name}: answer has no 'data' object")
-        if data.get("resultType") != "matrix":
+        if data.get("resultType") != kind:
+            query = "a range query" if kind == "matrix" else "an instant query"
             raise UsageUnavailable(
-                f"{self.name}: expected resultType 'matrix' from a range query, got {data.get('resultType')!r}"
+                f"{self.name}: expected resultType {kind!r} from {query}, got {data.get('resultType')!r}"
             )
         result = data.get("result")
         if not isinstance(result, list):

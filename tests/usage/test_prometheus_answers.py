@@ -2,6 +2,9 @@
 
 A tiny loopback HTTP server plays those answers; everything that a real
 server can produce is tested against the real one in test_prometheus_presets.
+Most tests here play range-query answers (``count_on_server=False``: every
+point is read and checked); the last ones play the counted answers and check
+that anything unusual in them sends the source back to reading every point.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ class FakePrometheus:
     def __init__(self) -> None:
         self.answers: list[tuple[int, bytes | str | dict, float]] = []
         self.requests: list[tuple[dict[str, list[str]], dict[str, str]]] = []
+        self.paths: list[str] = []
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -38,6 +42,7 @@ class FakePrometheus:
                 length = int(self.headers.get("Content-Length", 0))
                 form = parse_qs(self.rfile.read(length).decode())
                 fake.requests.append((form, dict(self.headers)))
+                fake.paths.append(self.path)
                 status, body, delay = fake.answers.pop(0) if len(fake.answers) > 1 else fake.answers[0]
                 if delay:
                     time.sleep(delay)
@@ -98,6 +103,7 @@ def src(fake: FakePrometheus, **kw) -> PrometheusUsageSource:
     kw.setdefault("clock", LATER)
     kw.setdefault("retries", 0)
     kw.setdefault("sleep", lambda s: None)
+    kw.setdefault("count_on_server", False)
     return PrometheusUsageSource(fake.url, **kw)
 
 
@@ -241,8 +247,103 @@ def test_dcgm_undecodable_label_is_unavailable(fake: FakePrometheus) -> None:
 def test_url_path_prefix(fake: FakePrometheus) -> None:
     fake.answer((200, matrix()))
     assert src(fake).usage(START, END) == []
-    source = PrometheusUsageSource(fake.url + "/prometheus/", clock=LATER, retries=0)
+    source = PrometheusUsageSource(fake.url + "/prometheus/", clock=LATER, retries=0, count_on_server=False)
     fake.requests.clear()
     # the fake serves every path; just check we do not double the slash
     assert source.url == fake.url + "/prometheus"
     assert source.usage(START, END) == []
+
+
+# -- counted answers -----------------------------------------------------------
+
+
+def vector(*series: dict) -> dict:
+    return {"status": "success", "data": {"resultType": "vector", "result": list(series)}}
+
+
+def stat(value: str, **labels) -> dict:
+    labels.setdefault("user", "alice")
+    labels.setdefault("model", "A100")
+    return {"metric": labels, "value": [T0 + 3600 - 60, value]}
+
+
+def stats(count: str, low: str, high: str, total: str, **labels) -> list[tuple[int, dict]]:
+    """The four answers (count, min, max, sum) for one series."""
+    return [(200, vector(stat(v, **labels))) for v in (count, low, high, total)]
+
+
+def test_a_clean_interval_is_four_instant_queries(fake: FakePrometheus) -> None:
+    fake.answer(
+        (200, vector(stat("60"), stat("30", user="ünï o'b", node="b"))),
+        (200, vector(stat("0.1"), stat("1e-2", user="ünï o'b", node="b"))),
+        (200, vector(stat("0.1"), stat("1e-2", user="ünï o'b", node="b"))),
+        (200, vector(stat("6.000000000000001"), stat("0.3", user="ünï o'b", node="b"))),
+    )
+    got = src(fake, count_on_server=True).usage(START, END)
+    # 60 × 0.1 per step of 60 s: exactly 360 with Decimal (the float sum is off)
+    assert got == [Usage("alice", "A100", Decimal("360.0")), Usage("ünï o'b", "A100", Decimal("18.00"))]
+    assert fake.paths == ["/api/v1/query"] * 4
+    queries = [form["query"][0] for form, _headers in fake.requests]
+    assert [q.split("(", 1)[0] for q in queries] == ["count_over_time", "min_over_time", "max_over_time",
+                                                      "sum_over_time"]
+    assert all(q.endswith("(gpupool_allocated_gpus)[3570000ms:60s])") for q in queries)  # half a step before
+    assert {form["time"][0] for form, _headers in fake.requests} == {str(T0 + 3600 - 60)}  # the last point
+
+
+def test_copies_of_one_allocation_count_once(fake: FakePrometheus) -> None:
+    fake.answer(*[(200, vector(stat(v, job="a"), stat(v, job="b"))) for v in ("60", "1", "1", "60")])
+    assert src(fake, count_on_server=True).usage(START, END) == [Usage("alice", "A100", Decimal(3600))]
+    assert fake.paths == ["/api/v1/query"] * 4
+
+
+@pytest.mark.parametrize(
+    ("answers", "points", "expected"),
+    [
+        (stats("60", "0", "1", "30"), series([[T0 + 60 * i, str(i % 2)] for i in range(60)]),
+         [Usage("alice", "A100", Decimal(1800))]),  # changed value: the points say how much
+        (stats("60", "1", "1", "NaN"), series(grid("NaN")), "non-finite value NaN"),
+        (stats("60", "-0.5", "-0.5", "-30"), series(grid("-0.5")), "negative value -0.5"),
+        (stats("60", "1", "1", "60", user=""), series(grid("1"), user=""), "lacks the user label"),
+        (stats("59.5", "1", "1", "60"), series(grid("1")), [Usage("alice", "A100", Decimal(3600))]),
+        ([*stats("60", "1", "1", "60")[:3], (200, vector())], series(grid("1")),
+         [Usage("alice", "A100", Decimal(3600))]),  # a stat missing for a series
+    ],
+    ids=["changed", "nan", "negative", "no-user", "fractional-count", "missing-stat"],
+)
+def test_anything_unusual_is_judged_point_by_point(
+    fake: FakePrometheus, answers: list, points: dict, expected: list | str
+) -> None:
+    """The counted answers are not judged on their own: the points are, with the same messages as ever."""
+    fake.answer(*answers, (200, matrix(points)))
+    source = src(fake, count_on_server=True)
+    if isinstance(expected, str):
+        with pytest.raises(UsageUnavailable, match=expected):
+            source.usage(START, END)
+    else:
+        assert source.usage(START, END) == expected
+    assert fake.paths == ["/api/v1/query"] * 4 + ["/api/v1/query_range"]
+
+
+def test_copies_that_differ_are_judged_point_by_point(fake: FakePrometheus) -> None:
+    """Copies of one allocation that miss different points: the range query's maximum at each
+    point covers their union, which counts cannot tell."""
+    fake.answer(*[(200, vector(stat(c, job="a"), stat(c2, job="b")))
+                  for c, c2 in (("30", "30"), ("1", "1"), ("1", "1"), ("30", "30"))],
+                (200, matrix(series(grid("1")))))
+    assert src(fake, count_on_server=True).usage(START, END) == [Usage("alice", "A100", Decimal(3600))]
+    assert fake.paths[-1] == "/api/v1/query_range"
+
+
+def test_custom_and_dcgm_queries_are_read_point_by_point(fake: FakePrometheus) -> None:
+    fake.answer((200, matrix(series(grid("1"), user="o-27brien"))))
+    assert src(fake, preset="dcgm", count_on_server=True).usage(START, END) == [
+        Usage("o'brien", "A100", Decimal(3600))]
+    assert fake.paths == ["/api/v1/query_range"]
+
+
+def test_an_interval_off_the_step_grid_is_read_point_by_point(fake: FakePrometheus) -> None:
+    fake.answer((200, matrix(series(grid("1", offset=30)))))
+    shifted = src(fake, count_on_server=True, clock=lambda: END + timedelta(hours=2))
+    assert shifted.usage(START + timedelta(seconds=30), END + timedelta(seconds=30)) == [
+        Usage("alice", "A100", Decimal(3600))]
+    assert fake.paths == ["/api/v1/query_range"]

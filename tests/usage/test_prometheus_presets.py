@@ -1,4 +1,9 @@
-"""Exact GPU-seconds through a real Prometheus for every preset."""
+"""Exact GPU-seconds through a real Prometheus for every preset.
+
+Every test runs twice: with the values counted by Prometheus (the default) and
+read point by point (``count_on_server=False``); both must give the same exact
+figures.
+"""
 
 from __future__ import annotations
 
@@ -33,8 +38,18 @@ def as_dict(usages: list[Usage]) -> dict[tuple[str, str], Decimal]:
     return {(u.user, u.model): u.gpu_seconds for u in usages}
 
 
+_MODE = {"count_on_server": True}
+
+
+@pytest.fixture(autouse=True, params=[True, False], ids=["counted", "point-by-point"])
+def count_on_server(request, monkeypatch) -> bool:
+    monkeypatch.setitem(_MODE, "count_on_server", request.param)
+    return request.param
+
+
 def source(h: History, preset: str = "gpupool", **kw) -> PrometheusUsageSource:
     kw.setdefault("retries", 0)
+    kw.setdefault("count_on_server", _MODE["count_on_server"])
     return PrometheusUsageSource(h.server.url, preset, **kw)
 
 
@@ -162,13 +177,32 @@ def test_step_other_than_scrape_interval(usage_history: History) -> None:
 def test_long_interval_is_split_into_chunks(usage_history: History, monkeypatch) -> None:
     h = usage_history
     monkeypatch.setattr(prom, "MAX_POINTS_PER_QUERY", 7)
-    calls = []
+    ends, windows = set(), set()
     src = source(h)
-    real = src._query_range
-    monkeypatch.setattr(src, "_query_range", lambda q, a, b: calls.append((a, b)) or real(q, a, b))
+    real_range, real_instant = src._query_range, src._query_instant
+
+    def query_range(q, a, b):
+        ends.add(b - 60)
+        windows.add(b - a)
+        return real_range(q, a, b)
+
+    def query_instant(q, at):
+        ends.add(at)
+        windows.add(int(q.rsplit("[", 1)[1].split("ms", 1)[0]) // 1000 + 30)  # half a step before the first
+        return real_instant(q, at)
+
+    monkeypatch.setattr(src, "_query_range", query_range)
+    monkeypatch.setattr(src, "_query_instant", query_instant)
     assert as_dict(src.usage(h.at(0), h.at(3))) == EXPECTED_GPUPOOL
-    assert len(calls) == -(-180 // 7)
-    assert all(b - a <= 7 * 60 for a, b in calls)
+    assert len(ends) == -(-180 // 7)
+    assert windows <= {7 * 60, 5 * 60}  # 25 chunks of 7 steps, the last of 5
+
+
+def test_a_clean_hour_is_counted_by_prometheus_in_one_answer(usage_history: History, monkeypatch) -> None:
+    h = usage_history
+    src = PrometheusUsageSource(h.server.url, retries=0)
+    monkeypatch.setattr(src, "_query_range", lambda *a: pytest.fail("read point by point"))
+    assert as_dict(src.usage(h.at(0), h.at(1))) == as_dict(source(h, count_on_server=False).usage(h.at(0), h.at(1)))
 
 
 def test_empty_interval_gives_no_records(usage_history: History) -> None:
