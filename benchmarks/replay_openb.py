@@ -76,7 +76,6 @@ TYPICAL_S = 4 * 3600.0  # c.GPUPool.expected_session_hours' default: today's est
 CHAIN_ROUNDS = 3  # as service/core/queue.py
 HISTORY_REFRESH_S = 600.0  # the project's estimator reads the history every 10 simulated minutes
 RELEASES_TTL_S = 30.0  # expected releases reused this long, as the service does (core/queue.py: RELEASES_TTL)
-DRAIN_WINDOW_S = 600.0  # the project's estimator measures how fast the queue is served over this window
 EPOCH = datetime(2026, 1, 1, tzinfo=timezone.utc)
 TARGET_IN_RANGE = 0.80
 TARGET_ERROR = 0.25
@@ -234,7 +233,7 @@ class Replay:
         self.shown: Dict[str, Tuple[float, float, float, str]] = {}
         self.calibration = eta.Calibration()  # the project's shown estimates against real starts so far
         self.model_s: Dict[str, float] = {}  # the model's own point estimate at join
-        self.served: List[Tuple[float, int]] = []  # (time, GPU share) of each start from the queue
+        self.served = eta.Drain()  # the GPU share started from the queue lately
         self.cache_at = -1e18
         self.curves: Dict[Any, Any] = {}
         self.running: List[eta.Running] = []
@@ -329,7 +328,7 @@ class Replay:
             lo, mid, hi, basis = shown
             self.res.eta.append((lo, mid, hi, self.now - pod.arrive))
             self.res.eta_basis[basis] = self.res.eta_basis.get(basis, 0) + 1
-            self.served.append((self.now, pod.request.total_gpu_milli))
+            self.served.add(self.now, pod.request.total_gpu_milli)
             if pod.name in self.model_s:
                 self.calibration.add(self.model_s.pop(pod.name), self.now - pod.arrive)
         self.held[pod.name] = (pod, self.now, placement)
@@ -353,13 +352,8 @@ class Replay:
     # ------------------------------------------------------------ estimates
 
     def drain(self) -> Optional[float]:
-        """GPU share served from the queue per second over the last ``DRAIN_WINDOW_S``."""
-        cut = self.now - DRAIN_WINDOW_S
-        i = bisect.bisect_left(self.served, (cut, -1))
-        del self.served[:i]
-        if len(self.served) < 10:
-            return None
-        return sum(m for _, m in self.served) / max(self.now - max(cut, self.served[0][0]), 1.0)
+        """GPU share served from the queue per second lately (``eta.Drain``)."""
+        return self.served.rate(self.now)
 
     def free_milli(self) -> Dict[str, int]:
         return dict(self.free_by_model)

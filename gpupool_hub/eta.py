@@ -62,6 +62,9 @@ MIN_CALIBRATION = 50
 CALIBRATION_SPAN = 500
 #: seconds added to both waits of a calibration ratio (a wait "within a minute" has no useful ratio)
 CALIBRATION_PAD = 15.0
+#: the window over which the queue's service rate is measured, and the starts it needs
+DRAIN_WINDOW = 600.0
+MIN_DRAIN_STARTS = 10
 #: the estimate's time grid: from now to ``HORIZON`` seconds, each step this factor longer
 GRID_FACTOR = 1.06
 HORIZON = 14 * 86400.0
@@ -155,6 +158,30 @@ class Calibration:
         i = int(pos)
         ratio = xs[i] + (xs[min(i + 1, len(xs) - 1)] - xs[i]) * (pos - i)
         return max(0.0, (model_s + CALIBRATION_PAD) * ratio - CALIBRATION_PAD)
+
+
+class Drain:
+    """The GPU share the queue was served lately: starts of waiters, per second.
+
+    Why: while a queue builds, the sessions that ended are the short ones, and
+    the release model learns from them that GPUs free up fast. The rate at
+    which waiters really started says how fast the queue moves now."""
+
+    def __init__(self) -> None:
+        self.starts: deque[tuple[float, int]] = deque()  # (seconds, GPU share in milli), oldest first
+
+    def add(self, at: float, milli: int) -> None:
+        """A waiter started at ``at`` (seconds on any fixed clock) with ``milli`` of GPU share."""
+        self.starts.append((at, milli))
+
+    def rate(self, now: float) -> float | None:
+        """Milli-GPUs served per second over the last ``DRAIN_WINDOW``; None with too few starts."""
+        cut = now - DRAIN_WINDOW
+        while self.starts and self.starts[0][0] < cut:
+            self.starts.popleft()
+        if len(self.starts) < MIN_DRAIN_STARTS:
+            return None
+        return sum(m for _, m in self.starts) / max(now - max(cut, self.starts[0][0]), 1.0)
 
 
 @dataclass(frozen=True)

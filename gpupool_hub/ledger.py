@@ -53,7 +53,7 @@ from .units import from_milli, to_milli
 log = logging.getLogger(__name__)
 
 #: Current schema version; see ``MIGRATIONS`` and docs/ledger.md for the upgrade path.
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 KINDS = ("grant", "monthly", "daily", "debit", "adjustment", "refund")
 #: Kinds whose amount must be positive (credits) or negative (charges).
@@ -263,6 +263,9 @@ estimates = sa.Table(
     sa.Column("high_s", sa.Integer, nullable=True),
     sa.Column("basis", sa.String(16), nullable=False),  # "history" or "fallback" (eta.py)
     sa.Column("started_at", sa.DateTime, nullable=True),
+    # the release model's own point estimate (seconds) before calibration: what the next
+    # estimates are calibrated on, against the real start (eta.Calibration)
+    sa.Column("model_s", sa.Integer, nullable=True),
     sa.Index("ix_gpupool_estimates_started", "started_at"),
 )
 
@@ -297,19 +300,19 @@ class LedgerRecords:
             return [{**r._mapping, "since": _aware(r.since)} for r in rows]
 
     def estimate_shown(self, entry_id: str, user: str, at: datetime, bounds: Sequence[int | None],
-                       basis: str) -> None:
+                       basis: str, model_s: int | None = None) -> None:
         """Record the estimate shown to a waiting entry (``bounds``: low, mid, high seconds
-        after ``at``). Idempotent: the first one shown stays."""
+        after ``at``; ``model_s``: the model's own estimate). Idempotent: the first one shown stays."""
         with self._write() as conn:
-            self._estimate_shown(conn, entry_id, user, at, bounds, basis)
+            self._estimate_shown(conn, entry_id, user, at, bounds, basis, model_s)
 
     @staticmethod
     def _estimate_shown(conn: Connection, entry_id: str, user: str, at: datetime, bounds: Sequence[int | None],
-                        basis: str) -> None:
+                        basis: str, model_s: int | None = None) -> None:
         if conn.execute(sa.select(estimates.c.id).where(estimates.c.id == entry_id)).first() is None:
             low, mid, high = bounds
             conn.execute(estimates.insert().values(id=entry_id, user=user, shown_at=_db_time(at), low_s=low,
-                                                   mid_s=mid, high_s=high, basis=basis))
+                                                   mid_s=mid, high_s=high, basis=basis, model_s=model_s))
 
     def estimate_started(self, entry_id: str, at: datetime) -> None:
         """The entry really started (its GPUs were claimed); once: a second call keeps the first time."""
@@ -323,6 +326,16 @@ class LedgerRecords:
                       estimates.c.started_at).where(estimates.c.started_at >= _db_time(since))
         with self._read() as conn:
             return [(r.low_s, r.mid_s, r.high_s, (r.started_at - r.shown_at).total_seconds()) for r in conn.execute(q)]
+
+    def calibration_pairs(self, since: datetime, limit: int) -> list[tuple[int, float]]:
+        """(the model's estimate, the real wait) in seconds of the ``limit`` latest starts since
+        ``since`` that had one, oldest first: what the next ranges are calibrated on."""
+        q = (sa.select(estimates.c.model_s, estimates.c.shown_at, estimates.c.started_at)
+             .where(estimates.c.started_at >= _db_time(since), estimates.c.model_s.is_not(None))
+             .order_by(estimates.c.started_at.desc()).limit(limit))
+        with self._read() as conn:
+            rows = conn.execute(q).all()
+        return [(r.model_s, (r.started_at - r.shown_at).total_seconds()) for r in reversed(rows)]
 
     def session_lengths(self, since: datetime) -> list[tuple[dict[str, Any], str, float]]:
         """(request, user, seconds held) of each allocation released since ``since``: the history
@@ -843,8 +856,14 @@ def _migrate_to_8(conn: Connection) -> None:
     metadata.create_all(conn, tables=[estimates])
 
 
+def _migrate_to_9(conn: Connection) -> None:
+    # the model's own estimate beside each shown one: the service calibrates on it
+    if "model_s" not in {c["name"] for c in sa.inspect(conn).get_columns("gpupool_estimates")}:
+        conn.execute(sa.text("ALTER TABLE gpupool_estimates ADD COLUMN model_s INTEGER"))
+
+
 MIGRATIONS = {1: _migrate_to_1, 2: _migrate_to_2, 3: _migrate_to_3, 4: _migrate_to_4, 5: _migrate_to_5,
-              6: _migrate_to_6, 7: _migrate_to_7, 8: _migrate_to_8}
+              6: _migrate_to_6, 7: _migrate_to_7, 8: _migrate_to_8, 9: _migrate_to_9}
 
 
 def schema_version(conn: Connection) -> int:

@@ -235,7 +235,7 @@ def test_a_version_5_database_is_upgraded_and_its_long_keys_still_match(db_url):
     ledger = Ledger(db_url)
     try:
         with ledger.engine.begin() as conn:
-            assert conn.execute(sa.select(meta_table.c.value)).scalar_one() == str(SCHEMA_VERSION) == "8"
+            assert conn.execute(sa.select(meta_table.c.value)).scalar_one() == str(SCHEMA_VERSION) == "9"
         replay = ledger.post(Posting("alice", "grant", Decimal(7), long_key))
         assert not replay.created and replay.entry.key == long_key and replay.entry.reason == "old"
         assert ledger.balance("alice") == Decimal(7) and ledger.verify().ok
@@ -246,6 +246,30 @@ def test_a_version_5_database_is_upgraded_and_its_long_keys_still_match(db_url):
         interval = ("gpu-use", NOW, NOW + timedelta(minutes=1))
         assert ledger.record_gpu_use(use, interval) and not ledger.record_gpu_use(use, interval)
         assert gpu_use_of(ledger, "alice", NOW.date(), NOW.date())[NOW.date()].idle_milli == 30_000
+    finally:
+        ledger.close()
+
+
+def test_a_version_8_database_keeps_its_shown_estimates_and_calibrates_on_new_ones(db_url):
+    """Schema 9 keeps the model's own estimate beside each shown one; the estimates a
+    version-8 service recorded still count for the published accuracy."""
+    ledger = Ledger(db_url)
+    with ledger.engine.begin() as conn:  # back to what a version-8 service left behind
+        conn.execute(sa.text("ALTER TABLE gpupool_estimates DROP COLUMN model_s"))
+        conn.execute(meta_table.update().values(value="8"))
+        conn.execute(sa.text("INSERT INTO gpupool_estimates (id, \"user\", shown_at, low_s, mid_s, high_s, basis, "
+                             "started_at) VALUES ('old', 'ann', :shown, 60, 120, 300, 'history', :started)"),
+                     {"shown": NOW.replace(tzinfo=None), "started": (NOW + timedelta(minutes=3)).replace(tzinfo=None)})
+    ledger.close()
+    ledger = Ledger(db_url)
+    try:
+        since = NOW - timedelta(days=1)
+        assert ledger.estimates_started(since) == [(60, 120, 300, 180.0)]
+        assert ledger.calibration_pairs(since, 10) == []  # nothing to calibrate on from before
+        for i, model_s in enumerate((100, 200, 300)):
+            ledger.estimate_shown(f"e{i}", "bob", NOW + timedelta(minutes=i), [60, 120, 300], "history", model_s)
+            ledger.estimate_started(f"e{i}", NOW + timedelta(minutes=i + 5))
+        assert ledger.calibration_pairs(since, 2) == [(200, 300.0), (300, 300.0)]  # the latest, oldest first
     finally:
         ledger.close()
 

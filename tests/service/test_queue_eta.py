@@ -4,7 +4,12 @@ accuracy the admin view publishes."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
+import sqlalchemy as sa
+
 from gpupool_hub import eta
+from gpupool_hub.ledger import estimates
 from tests.service.test_queue import admit, manager, queued
 from tests.fixtures.manager import Clock
 from tests.service.openapi import check
@@ -108,3 +113,39 @@ def test_the_spawn_page_says_full_with_the_range():
     assert full_text(entries, now) == "full — 2 waiting, about 20–45 min"
     # today's rule keeps today's text
     assert full_text([{**entries[0], "eta_basis": "fallback"}], now) == "full — 2 waiting, about 20 min"
+
+
+def test_the_range_is_calibrated_on_how_far_off_past_estimates_were(tmp_path):
+    """Worked example: 51 past waiters whose real wait was 1.0, 1.04, ..., 3.0 times the model's
+    estimate (plus the 15 s pad). The next range is the model's estimate scaled by their 20th
+    and 80th percentiles, 1.4 and 2.6, and recorded with the model's own estimate."""
+    clock = Clock()
+    m = manager(tmp_path, clock=clock)
+    past_sessions(m, clock)
+    for i in range(51):
+        ratio = 1 + 0.04 * i
+        shown_at = clock.now - timedelta(hours=2, minutes=i)
+        m.ledger.estimate_shown(f"past{i}", "carol", shown_at, [0, 0, 0], "history", 285)
+        m.ledger.estimate_started(f"past{i}", shown_at + timedelta(seconds=300 * ratio - 15))
+    admit(m, "alice")
+    r = queued(m, "bob")
+    entry = m.queue.waiting_of("bob")[0]
+    with m.ledger.engine.begin() as conn:
+        model_s = conn.execute(sa.select(estimates.c.model_s).where(estimates.c.user == "bob")).scalar_one()
+    assert model_s is not None and model_s > 0
+    low, high = (eta_seconds(r.details[k], entry["since"]) for k in ("eta_low", "eta_high"))
+    assert abs(low - ((model_s + 15) * 1.4 - 15)) <= 1.5  # model_s was stored rounded to the second
+    assert abs(high - ((model_s + 15) * 2.6 - 15)) <= 1.5
+    assert r.details["eta_basis"] == "history"
+
+
+def test_too_few_past_starts_leave_the_models_own_range(tmp_path):
+    clock = Clock()
+    m = manager(tmp_path, clock=clock)
+    past_sessions(m, clock)
+    for i in range(eta.MIN_CALIBRATION - 1):  # one short: the ratios of 3 are not used
+        shown_at = clock.now - timedelta(hours=2, minutes=i)
+        m.ledger.estimate_shown(f"past{i}", "carol", shown_at, [0, 0, 0], "history", 285)
+        m.ledger.estimate_started(f"past{i}", shown_at + timedelta(seconds=900 - 15))
+    admit(m, "alice")
+    assert queued(m, "bob").details["eta_text"] in ("about 4–16 min", "about 4–17 min", "about 3–16 min")

@@ -141,6 +141,7 @@ class WaitQueue(QueueRanges, QueueReports):
         self._history: tuple[float, eta_rules.SessionHistory] | None = None
         self._ranges: tuple[float, dict[str, eta_rules.Estimate]] | None = None
         self._shown: set[str] = set()  # entry ids whose shown estimate is recorded
+        self.served = eta_rules.Drain()  # the GPU share started from the queue lately (for the ranges)
         # after a full dispatch that left a head waiting: (the pool, its release count, the head's
         # entry); while all three still hold, a newcomer needs no full pass (``join_behind``)
         self._settled: tuple[Any, int, Entry] | None = None
@@ -252,6 +253,7 @@ class WaitQueue(QueueRanges, QueueReports):
         if stored:
             self.ledger.queue_remove(entry.waiter.id)
             self.ledger.estimate_started(entry.waiter.id, self.clock())
+            self.served.add(self.clock().timestamp(), entry.waiter.request.total_gpu_milli)
         self._shown.discard(entry.waiter.id)
         user = entry.waiter.user  # admission records it now: held from here on (a new dict: readers copy)
         self.held_by_user = {**self.held_by_user, user: self.held_by_user.get(user, 0) + 1}
@@ -397,7 +399,7 @@ class WaitQueue(QueueRanges, QueueReports):
         shown = None if entry.waiter.id in self._shown else (
             entry.waiter.id, entry.waiter.user, now,
             [None if t is None else max(0, round((t - now).total_seconds())) for t in (est.low, est.mid, est.high)],
-            est.basis)
+            est.basis, None if est.model_s is None else round(min(est.model_s, eta_rules.HORIZON)))
         # those far back ask less often: every retry is work on the writer thread
         retry = now + timedelta(seconds=min(10, 2 + position // 20))
         history = est.basis == "history"

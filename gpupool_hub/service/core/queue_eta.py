@@ -54,11 +54,10 @@ class QueueRanges:
     _ranges: tuple[float, dict[str, eta_rules.Estimate]] | None = None
     _held: tuple[float, list[AllocationRecord], dict[str, datetime]] | None = None
     _curve_cache: tuple[list[AllocationRecord], eta_rules.SessionHistory, dict[Any, Any]] | None = None
+    _calibration: tuple[float, eta_rules.Calibration] | None = None
+    served: eta_rules.Drain
 
     def ordered(self) -> list[Waiter]:  # provided by WaitQueue
-        raise NotImplementedError("Subclass must provide implementation")
-
-    def free_milli(self) -> dict[str, int]:  # provided by WaitQueue
         raise NotImplementedError("Subclass must provide implementation")
 
     def history(self) -> eta_rules.SessionHistory:
@@ -70,17 +69,31 @@ class QueueRanges:
                 (_profile(req), user, seconds) for req, user, seconds in self.ledger.session_lengths(since)))
         return self._history[1]
 
+    def calibration(self) -> eta_rules.Calibration:
+        """The model's estimates against the real starts of the latest waiters (reread every
+        ``RELEASES_TTL`` seconds): once there are enough, ranges are scaled by them."""
+        stamp = self.clock().timestamp()
+        if self._calibration is None or stamp - self._calibration[0] >= RELEASES_TTL:
+            since = self.clock() - timedelta(days=HISTORY_DAYS)
+            pairs = self.ledger.calibration_pairs(since, eta_rules.CALIBRATION_SPAN)
+            self._calibration = (stamp, eta_rules.Calibration(pairs))
+        return self._calibration[1]
+
     def ranges(self, extra: Waiter | None = None, only: str | None = None) -> dict[str, eta_rules.Estimate]:
         """Each waiting entry's start range (cached like ``estimates``); empty without history.
         With ``extra``, only that hypothetical newcomer's, at the end; with ``only``, only that
-        waiting entry's (neither is cached)."""
+        waiting entry's (neither is cached).
+
+        What the pool shows free counts for nobody here: a waiter still waiting after a
+        dispatch pass could not use it (scattered over nodes, or short of CPU or memory)."""
         stamp = self.clock().timestamp()
         if extra is not None or only is not None or self._ranges is None or stamp - self._ranges[0] >= ESTIMATE_TTL:
             now = self.clock()
             history = self.history()
-            out = eta_rules.estimate_ranges(self.ordered() + ([extra] if extra else []), self.free_milli(),
+            out = eta_rules.estimate_ranges(self.ordered() + ([extra] if extra else []), {},
                                             self._held_for_estimates(now), history, now, curves=self._curves(history),
-                                            only=extra.id if extra else only)
+                                            only=extra.id if extra else only, calibration=self.calibration(),
+                                            drain=self.served.rate(stamp))
             if extra is not None or only is not None:
                 return out
             self._ranges = (stamp, out)
