@@ -914,16 +914,6 @@ def _entry(row: sa.Row) -> Entry:  # type: ignore[type-arg]
     )
 
 
-def _entry_from_posting(entry_id: int, p: Posting, now: datetime) -> Entry:
-    """The entry just inserted, built from what was written (no second read)."""
-    return Entry(
-        id=entry_id, account=p.account, kind=p.kind, amount=from_milli(to_milli(p.amount)), key=p.key,
-        reason=p.reason, actor=p.actor, created_at=_aware(_db_time(now)),  # type: ignore[arg-type]
-        interval_start=_aware(_db_time(p.interval_start)), interval_end=_aware(_db_time(p.interval_end)),
-        model=p.model, gpu_seconds=p.gpu_seconds,
-    )
-
-
 def _same(entry: Entry, posting: Posting) -> bool:
     return (entry.account, entry.kind, entry.amount) == (posting.account, posting.kind, posting.amount)
 
@@ -1031,7 +1021,8 @@ class Ledger(LedgerRecords, LedgerLeases, LedgerGpuUse, LedgerHeldReads):
             return {(r.account, r.model): Decimal(r.residual) for r in conn.execute(sa.select(carries))}
 
     def _ensure_accounts(self, conn: Connection, names: Iterable[str], now: datetime) -> None:
-        rows = [dict(name=n, balance_milli=0, created_at=_db_time(now), credits_through=None) for n in set(names)]
+        created_at = _db_time(now)
+        rows = [dict(name=n, balance_milli=0, created_at=created_at, credits_through=None) for n in set(names)]
         for chunk in _chunks(rows):
             conn.execute(_insert(conn, accounts), list(chunk))
 
@@ -1043,16 +1034,23 @@ class Ledger(LedgerRecords, LedgerLeases, LedgerGpuUse, LedgerHeldReads):
             raise IdempotencyConflict("the same idempotency key appears twice in one batch")
         self._ensure_accounts(conn, (p.account for p in postings), now)
         created_at = _db_time(now)
+        # the debits of one interval share its start and end: each distinct time is converted once
+        naive: dict[datetime | None, datetime | None] = {None: None}
+        for p in postings:
+            for t in (p.interval_start, p.interval_end):
+                if t not in naive:
+                    naive[t] = _db_time(t)
         stored = {p.key: stored_key(p.key) for p in postings}
+        milli = [to_milli(p.amount) for p in postings]
         rows = [
             dict(
-                account=p.account, kind=p.kind, amount_milli=to_milli(p.amount), idempotency_key=stored[p.key],
+                account=p.account, kind=p.kind, amount_milli=m, idempotency_key=stored[p.key],
                 key_text=None if stored[p.key] == p.key else p.key,
                 reason=p.reason, actor=p.actor, created_at=created_at,
-                interval_start=_db_time(p.interval_start), interval_end=_db_time(p.interval_end),
+                interval_start=naive[p.interval_start], interval_end=naive[p.interval_end],
                 model=p.model, gpu_seconds=p.gpu_seconds,
             )
-            for p in postings
+            for p, m in zip(postings, milli)
         ]
         stmt = _insert(conn, entries).returning(entries.c.id, entries.c.idempotency_key)
         new_ids: dict[str, int] = {}
@@ -1061,10 +1059,16 @@ class Ledger(LedgerRecords, LedgerLeases, LedgerGpuUse, LedgerHeldReads):
                 new_ids[key] = new_id
         inserted: dict[str, Entry] = {}
         deltas: dict[str, int] = defaultdict(int)
-        for p in postings:
+        aware = {t: _aware(v) for t, v in naive.items()}
+        created = _aware(created_at)
+        for p, m in zip(postings, milli):
             if stored[p.key] in new_ids:
-                inserted[p.key] = _entry_from_posting(new_ids[stored[p.key]], p, now)
-                deltas[p.account] += to_milli(p.amount)
+                inserted[p.key] = Entry(
+                    id=new_ids[stored[p.key]], account=p.account, kind=p.kind, amount=from_milli(m), key=p.key,
+                    reason=p.reason, actor=p.actor, created_at=created,  # type: ignore[arg-type]
+                    interval_start=aware[p.interval_start], interval_end=aware[p.interval_end],
+                    model=p.model, gpu_seconds=p.gpu_seconds)  # what was written: no second read
+                deltas[p.account] += m
         changes = [dict(n=n, d=d) for n, d in deltas.items() if d]
         if changes:
             conn.execute(

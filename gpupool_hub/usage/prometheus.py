@@ -26,6 +26,7 @@ import requests
 
 from gpupool_hub.usage.base import Usage, UsageNotSettled, UsageUnavailable
 from gpupool_hub.usage.prometheus_counts import (
+    changed_query,
     coverage_count_query,
     fully_covered,
     stats_queries,
@@ -374,17 +375,34 @@ class PrometheusUsageSource:
 
     def _sum_chunk(self, a: int, b: int) -> dict[tuple[str, str], Decimal]:
         """Sum of the per-step values of every (user, model) series in ``[a, b)``."""
-        counted = (stats_queries(self._series, a, b, self.step_seconds)
-                   if self.count_on_server and self._series is not None and self._identity is not None else None)
-        if counted is not None:
-            queries, at = counted
-            answers = {stat: self._query_instant(query, at) for stat, query in queries}
-            sums = sums_from_stats(answers, self._identity, (b - a) // self.step_seconds)
-            if sums is not None:
-                return sums
-            log.info("%s: a series changed value within %s–%s (or something is unusual): reading it point by point",
-                     self.name, _iso(a), _iso(b))
-        result = self._query_range(self.query, a, b)
+        if self.count_on_server and self._series is not None and self._identity is not None:
+            counted = self._sum_counted(self._series, self._identity, a, b)
+            if counted is not None:
+                return counted
+            log.info("%s: something unusual in %s–%s: reading it point by point", self.name, _iso(a), _iso(b))
+        return self._sum_series(self._query_range(self.query, a, b), a, b)
+
+    def _sum_counted(self, series: str, identity: tuple[str, ...], a: int, b: int
+                     ) -> dict[tuple[str, str], Decimal] | None:
+        """The chunk's sums from Prometheus's counts (``prometheus_counts``), the allocations that
+        changed value read point by point; None when the chunk must be read point by point."""
+        stats = stats_queries(series, a, b, self.step_seconds)
+        if stats is None:
+            return None
+        queries, at = stats
+        answers = {stat: self._query_instant(query, at) for stat, query in queries.items()}
+        got = sums_from_stats(answers, identity, (b - a) // self.step_seconds)
+        if got is None:
+            return None
+        sums, changed = got
+        if changed:
+            query = changed_query(series, identity, a, b, self.step_seconds)
+            for key, value in self._sum_series(self._query_range(query, a, b), a, b).items():
+                sums[key] = sums.get(key, Decimal(0)) + value
+        return sums
+
+    def _sum_series(self, result: list[dict[str, Any]], a: int, b: int) -> dict[tuple[str, str], Decimal]:
+        """Sum of the per-step values of every (user, model) series of a range query's answer."""
         grid = frozenset(range(a, b, self.step_seconds))
         sums: dict[tuple[str, str], Decimal] = {}
         seen: set[tuple[Any, ...]] = set()

@@ -1,26 +1,25 @@
-"""An interval's usage from four numbers per series, computed by Prometheus.
+"""An interval's usage from two numbers per series, computed by Prometheus.
 
 Why: the range query answers every point of the grid (10,000 series of 60
 points for one hour of a 10,000-user hub), and de-duplicating them at every
 step in Prometheus, then decoding and adding the points here, was most of a
 debit cycle. But an exporter's series holds one value for as long as a server
-holds its GPUs, so four ``*_over_time`` subqueries of the raw series over the
-same grid say all there is: how many grid points have a sample (``count``),
-and, when ``min`` equals ``max``, which value they all have. ``value * count``
-in :class:`~decimal.Decimal` is then exactly what the range query's points add
-up to: both read the same samples at the same instants (a subquery evaluates
-its inner expression like a range query whose steps are multiples of the step,
-hence the alignment check), and Prometheus writes a sample value the same way
-in both answers. ``sum`` is asked only to catch a NaN, which ``min`` and
-``max`` skip.
+holds its GPUs, so ``*_over_time`` subqueries of the raw series over the same
+grid say all there is: how many grid points have a sample (``count``), which
+value they have (``max``), and which series changed value (``changes``, which
+also counts a NaN among numbers; only those series are in its answer).
+``value * count`` in :class:`~decimal.Decimal` is then exactly what the range
+query's points add up to: both read the same samples at the same instants (a
+subquery evaluates its inner expression like a range query whose steps are
+multiples of the step, hence the alignment check), and Prometheus writes a
+sample value the same way in both answers. The series that changed are read
+point by point, de-duplicated as the range query does (:func:`changed_query`).
 
-The range query took the maximum over series of one allocation (the same
-allocation scraped twice). Here that is exact only when the copies hold the
-same value at every grid point; anything else (a series whose value changed
-within the interval, copies that differ or miss points, a value that is not a
-finite, non-negative number, a missing label) returns ``None``, and the
-caller reads the chunk point by point, whose checks name the problem or sum it
-as before.
+Copies of one allocation (scraped twice) count once when they hold the same
+value at every point. Anything else unusual (copies that differ, a value that
+is not a finite, non-negative number, a missing label) returns ``None``, and
+the caller reads the whole chunk point by point, whose checks name the
+problem or sum it as before.
 """
 
 from __future__ import annotations
@@ -29,13 +28,13 @@ from collections.abc import Mapping, Sequence
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-__all__ = ["STATS", "coverage_count_query", "fully_covered", "stats_queries", "sums_from_stats"]
+__all__ = ["STATS", "changed_query", "coverage_count_query", "fully_covered", "stats_queries", "sums_from_stats"]
 
-STATS = ("count", "min", "max", "sum")
+STATS = ("count", "max", "changed")
 
 
-def stats_queries(selector: str, a: int, b: int, step: int) -> tuple[list[tuple[str, str]], int] | None:
-    """The ``(stat, query)`` pairs over the grid ``a, a+step, ..., b-step`` and the instant
+def stats_queries(selector: str, a: int, b: int, step: int) -> tuple[dict[str, str], int] | None:
+    """The query of each stat over the grid ``a, a+step, ..., b-step`` and the instant
     to evaluate them at; None when the grid is not aligned to multiples of ``step``
     (a subquery's steps always are).
 
@@ -45,51 +44,70 @@ def stats_queries(selector: str, a: int, b: int, step: int) -> tuple[list[tuple[
     window = _grid_window(a, b, step)
     if window is None:
         return None
-    return [(stat, f"{stat}_over_time(({selector}){window})") for stat in STATS], b - step
+    ranged = f"({selector}){window}"
+    return {"count": f"count_over_time({ranged})", "max": f"max_over_time({ranged})",
+            "changed": f"changes({ranged}) > 0"}, b - step
+
+
+def changed_query(selector: str, identity: Sequence[str], a: int, b: int, step: int) -> str:
+    """The range query of the allocations that changed value within the grid: every copy
+    of each, de-duplicated (``max by`` their identity) like the point-by-point query."""
+    window = _grid_window(a, b, step)
+    assert window is not None
+    labels = ", ".join(identity)
+    return (f"max by ({labels}) ({selector} and on ({labels}) "
+            f"(changes(({selector}){window} @ {b - step}) > 0))")
 
 
 def sums_from_stats(
     answers: Mapping[str, list[Mapping[str, Any]]], identity: Sequence[str], points: int
-) -> dict[tuple[str, str], Decimal] | None:
-    """The sum of the grid's values per (user, model), or None to read point by point.
+) -> tuple[dict[tuple[str, str], Decimal], int] | None:
+    """The sum of the grid's values per (user, model) of the series that kept one value, and
+    how many allocations changed value (for :func:`changed_query`); None to read point by point.
 
     ``answers``: each stat's instant vector; ``identity``: the labels naming one
     allocation (copies of it are de-duplicated); ``points``: the grid's length."""
-    # one series is one label set in all four answers (Prometheus writes labels sorted;
+    changed: set[tuple[Any, ...]] = set()
+    for series in answers["changed"]:
+        labels = series.get("metric")
+        if not isinstance(labels, dict):
+            return None
+        changed.add(tuple(labels.get(k) for k in identity))
+    # one series is one label set in both answers (Prometheus writes labels sorted;
     # an answer in another order only costs the point-by-point read)
     stats: dict[tuple[tuple[str, Any], ...], list[Any]] = {}
-    for i, stat in enumerate(STATS):
+    for i, stat in enumerate(("count", "max")):
         for series in answers[stat]:
             labels, sample = series.get("metric"), series.get("value")
             if not isinstance(labels, dict) or not isinstance(sample, list) or len(sample) != 2:
                 return None
             got = stats.get(key := tuple(labels.items()))
             if got is None:
-                got = stats[key] = [labels, None, None, None, None]
+                got = stats[key] = [labels, None, None]
             got[1 + i] = sample[1]
     parsed: dict[Any, Decimal | None] = {}
     per_identity: dict[tuple[Any, ...], tuple[Decimal, int]] = {}  # value, count
-    for labels, raw_count, raw_low, raw_high, raw_sum in stats.values():
-        if raw_low != raw_high or raw_sum is None:  # the same string: the same value
-            return None
-        low, count, total = _number(raw_low, parsed), _number(raw_count, parsed), _number(raw_sum, parsed)
-        if low is None or total is None or count is None or low < 0 or count != count.to_integral_value():
+    for labels, raw_count, raw_value in stats.values():
+        name = tuple(labels.get(k) for k in identity)
+        if name in changed:
+            continue
+        value, count = _number(raw_value, parsed), _number(raw_count, parsed)
+        if value is None or count is None or value < 0 or count != count.to_integral_value():
             return None
         user, model = labels.get("user"), labels.get("model")
         if not (isinstance(user, str) and user and isinstance(model, str) and model):
             return None
-        name = tuple(labels.get(k) for k in identity)
         seen = per_identity.get(name)
         if seen is None:
-            per_identity[name] = (low, int(count))
-        elif not (seen[0] == low and seen[1] == int(count) == points):
+            per_identity[name] = (value, int(count))
+        elif not (seen[0] == value and seen[1] == int(count) == points):
             return None  # copies count once only when they hold the same value at every point
     sums: dict[tuple[str, str], Decimal] = {}
     at_user, at_model = identity.index("user"), identity.index("model")
     for name, (value, count) in per_identity.items():
         key = (name[at_user], name[at_model])
         sums[key] = sums.get(key, Decimal(0)) + value * count
-    return sums
+    return sums, len(changed)
 
 
 def coverage_count_query(coverage_query: str, a: int, b: int, step: int) -> tuple[str, int] | None:

@@ -267,71 +267,86 @@ def stat(value: str, **labels) -> dict:
     return {"metric": labels, "value": [T0 + 3600 - 60, value]}
 
 
-def stats(count: str, low: str, high: str, total: str, **labels) -> list[tuple[int, dict]]:
-    """The four answers (count, min, max, sum) for one series."""
-    return [(200, vector(stat(v, **labels))) for v in (count, low, high, total)]
+def counted(count: str, value: str, changed: bool = False, **labels) -> list[tuple[int, dict]]:
+    """The three answers (count, max, changed) for one series."""
+    return [(200, vector(stat(count, **labels))), (200, vector(stat(value, **labels))),
+            (200, vector(stat("1", **labels)) if changed else vector())]
 
 
-def test_a_clean_interval_is_four_instant_queries(fake: FakePrometheus) -> None:
+def test_a_clean_interval_is_three_instant_queries(fake: FakePrometheus) -> None:
     fake.answer(
         (200, vector(stat("60"), stat("30", user="ünï o'b", node="b"))),
         (200, vector(stat("0.1"), stat("1e-2", user="ünï o'b", node="b"))),
-        (200, vector(stat("0.1"), stat("1e-2", user="ünï o'b", node="b"))),
-        (200, vector(stat("6.000000000000001"), stat("0.3", user="ünï o'b", node="b"))),
+        (200, vector()),
     )
     got = src(fake, count_on_server=True).usage(START, END)
     # 60 × 0.1 per step of 60 s: exactly 360 with Decimal (the float sum is off)
     assert got == [Usage("alice", "A100", Decimal("360.0")), Usage("ünï o'b", "A100", Decimal("18.00"))]
-    assert fake.paths == ["/api/v1/query"] * 4
+    assert fake.paths == ["/api/v1/query"] * 3
     queries = [form["query"][0] for form, _headers in fake.requests]
-    assert [q.split("(", 1)[0] for q in queries] == ["count_over_time", "min_over_time", "max_over_time",
-                                                      "sum_over_time"]
-    assert all(q.endswith("(gpupool_allocated_gpus)[3570000ms:60s])") for q in queries)  # half a step before
+    window = "(gpupool_allocated_gpus)[3570000ms:60s]"  # from half a step before the first point
+    assert queries == [f"count_over_time({window})", f"max_over_time({window})", f"changes({window}) > 0"]
     assert {form["time"][0] for form, _headers in fake.requests} == {str(T0 + 3600 - 60)}  # the last point
 
 
 def test_copies_of_one_allocation_count_once(fake: FakePrometheus) -> None:
-    fake.answer(*[(200, vector(stat(v, job="a"), stat(v, job="b"))) for v in ("60", "1", "1", "60")])
+    fake.answer(*[(200, vector(stat(v, job="a"), stat(v, job="b"))) for v in ("60", "1")], (200, vector()))
     assert src(fake, count_on_server=True).usage(START, END) == [Usage("alice", "A100", Decimal(3600))]
-    assert fake.paths == ["/api/v1/query"] * 4
+    assert fake.paths == ["/api/v1/query"] * 3
+
+
+def test_only_the_allocations_that_changed_are_read_point_by_point(fake: FakePrometheus) -> None:
+    fake.answer(
+        (200, vector(stat("60"), stat("60", user="bob"))),
+        (200, vector(stat("1"), stat("2", user="bob"))),
+        (200, vector(stat("1", user="bob"))),
+        (200, matrix(series([[T0 + 60 * i, str(1 + i % 2)] for i in range(60)], user="bob"))),
+    )
+    got = src(fake, count_on_server=True).usage(START, END)
+    assert got == [Usage("alice", "A100", Decimal(3600)), Usage("bob", "A100", Decimal(90 * 60))]
+    assert fake.paths == ["/api/v1/query"] * 3 + ["/api/v1/query_range"]
+    query = fake.requests[-1][0]["query"][0]
+    identity = "user, model, node, server, allocation"
+    assert query == (f"max by ({identity}) (gpupool_allocated_gpus and on ({identity}) "
+                     f"(changes((gpupool_allocated_gpus)[3570000ms:60s] @ {T0 + 3600 - 60}) > 0))")
 
 
 @pytest.mark.parametrize(
     ("answers", "points", "expected"),
     [
-        (stats("60", "0", "1", "30"), series([[T0 + 60 * i, str(i % 2)] for i in range(60)]),
-         [Usage("alice", "A100", Decimal(1800))]),  # changed value: the points say how much
-        (stats("60", "1", "1", "NaN"), series(grid("NaN")), "non-finite value NaN"),
-        (stats("60", "-0.5", "-0.5", "-30"), series(grid("-0.5")), "negative value -0.5"),
-        (stats("60", "1", "1", "60", user=""), series(grid("1"), user=""), "lacks the user label"),
-        (stats("59.5", "1", "1", "60"), series(grid("1")), [Usage("alice", "A100", Decimal(3600))]),
-        ([*stats("60", "1", "1", "60")[:3], (200, vector())], series(grid("1")),
-         [Usage("alice", "A100", Decimal(3600))]),  # a stat missing for a series
+        (counted("60", "1", changed=True), series(grid("NaN")), "non-finite value NaN"),  # NaN among numbers
+        (counted("60", "NaN"), series(grid("NaN")), "non-finite value NaN"),
+        (counted("60", "-0.5"), series(grid("-0.5")), "negative value -0.5"),
+        (counted("60", "1", user=""), series(grid("1"), user=""), "lacks the user label"),
+        (counted("60", "1", changed=True, user=""), series(grid("1"), user=""), "lacks the user label"),
     ],
-    ids=["changed", "nan", "negative", "no-user", "fractional-count", "missing-stat"],
+    ids=["nan-among-numbers", "nan", "negative", "no-user", "no-user-changed"],
 )
 def test_anything_unusual_is_judged_point_by_point(
-    fake: FakePrometheus, answers: list, points: dict, expected: list | str
+    fake: FakePrometheus, answers: list, points: dict, expected: str
 ) -> None:
     """The counted answers are not judged on their own: the points are, with the same messages as ever."""
     fake.answer(*answers, (200, matrix(points)))
-    source = src(fake, count_on_server=True)
-    if isinstance(expected, str):
-        with pytest.raises(UsageUnavailable, match=expected):
-            source.usage(START, END)
-    else:
-        assert source.usage(START, END) == expected
-    assert fake.paths == ["/api/v1/query"] * 4 + ["/api/v1/query_range"]
+    with pytest.raises(UsageUnavailable, match=expected):
+        src(fake, count_on_server=True).usage(START, END)
+    assert fake.paths == ["/api/v1/query"] * 3 + ["/api/v1/query_range"]
 
 
-def test_copies_that_differ_are_judged_point_by_point(fake: FakePrometheus) -> None:
-    """Copies of one allocation that miss different points: the range query's maximum at each
-    point covers their union, which counts cannot tell."""
-    fake.answer(*[(200, vector(stat(c, job="a"), stat(c2, job="b")))
-                  for c, c2 in (("30", "30"), ("1", "1"), ("1", "1"), ("30", "30"))],
-                (200, matrix(series(grid("1")))))
+@pytest.mark.parametrize(
+    "answers",
+    [
+        counted("59.5", "1"),  # a count that is not whole
+        [(200, vector(stat("60"))), (200, vector()), (200, vector())],  # a value missing for a series
+        [(200, vector(stat("30", job="a"), stat("30", job="b"))), (200, vector(stat("1", job="a"), stat("1", job="b"))),
+         (200, vector())],  # copies that miss different points: their union is unknown
+    ],
+    ids=["fractional-count", "missing-value", "copies-that-differ"],
+)
+def test_answers_that_cannot_be_trusted_send_the_chunk_point_by_point(fake: FakePrometheus, answers: list) -> None:
+    fake.answer(*answers, (200, matrix(series(grid("1")))))
     assert src(fake, count_on_server=True).usage(START, END) == [Usage("alice", "A100", Decimal(3600))]
-    assert fake.paths[-1] == "/api/v1/query_range"
+    assert fake.paths == ["/api/v1/query"] * 3 + ["/api/v1/query_range"]
+    assert fake.requests[-1][0]["query"][0].startswith("max by (user, model, node, server, allocation) (gpupool")
 
 
 def test_custom_and_dcgm_queries_are_read_point_by_point(fake: FakePrometheus) -> None:

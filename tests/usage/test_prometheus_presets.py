@@ -198,11 +198,19 @@ def test_long_interval_is_split_into_chunks(usage_history: History, monkeypatch)
     assert windows <= {7 * 60, 5 * 60}  # 25 chunks of 7 steps, the last of 5
 
 
-def test_a_clean_hour_is_counted_by_prometheus_in_one_answer(usage_history: History, monkeypatch) -> None:
+def test_counted_hours_read_only_what_changed_point_by_point(usage_history: History, monkeypatch) -> None:
+    """Over the test history's first hours some allocations change value: only those are read
+    point by point (one range query of them, de-duplicated), and the figures are the same."""
     h = usage_history
     src = PrometheusUsageSource(h.server.url, retries=0)
-    monkeypatch.setattr(src, "_query_range", lambda *a: pytest.fail("read point by point"))
-    assert as_dict(src.usage(h.at(0), h.at(1))) == as_dict(source(h, count_on_server=False).usage(h.at(0), h.at(1)))
+    ranged: list[str] = []
+    real = src._query_range
+    monkeypatch.setattr(src, "_query_range", lambda q, a, b: ranged.append(q) or real(q, a, b))
+    for hour in range(3):
+        got = as_dict(src.usage(h.at(hour), h.at(hour + 1)))
+        assert got == as_dict(source(h, count_on_server=False).usage(h.at(hour), h.at(hour + 1)))
+    assert ranged, "the history has allocations that change value"
+    assert all(" and on (user, model, node, server, allocation) (changes(" in q for q in ranged)
 
 
 def test_empty_interval_gives_no_records(usage_history: History) -> None:
