@@ -684,6 +684,9 @@ def one_size(args: argparse.Namespace) -> dict[str, Any]:
     if cache.exists() and meta.exists():
         built = json.loads(meta.read_text())
         print(f"set-up: cached {cache}", file=sys.stderr)
+        from gpupool_hub.ledger import Ledger
+
+        Ledger(f"sqlite:///{cache}").close()  # a cache built by older code: the current schema (PostgreSQL copies it)
     else:
         tmp = cache.with_suffix(".building")
         tmp.unlink(missing_ok=True)

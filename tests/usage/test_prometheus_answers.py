@@ -35,6 +35,8 @@ class FakePrometheus:
         self.answers: list[tuple[int, bytes | str | dict, float]] = []
         self.requests: list[tuple[dict[str, list[str]], dict[str, str]]] = []
         self.paths: list[str] = []
+        # (query prefix, answer): answers chosen by the query, for requests sent at once
+        self.routes: list[tuple[str, tuple[int, bytes | str | dict, float]]] = []
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -43,7 +45,12 @@ class FakePrometheus:
                 form = parse_qs(self.rfile.read(length).decode())
                 fake.requests.append((form, dict(self.headers)))
                 fake.paths.append(self.path)
-                status, body, delay = fake.answers.pop(0) if len(fake.answers) > 1 else fake.answers[0]
+                query = form.get("query", [""])[0]
+                routed = [answer for prefix, answer in fake.routes if query.startswith(prefix)]
+                if routed:
+                    status, body, delay = routed[0]
+                else:
+                    status, body, delay = fake.answers.pop(0) if len(fake.answers) > 1 else fake.answers[0]
                 if delay:
                     time.sleep(delay)
                 if isinstance(body, dict):
@@ -70,6 +77,12 @@ class FakePrometheus:
 
     def answer(self, *answers: tuple[int, bytes | str | dict] | tuple[int, bytes | str | dict, float]) -> None:
         self.answers = [(a[0], a[1], a[2] if len(a) > 2 else 0.0) for a in answers]
+
+    def route(self, **answers: dict) -> None:
+        """Answer the counted queries by what they ask (they are sent at once, in any order):
+        ``count``, ``max``, ``changed`` and ``points`` (the range query after them)."""
+        prefixes = {"count": "count_over_time(", "max": "max_over_time(", "changed": "changes(", "points": "max by ("}
+        self.routes = [(prefixes[k], (200, body, 0.0)) for k, body in answers.items()]
 
     def close(self) -> None:
         self.httpd.shutdown()
@@ -267,44 +280,42 @@ def stat(value: str, **labels) -> dict:
     return {"metric": labels, "value": [T0 + 3600 - 60, value]}
 
 
-def counted(count: str, value: str, changed: bool = False, **labels) -> list[tuple[int, dict]]:
+def counted(count: str, value: str, changed: bool = False, **labels) -> dict[str, dict]:
     """The three answers (count, max, changed) for one series."""
-    return [(200, vector(stat(count, **labels))), (200, vector(stat(value, **labels))),
-            (200, vector(stat("1", **labels)) if changed else vector())]
+    return {"count": vector(stat(count, **labels)), "max": vector(stat(value, **labels)),
+            "changed": vector(stat("1", **labels)) if changed else vector()}
+
+
+QUERIES = ["/api/v1/query"] * 3
 
 
 def test_a_clean_interval_is_three_instant_queries(fake: FakePrometheus) -> None:
-    fake.answer(
-        (200, vector(stat("60"), stat("30", user="ünï o'b", node="b"))),
-        (200, vector(stat("0.1"), stat("1e-2", user="ünï o'b", node="b"))),
-        (200, vector()),
-    )
+    fake.route(count=vector(stat("60"), stat("30", user="ünï o'b", node="b")),
+               max=vector(stat("0.1"), stat("1e-2", user="ünï o'b", node="b")), changed=vector())
     got = src(fake, count_on_server=True).usage(START, END)
     # 60 × 0.1 per step of 60 s: exactly 360 with Decimal (the float sum is off)
     assert got == [Usage("alice", "A100", Decimal("360.0")), Usage("ünï o'b", "A100", Decimal("18.00"))]
-    assert fake.paths == ["/api/v1/query"] * 3
-    queries = [form["query"][0] for form, _headers in fake.requests]
+    assert fake.paths == QUERIES
+    queries = sorted(form["query"][0] for form, _headers in fake.requests)
     window = "(gpupool_allocated_gpus)[3570000ms:60s]"  # from half a step before the first point
-    assert queries == [f"count_over_time({window})", f"max_over_time({window})", f"changes({window}) > 0"]
+    assert queries == [f"changes({window}) > 0", f"count_over_time({window})", f"max_over_time({window})"]
     assert {form["time"][0] for form, _headers in fake.requests} == {str(T0 + 3600 - 60)}  # the last point
 
 
 def test_copies_of_one_allocation_count_once(fake: FakePrometheus) -> None:
-    fake.answer(*[(200, vector(stat(v, job="a"), stat(v, job="b"))) for v in ("60", "1")], (200, vector()))
+    fake.route(count=vector(stat("60", job="a"), stat("60", job="b")),
+               max=vector(stat("1", job="a"), stat("1", job="b")), changed=vector())
     assert src(fake, count_on_server=True).usage(START, END) == [Usage("alice", "A100", Decimal(3600))]
-    assert fake.paths == ["/api/v1/query"] * 3
+    assert fake.paths == QUERIES
 
 
 def test_only_the_allocations_that_changed_are_read_point_by_point(fake: FakePrometheus) -> None:
-    fake.answer(
-        (200, vector(stat("60"), stat("60", user="bob"))),
-        (200, vector(stat("1"), stat("2", user="bob"))),
-        (200, vector(stat("1", user="bob"))),
-        (200, matrix(series([[T0 + 60 * i, str(1 + i % 2)] for i in range(60)], user="bob"))),
-    )
+    fake.route(count=vector(stat("60"), stat("60", user="bob")), max=vector(stat("1"), stat("2", user="bob")),
+               changed=vector(stat("1", user="bob")),
+               points=matrix(series([[T0 + 60 * i, str(1 + i % 2)] for i in range(60)], user="bob")))
     got = src(fake, count_on_server=True).usage(START, END)
     assert got == [Usage("alice", "A100", Decimal(3600)), Usage("bob", "A100", Decimal(90 * 60))]
-    assert fake.paths == ["/api/v1/query"] * 3 + ["/api/v1/query_range"]
+    assert fake.paths == QUERIES + ["/api/v1/query_range"]
     query = fake.requests[-1][0]["query"][0]
     identity = "user, model, node, server, allocation"
     assert query == (f"max by ({identity}) (gpupool_allocated_gpus and on ({identity}) "
@@ -323,30 +334,38 @@ def test_only_the_allocations_that_changed_are_read_point_by_point(fake: FakePro
     ids=["nan-among-numbers", "nan", "negative", "no-user", "no-user-changed"],
 )
 def test_anything_unusual_is_judged_point_by_point(
-    fake: FakePrometheus, answers: list, points: dict, expected: str
+    fake: FakePrometheus, answers: dict, points: dict, expected: str
 ) -> None:
     """The counted answers are not judged on their own: the points are, with the same messages as ever."""
-    fake.answer(*answers, (200, matrix(points)))
+    fake.route(**answers, points=matrix(points))
     with pytest.raises(UsageUnavailable, match=expected):
         src(fake, count_on_server=True).usage(START, END)
-    assert fake.paths == ["/api/v1/query"] * 3 + ["/api/v1/query_range"]
+    assert fake.paths == QUERIES + ["/api/v1/query_range"]
 
 
 @pytest.mark.parametrize(
     "answers",
     [
         counted("59.5", "1"),  # a count that is not whole
-        [(200, vector(stat("60"))), (200, vector()), (200, vector())],  # a value missing for a series
-        [(200, vector(stat("30", job="a"), stat("30", job="b"))), (200, vector(stat("1", job="a"), stat("1", job="b"))),
-         (200, vector())],  # copies that miss different points: their union is unknown
+        {"count": vector(stat("60")), "max": vector(), "changed": vector()},  # a value missing for a series
+        {"count": vector(stat("30", job="a"), stat("30", job="b")),
+         "max": vector(stat("1", job="a"), stat("1", job="b")), "changed": vector()},  # copies that differ
     ],
     ids=["fractional-count", "missing-value", "copies-that-differ"],
 )
-def test_answers_that_cannot_be_trusted_send_the_chunk_point_by_point(fake: FakePrometheus, answers: list) -> None:
-    fake.answer(*answers, (200, matrix(series(grid("1")))))
+def test_answers_that_cannot_be_trusted_send_the_chunk_point_by_point(fake: FakePrometheus, answers: dict) -> None:
+    fake.route(**answers, points=matrix(series(grid("1"))))
     assert src(fake, count_on_server=True).usage(START, END) == [Usage("alice", "A100", Decimal(3600))]
-    assert fake.paths == ["/api/v1/query"] * 3 + ["/api/v1/query_range"]
+    assert fake.paths == QUERIES + ["/api/v1/query_range"]
     assert fake.requests[-1][0]["query"][0].startswith("max by (user, model, node, server, allocation) (gpupool")
+
+
+def test_a_failing_counted_query_fails_the_interval(fake: FakePrometheus) -> None:
+    """One of the queries sent at once failing is the interval unavailable, like any failed answer."""
+    fake.route(count=vector(stat("60")), max=vector(stat("1")),
+               changed={"status": "error", "errorType": "timeout", "error": "query timed out"})
+    with pytest.raises(UsageUnavailable, match="timeout: query timed out"):
+        src(fake, count_on_server=True).usage(START, END)
 
 
 def test_custom_and_dcgm_queries_are_read_point_by_point(fake: FakePrometheus) -> None:
