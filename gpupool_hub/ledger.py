@@ -309,10 +309,9 @@ class LedgerRecords:
     @staticmethod
     def _estimate_shown(conn: Connection, entry_id: str, user: str, at: datetime, bounds: Sequence[int | None],
                         basis: str, model_s: int | None = None) -> None:
-        if conn.execute(sa.select(estimates.c.id).where(estimates.c.id == entry_id)).first() is None:
-            low, mid, high = bounds
-            conn.execute(estimates.insert().values(id=entry_id, user=user, shown_at=_db_time(at), low_s=low,
-                                                   mid_s=mid, high_s=high, basis=basis, model_s=model_s))
+        low, mid, high = bounds  # the first one shown stays: a second is ignored, in one round trip
+        conn.execute(_insert(conn, estimates).values(id=entry_id, user=user, shown_at=_db_time(at), low_s=low,
+                                                     mid_s=mid, high_s=high, basis=basis, model_s=model_s))
 
     def estimate_started(self, entry_id: str, at: datetime) -> None:
         """The entry really started (its GPUs were claimed); once: a second call keeps the first time."""

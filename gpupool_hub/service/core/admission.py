@@ -119,9 +119,8 @@ class Admission:
         them start at once (five 0.5 tokens/h servers at -9.4 with a floor of -10).
         """
         groups = set(groups)
-        self.accounts.ensure(user, groups)
+        balance = self.accounts.balance(user, groups)
         rules = self.settings.rules_for(groups)
-        balance = self.ledger.balance(user)
         if held is None:
             held = self.ledger.active_allocations(user)
         held_price = sum((r.price_per_hour for r in held), Decimal(0))
