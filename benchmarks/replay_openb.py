@@ -67,7 +67,7 @@ from benchmarks.placement_openb import TraceNotFound, load_cluster, resolve_trac
 from gpupool_hub import eta  # noqa: E402
 from gpupool_hub.placement import ModelUnavailable, NoCapacity, Pool, Request, get_policy, load_nodes  # noqa: E402
 from gpupool_hub.placement.request import normalize_model  # noqa: E402
-from gpupool_hub.waitqueue import (BORROWER, UNDER_QUOTA, ExpectedRelease, Waiter, dispatch,  # noqa: E402
+from gpupool_hub.waitqueue import (BORROWER, UNDER_QUOTA, Dispatch, ExpectedRelease, Waiter, dispatch,  # noqa: E402
                                    estimate_starts, fair_order, join_behind, reserve_node)
 
 USERS = 64
@@ -219,6 +219,7 @@ class Replay:
         self.team_waiting = [0] * TEAMS
         self.wanted: Dict[Optional[str], int] = {}  # model (None: any) -> waiters that can use it
         self.reservation: Optional[Tuple[str, str]] = None
+        self.last_pass: Optional[Dispatch] = None  # the last full dispatch pass (backfill schedulers)
         self.settled = True  # no release since the last full dispatch pass
         self.held: Dict[str, Tuple[Pod, float, Any]] = {}  # pod name -> (pod, start, placement)
         self.held_by_user: Dict[str, int] = {}
@@ -248,7 +249,8 @@ class Replay:
         # self.queue is in Waiter.order_key order: fair_order's first sort finds it sorted
         ws = list(map(itemgetter(3), self.queue))
         if self.fair:
-            return fair_order(ws, self.reservation[0] if self.reservation else None, self.held_by_user)
+            return fair_order(ws, self.reservation[0] if self.reservation else None, self.held_by_user,
+                              now=self.clock())
         return ws  # one priority class: arrival order
 
     def wait(self, pod: Pod, w: Waiter) -> None:
@@ -269,7 +271,10 @@ class Replay:
                 del self.wanted[mk]
         return pod
 
-    def join_behind(self, w: Waiter, held: str) -> None:
+    def clock(self) -> datetime:
+        return EPOCH + timedelta(seconds=self.now)
+
+    def join_behind(self, w: Waiter, held: frozenset) -> None:
         """A newcomer behind the head, when nothing was released since the last full pass
         (see :func:`waitqueue.join_behind`)."""
         placement = join_behind(self.pool, w, held)
@@ -283,8 +288,9 @@ class Replay:
             return
         order = self.ordered()
         if self.backfill:
-            d = dispatch(self.pool, order, lambda w: w.id, self.reservation)
+            d = dispatch(self.pool, order, lambda w: w.id, self.reservation, now=self.clock())
             self.reservation = d.reservation
+            self.last_pass = d
             for w, placement in d.placed:
                 self.start(self.unwait(w.id), placement, reserved=True)
             return
@@ -314,8 +320,10 @@ class Replay:
             return
         self.wait(pod, w)
         head = self.waiting[self.reservation[0]][1] if self.backfill and self.reservation else None
-        if self.settled and head is not None and w.priority >= head.priority:
-            self.join_behind(w, self.reservation[1])  # what a full pass would do, in one step
+        d = self.last_pass
+        if self.settled and head is not None and w.priority >= head.priority and d is not None and \
+                (d.until is None or self.clock() < d.until):  # nobody became old since the last pass
+            self.join_behind(w, d.closed_to(w.priority))  # what a full pass would do, in one step
         else:
             self.dispatch()
         if pod.name in self.waiting and self.kind in ("today", "project"):

@@ -4,14 +4,29 @@ and estimates of when each waiter starts. Pure: no I/O, no clock of its own.
 Order: teams under their quota before borrowers; within each class, round-robin
 across users (a user's second server, waiting or running, comes after everyone
 else's first), then first come, first served (:func:`fair_order`). So one
-user's many servers never push another user back by more than one place. When GPUs free up, :func:`dispatch` places waiters in
-that order. The first waiter that does not fit is the *head*: it gets a
+user's many servers never push another user back by more than one place (among
+waiters of the same age group, below). When GPUs free up, :func:`dispatch`
+places waiters in that order. The first waiter that does not fit is the *head*: it gets a
 reserved node (the node where it will fit soonest, kept until it starts), and
 later, smaller waiters may go ahead only on other nodes — Slurm's backfill
 with a reservation, so a 4-GPU request is never starved by a stream of 1-GPU
 ones. Unlike batch jobs, notebook servers have no time limit, so "finishes
 before the head's start" cannot be promised; a node, not a time window, is
 reserved.
+
+One reserved node is not enough when several big requests wait: the node
+held for the head may be one whose servers run for hours, while the other
+nodes it could use keep being refilled by backfill, and the next big waiter
+only becomes the head when the previous one started. So a waiter that has
+waited longer than ``reserve_after`` (:data:`RESERVE_AFTER`) is *old*: old
+waiters come first in their class (:func:`fair_order`), and an old waiter
+that does not fit closes every node it could ever fit on to everyone after
+it (:func:`dispatch`), as long as old waiters close at most ``close_at_most``
+(:data:`CLOSE_AT_MOST`) of the pool's nodes (at least one). On those nodes
+nothing new starts until it does, as under first come, first served without
+backfill, so the first of them to drain is its; elsewhere backfill goes on.
+The budget keeps an old request that fits nearly anywhere (it gets the next
+GPU that frees where it fits, being first) from turning backfill off.
 
 Dispatch after a release is cheap: waiters whose request shape already failed
 in this pass are skipped without looking at the pool again.
@@ -21,12 +36,13 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import cached_property
 from itertools import accumulate
 from operator import attrgetter
 from typing import Any
+from weakref import WeakKeyDictionary
 
 from .placement import mig as mig_placement
 from .placement.errors import ModelUnavailable, NoCapacity
@@ -36,6 +52,16 @@ from .placement.state import Placement, Pool
 #: priority classes, lower first
 UNDER_QUOTA = 0
 BORROWER = 1
+
+#: how long a waiter waits before it is *old*: served before younger waiters of its class, and no
+#: younger one may start on a node it could use until it has started (see :func:`dispatch`). In the
+#: openb replay (docs/eta.md, "Starvation") 1 to 2.5 minutes keep the longest wait within FIFO's;
+#: from 3 minutes the nodes the biggest requests need are refilled for hours before they are old.
+RESERVE_AFTER = timedelta(minutes=2)
+#: the share of the pool's nodes (at least one) that old waiters may close to backfill, in all (see
+#: :func:`dispatch`); in the replay closing up to half of them cost p95 and the estimates' accuracy and
+#: gained nothing
+CLOSE_AT_MOST = 0.25
 
 
 @dataclass(frozen=True)
@@ -81,15 +107,35 @@ class ExpectedRelease:
 
 @dataclass
 class Dispatch:
-    """What one pass decided: who starts where, and which node is held for the head."""
+    """What one pass decided: who starts where, which node is held for the head, and which
+    nodes old waiters closed (per priority class: the nodes closed when that class's last
+    waiter was reached, the head's node among them)."""
 
     placed: list[tuple[Waiter, Placement]]
     reservation: tuple[str, str] | None  # (waiter id, node)
+    closed: dict[int, frozenset[str]] = field(default_factory=dict)
+    #: when the next waiter becomes old (None: none will): until then a new pass would close the
+    #: same nodes, so :func:`join_behind` may stand in for it
+    until: datetime | None = None
+
+    def closed_to(self, priority: int) -> frozenset[str]:
+        """The nodes a newcomer of class ``priority`` may not start on (it joins behind every
+        old waiter of its class and everyone of the classes before it): the head's node and
+        the nodes closed by old waiters ahead of it."""
+        best = None
+        for cls in self.closed:
+            if cls <= priority and (best is None or cls > best):
+                best = cls
+        if best is not None:
+            return self.closed[best]
+        return frozenset()
 
 
 def fair_order(waiters: Iterable[Waiter], head: str | None = None,
-               running: Mapping[str, int] | None = None) -> list[Waiter]:
-    """Priority class, then round by round across users, then arrival.
+               running: Mapping[str, int] | None = None, *, now: datetime | None = None,
+               reserve_after: timedelta = RESERVE_AFTER) -> list[Waiter]:
+    """Priority class, then old waiters before young ones, then round by round across users,
+    then arrival.
 
     A waiter's round is how many GPU servers its user already has ahead of it:
     those running (``running``, per user: held allocations and reserved GPUs)
@@ -98,11 +144,18 @@ def fair_order(waiters: Iterable[Waiter], head: str | None = None,
     one still waits or already runs: a freed GPU never goes to the user it
     just went to while someone with none waits in the same class.
 
-    ``head`` (the id holding a reserved node) goes first in its class: a later
+    ``head`` (the id holding a reserved node) goes first in its class (with ``now``: in
+    its class and age group): a later
     user's first waiter must not take its place and move the reservation, or
     a big request that is some user's second could starve.
+
+    With ``now``, a waiter that has waited longer than ``reserve_after`` is old and
+    comes before the young ones of its class (in the same round-robin order among
+    themselves; the head first among its own age group): :func:`dispatch` lets no younger
+    waiter pass it on the nodes it could use. Without ``now``, nobody is old.
     """
     running = running or {}
+    old_before = now - reserve_after if now is not None else None
     rounds: dict[int, dict[str, int]] = {}  # per class, per user: the round of their next waiter
     arrived = sorted(waiters, key=_ORDER_KEY)
     keys = []
@@ -114,14 +167,47 @@ def fair_order(waiters: Iterable[Waiter], head: str | None = None,
         if turn is None:
             turn = running.get(w.user, 0)
         mine[w.user] = turn + 1
-        keys.append((cls, -1 if w.id == head else turn))
-    # a stable sort on (class, round) keeps arrival order within a round
+        keys.append((cls, old_before is None or w.since >= old_before, -1 if w.id == head else turn))
+    # a stable sort on (class, age group, round) keeps arrival order within a round
     return [arrived[i] for i in sorted(range(len(arrived)), key=keys.__getitem__)]
 
 
 # sort keys made in C, not a Python call per waiter (the order is resorted on every dispatch)
 _ORDER_KEY = attrgetter("priority", "since", "id")  # Waiter.order_key
 _AT = attrgetter("at")
+
+
+# per pool (its node list never changes): per request, the nodes it could ever fit on
+_FITTING: WeakKeyDictionary[Pool, dict[Request, frozenset[str]]] = WeakKeyDictionary()
+
+
+def fitting_nodes(pool: Pool, req: Request) -> frozenset[str]:
+    """The nodes ``req`` fits on when they are empty (those of its pinned devices only)."""
+    known = _FITTING.get(pool)
+    if known is None:
+        known = _FITTING[pool] = {}
+    got = known.get(req)
+    if got is None:
+        if len(known) >= 10_000:  # bound memory in a long-lived service
+            known.clear()
+        got = known[req] = frozenset(ns.name for ns in pool.nodes if _ever_fits(ns, req))
+    return got
+
+
+def _ever_fits(ns: Any, req: Request) -> bool:
+    n = ns.node
+    if n.cpu_milli < req.cpu_milli or n.memory_mib < req.memory_mib:
+        return False
+    if req.mig:
+        return mig_placement.fits_node(ns, req)
+    if req.required and not all(u in ns.uuid_slots for u in req.required):
+        return False  # pinned: only the node holding its devices
+    slots = [s for s, mk in enumerate(ns.slot_model) if model_allowed(mk, req.models)]
+    if req.gpus:
+        return sum(1 for s in slots if ns.whole[s]) >= req.gpus
+    if req.gpu_milli:
+        return any(ns.cap[s] >= req.gpu_milli for s in slots)
+    return True
 
 
 def reserve_node(pool: Pool, req: Request) -> str | None:
@@ -154,67 +240,124 @@ def reserve_node(pool: Pool, req: Request) -> str | None:
 
 
 def dispatch(pool: Pool, ordered: Sequence[Waiter], new_id: Callable[[Waiter], str],
-             reservation: tuple[str, str] | None = None) -> Dispatch:
-    """Place waiters in ``ordered`` order; the first that does not fit holds a node.
+             reservation: tuple[str, str] | None = None, *, now: datetime | None = None,
+             reserve_after: timedelta = RESERVE_AFTER, close_at_most: float = CLOSE_AT_MOST) -> Dispatch:
+    """Place waiters in ``ordered`` order; the first that does not fit holds a node, and
+    every old waiter that does not fit closes the nodes it could use.
 
     ``reservation`` is the previous pass's (head id, node); it is kept while that
     waiter is still the head, so the node it drains is not given away meanwhile.
+
+    With ``now``, a waiter that has waited longer than ``reserve_after`` is old: if it
+    does not fit, no one after it in this pass may start on any node it could ever fit on
+    (:func:`fitting_nodes`), unless old waiters would then close more than
+    ``close_at_most`` of the pool's nodes (at least one) in all: then it closes none.
+
+    Why: one reserved node drains only as fast as its longest server, while backfill
+    keeps refilling every other node the head could use, and the next big waiter gets a
+    node only once the head started; so big requests that fit few nodes waited longer
+    than under first come, first served. Closing all their nodes once they are old makes
+    the first of those nodes to drain theirs, as without backfill, and leaves backfill
+    everywhere else. A request that fits most nodes is not starved that way (being first,
+    it gets the next GPU that frees where it fits); letting it close them all would turn
+    backfill off (in the openb replay that cost p95 and the estimates' accuracy).
+
+    ``ordered`` should put old waiters first in their class, as ``fair_order(...,
+    now=now)`` does: a waiter ahead of an old one may still take what it could use.
+    Without ``now`` nobody is old: one reserved node, as before. ``until`` in the answer
+    is when the next waiter becomes old (a pass then may close more nodes).
+
     Placements are made in ``pool`` under ``new_id(waiter)``; the caller records
     or releases them.
     """
+    old_before = now - reserve_after if now is not None else None
     placed: list[tuple[Waiter, Placement]] = []
-    failed: set[tuple[Any, ...]] = set()  # shapes that fit nowhere (outside the reserved node) this pass
+    failed: set[tuple[Any, ...]] = set()  # shapes that fit nowhere (outside the closed nodes) this pass
     # per kind of request, the (GPUs or share, CPU, memory) of those that found no node outside
-    # the reserved one: a request asking at least as much of each finds none either, since a
-    # pass only takes capacity (a queue of thousands of distinct shapes stays one scan)
+    # the closed ones: a request asking at least as much of each finds none either, since a
+    # pass only takes capacity and closes nodes (a queue of thousands of distinct shapes stays one scan)
     short: dict[tuple[Any, ...], list[tuple[int, int, int]]] = {}
     held: str | None = None
     head: Waiter | None = None
+    closed: set[str] = set()  # the head's node and the nodes old waiters that did not fit could use
+    avoid: frozenset[str] = frozenset()  # the same, as allocate takes it
+    closed_by_class: dict[int, frozenset[str]] = {}
+    claimed: set[Request] = set()  # old waiters' requests whose nodes are closed
+    until: datetime | None = None
+    cls: int | None = None
+    everything = len(pool.nodes)
+    budget = max(1.0, close_at_most * everything)
+    claims: set[str] = set()  # the nodes old waiters closed (the budget's count)
     for w in ordered:
+        if w.priority != cls:
+            if cls is not None:
+                closed_by_class[cls] = avoid
+            cls = w.priority
+        old = old_before is not None and w.since < old_before
+        if old_before is not None and not old and (until is None or w.since + reserve_after < until):
+            until = w.since + reserve_after
+        if len(closed) == everything:
+            continue  # every node is closed: no one else starts in this pass
         kind, need = w.size
-        if kind is not None and kind in short and _covered(need, short[kind]):
-            continue
-        if failed and w.shape in failed:
-            continue
-        r = w.request
-        cands = pool.candidates(r)
-        usable = [c for c in cands if c.name != held]
-        if not usable:
-            if head is None:
-                head = w
-                if reservation is not None and reservation[0] == w.id:
-                    held = reservation[1]
+        blocked = (kind is not None and kind in short and _covered(need, short[kind])) or \
+            bool(failed and w.shape in failed)
+        if not blocked:
+            r = w.request
+            cands = pool.candidates(r)
+            if (any(c.name not in avoid for c in cands) if avoid else cands):
+                try:
+                    placement = pool.allocate(new_id(w), r, avoid=avoid)
+                except (NoCapacity, ModelUnavailable):
+                    failed.add(w.shape)
                 else:
-                    held = reserve_node(pool, r)
-            if kind is None and (not cands or held is None):
-                failed.add(w.shape)
-            if kind is not None:
-                front = short.setdefault(kind, [])
-                front[:] = [f for f in front if not (f[0] >= need[0] and f[1] >= need[1] and f[2] >= need[2])]
-                front.append(need)
-            continue
-        try:
-            placement = pool.allocate(new_id(w), w.request, avoid=frozenset({held}) if held else frozenset())
-        except (NoCapacity, ModelUnavailable):
-            failed.add(w.shape)
-            continue
-        placed.append((w, placement))
-    return Dispatch(placed, (head.id, held) if head is not None and held is not None else None)
+                    placed.append((w, placement))
+                    continue
+            else:
+                if head is None:
+                    head = w
+                    if reservation is not None and reservation[0] == w.id:
+                        held = reservation[1]
+                    else:
+                        held = reserve_node(pool, r)
+                    if held is not None and held not in closed:
+                        closed.add(held)
+                        avoid = frozenset(closed)
+                if kind is None and (not cands or held is None):
+                    failed.add(w.shape)
+                if kind is not None:
+                    front = short.setdefault(kind, [])
+                    front[:] = [f for f in front if not (f[0] >= need[0] and f[1] >= need[1] and f[2] >= need[2])]
+                    front.append(need)
+        if old and w.request not in claimed:  # it waits: nobody after it starts where it could
+            claimed.add(w.request)
+            mine = fitting_nodes(pool, w.request)
+            if not mine <= closed and len(claims | mine) <= budget:
+                claims |= mine
+                closed |= mine
+                avoid = frozenset(closed)
+    if cls is not None:
+        closed_by_class[cls] = avoid
+    return Dispatch(placed, (head.id, held) if head is not None and held is not None else None,
+                    closed_by_class, until)
 
 
-def join_behind(pool: Pool, newcomer: Waiter, held: str) -> Placement | None:
-    """Where a newcomer starts, when it joins behind a head whose node ``held`` is reserved
-    and nothing was released since the last :func:`dispatch` pass.
+def join_behind(pool: Pool, newcomer: Waiter, held: str | frozenset[str]) -> Placement | None:
+    """Where a newcomer starts, when it joins behind a head whose node is reserved, nothing
+    was released since the last :func:`dispatch` pass and no waiter became old since
+    (before that pass's ``until``). ``held``: the nodes closed to it, that pass's
+    ``closed_to(newcomer.priority)`` (a single name: the head's node, nobody old).
 
     That pass left everyone waiting with the head first; since then the pool has only
-    lost capacity, so a new pass would place none of them again and would keep the head
-    and its node. Only the newcomer can start, off the held node: the same answer as a
-    whole pass, in one step instead of one per waiter. The placement is made in ``pool``
-    under the newcomer's id; None: it waits."""
-    if not any(c.name != held for c in pool.candidates(newcomer.request)):
+    lost capacity, so a new pass would place none of them again, would keep the head
+    and its node, and the same old waiters would close the same nodes. Only the newcomer
+    (young, behind every old waiter of its class) can start, off the closed nodes: the
+    same answer as a whole pass, in one step instead of one per waiter. The placement is
+    made in ``pool`` under the newcomer's id; None: it waits."""
+    avoid = frozenset({held}) if isinstance(held, str) else held
+    if not any(c.name not in avoid for c in pool.candidates(newcomer.request)):
         return None
     try:
-        return pool.allocate(newcomer.id, newcomer.request, avoid=frozenset({held}))
+        return pool.allocate(newcomer.id, newcomer.request, avoid=avoid)
     except (NoCapacity, ModelUnavailable):
         return None
 

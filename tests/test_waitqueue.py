@@ -9,8 +9,8 @@ import pytest
 from datetime import datetime, timedelta, timezone
 
 from gpupool_hub.placement import Pool, Request
-from gpupool_hub.waitqueue import (BORROWER, UNDER_QUOTA, ExpectedRelease, Waiter, dispatch, estimate_starts,
-                                   fair_order, wait_text)
+from gpupool_hub.waitqueue import (BORROWER, RESERVE_AFTER, UNDER_QUOTA, ExpectedRelease, Waiter, dispatch,
+                                   estimate_starts, fair_order, join_behind, wait_text)
 
 T0 = datetime(2026, 11, 22, 9, tzinfo=timezone.utc)
 MODEL = "NVIDIA GeForce RTX 3090"
@@ -177,3 +177,149 @@ def test_estimates_follow_the_queue_and_known_releases():
     assert est == {"w0": T0 + timedelta(minutes=10), "w1": T0 + timedelta(minutes=20), "w2": None}
     assert "2nd" in wait_text(2, est["w1"], T0) and "20 minutes" in wait_text(2, est["w1"], T0)
     assert "no estimate" in wait_text(3, None, T0)
+
+
+# ---------------------------------------------------------------- old waiters (RESERVE_AFTER)
+
+def big_and_small_pool() -> Pool:
+    """Two 8-GPU nodes that can take a 120-CPU request ("big0", "big1": a quarter of the
+    nodes, what old waiters may close by default) and six 1-GPU nodes that cannot."""
+    return Pool([{"name": f"big{i}", "cpu_milli": 128000, "memory_mib": 786432, "gpus": {"count": 8, "model": MODEL}}
+                 for i in range(2)] + [{"name": f"small{i}", "cpu_milli": 16000, "memory_mib": 65536,
+                                        "gpus": {"count": 1, "model": MODEL}} for i in range(6)])
+
+
+SMALL = dict(cpu_milli=4000, memory_mib=16384)
+
+
+def big_waiter(i: int, minute: int) -> Waiter:
+    return Waiter(f"big-{i}", f"biguser{i}", "", Request(gpus=8, cpu_milli=120000, memory_mib=737280),
+                  T0 + timedelta(minutes=minute))
+
+
+def small_waiter(i: int, minute: float) -> Waiter:
+    return Waiter(f"s{i}", f"user{i % 7}", "", Request(gpus=1, **SMALL), T0 + timedelta(minutes=minute))
+
+
+@pytest.mark.parametrize("aging, big0_starts", [
+    # one reserved node: the head holds big0, where one server runs for 5 hours, while every
+    # GPU freed on big1 goes to a 1-GPU newcomer: the head starts only when big0 drains
+    (False, (300, "big0")),
+    # both big requests are old after 2 minutes and close both big nodes: big1, which nothing
+    # refills any more, drains by minute 25 and the head starts there
+    (True, (25, "big1")),
+])
+def test_an_old_big_waiter_behind_a_stream_of_small_ones_gets_its_node(aging, big0_starts):
+    """Both big nodes are full of 1-GPU servers (running 10 to 25 minutes, one on big0 for
+    5 hours), the six small nodes too; two 8-GPU, 120-CPU requests wait (they fit only the
+    big nodes), and two 1-GPU requests arrive every minute, more than the pool serves."""
+    rng = random.Random(3)
+    pool = big_and_small_pool()
+    ends: dict[str, int] = {}  # running 1-GPU server -> the minute it stops
+    for n, g in [(n, g) for n in ("big0", "big1") for g in range(8)] + [(f"small{i}", 0) for i in range(6)]:
+        aid = f"held-{n}-{g}"
+        pool.allocate(aid, Request(gpus=1, required=frozenset({f"{n}/gpu{g}"}), **SMALL))
+        ends[aid] = 300 if aid == "held-big0-0" else rng.randint(10, 25)
+    queue: list[Waiter] = [big_waiter(0, 0), big_waiter(1, 0)]
+    reservation = None
+    started: dict[str, tuple[int, str]] = {}
+    for minute in range(1, 400):
+        now = T0 + timedelta(minutes=minute)
+        for aid in [a for a, end in ends.items() if end == minute]:
+            pool.release(aid)
+            del ends[aid]
+        if minute < 360:
+            queue += [small_waiter(2 * minute, minute - 0.5), small_waiter(2 * minute + 1, minute - 0.4)]
+        kw = {"now": now} if aging else {}
+        d = dispatch(pool, fair_order(queue, reservation[0] if reservation else None, **kw), lambda w: w.id,
+                     reservation, **kw)
+        if minute == 1:
+            assert d.reservation == ("big-0", "big0")  # the most free GPUs (none), then the name
+        reservation = d.reservation
+        for w, p in d.placed:
+            queue.remove(w)
+            started[w.id] = (minute, p.node)
+            ends[w.id] = minute + (600 if w.id.startswith("big") else rng.randint(10, 25))
+    assert started["big-0"][1] == big0_starts[1] and started["big-0"][0] <= big0_starts[0]
+    assert started["big-0"][0] >= (300 if not aging else 10)
+    assert ("big-1" in started) == aging  # with aging it gets big0 once the 5-hour server ends
+    small_started = [m for w, (m, _) in started.items() if w.startswith("s")]
+    assert len([m for m in small_started if m < started["big-0"][0]]) >= 5  # backfill went on meanwhile
+
+
+def small_stream(seed: int, aging: bool) -> tuple[list[tuple[int, str, str]], list[float]]:
+    """Every 20 seconds some 1- and 2-GPU servers stop and often one arrives, each served
+    within two minutes: (step, waiter, node) of each start and each start's wait, with and
+    without ``now``."""
+    rng = random.Random(seed)
+    pool = Pool(nodes(3, 4))
+    ends: dict[str, int] = {}
+    for i in range(12):
+        pool.allocate(f"held{i}", Request(gpus=1))
+        ends[f"held{i}"] = rng.randint(1, 8)
+    queue: list[Waiter] = []
+    reservation = None
+    out, waits = [], []
+    for step in range(1, 240):
+        for aid in [a for a, end in ends.items() if end == step]:
+            pool.release(aid)
+            del ends[aid]
+        now = T0 + timedelta(seconds=20 * step)
+        if rng.random() < 0.9:
+            queue.append(Waiter(f"w{step}", f"user{rng.randrange(5)}", "", Request(gpus=rng.choice((1, 1, 2))), now))
+        kw = {"now": now} if aging else {}
+        d = dispatch(pool, fair_order(queue, reservation[0] if reservation else None, **kw), lambda w: w.id,
+                     reservation, **kw)
+        reservation = d.reservation
+        for w, p in d.placed:
+            queue.remove(w)
+            ends[w.id] = step + rng.randint(3, 12)
+            out.append((step, w.id, p.node))
+            waits.append((now - w.since).total_seconds())
+    return out, waits
+
+
+@pytest.mark.parametrize("seed", [1, 3, 5])
+def test_aging_changes_nothing_when_nobody_waits_long(seed):
+    """Waits of up to 100 s, under ``RESERVE_AFTER``: the same starts, on the same nodes, as
+    without aging."""
+    starts, waits = small_stream(seed, aging=True)
+    assert sum(1 for x in waits if x > 0) >= 20 and max(waits) < RESERVE_AFTER.total_seconds()
+    assert small_stream(seed, aging=False) == (starts, waits)
+
+
+def test_old_waiters_come_first_in_their_class_keeping_round_robin_among_them():
+    # a1, a2 and b1 have waited longer than RESERVE_AFTER; c1 (a first server) and b2 have not
+    ws = [Waiter(i, f"user-{i[0]}", "", Request(gpus=1), T0 + timedelta(minutes=m))
+          for i, m in (("a1", 0), ("a2", 1), ("b1", 2), ("c1", 9), ("b2", 9))]
+    now = T0 + timedelta(minutes=10)
+    assert [w.id for w in fair_order(ws)] == ["a1", "b1", "c1", "a2", "b2"]
+    assert [w.id for w in fair_order(ws, now=now)] == ["a1", "b1", "a2", "c1", "b2"]
+    under = Waiter("u1", "user-u", "", Request(gpus=1), T0 + timedelta(minutes=9), UNDER_QUOTA)
+    assert [w.id for w in fair_order(ws + [under], now=now)][0] == "u1"  # the class still comes first
+
+
+def test_an_old_waiter_closes_the_nodes_it_could_use_and_a_newcomer_joining_behind_respects_them():
+    pool = big_and_small_pool()
+    on: dict[str, list[str]] = {}
+    for i in range(22):
+        pool.allocate(f"held{i}", Request(gpus=1, cpu_milli=4000, memory_mib=16384))
+        on.setdefault(pool.get(f"held{i}").node, []).append(f"held{i}")
+    old, young = big_waiter(0, 0), small_waiter(1, 9)
+    now = T0 + timedelta(minutes=10)
+    d = dispatch(pool, fair_order([old, young], now=now), lambda w: w.id, now=now)
+    assert d.placed == [] and d.reservation is not None and d.reservation[0] == "big-0"
+    assert d.closed_to(BORROWER) == {"big0", "big1"} and d.until == young.since + RESERVE_AFTER
+    other = ({"big0", "big1"} - {d.reservation[1]}).pop()
+    pool.release(on[other][0])  # a GPU frees on the big node that is not the head's
+    pool.release(on["small0"][0])  # and one on a node the big request can never use
+    newcomer = small_waiter(2, 10)
+    placed = join_behind(pool, newcomer, d.closed_to(newcomer.priority))
+    assert placed is not None and placed.node == "small0"
+    assert join_behind(pool, small_waiter(3, 10), d.closed_to(BORROWER)) is None  # the big node's GPU stays free
+    # a full pass gives the same answer: the young waiter may not take it either
+    d2 = dispatch(pool, fair_order([old, young], "big-0", now=now), lambda w: w.id, d.reservation, now=now)
+    assert d2.placed == [] and d2.reservation == d.reservation and d2.closed_to(BORROWER) == {"big0", "big1"}
+    # without aging (or before the big request is old) it goes to the small waiter
+    d3 = dispatch(pool, fair_order([old, young], "big-0"), lambda w: w.id, d.reservation)
+    assert [(w.id, p.node) for w, p in d3.placed] == [("s1", other)]

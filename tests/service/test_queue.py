@@ -394,3 +394,36 @@ def test_a_newcomer_that_starts_as_it_joins_leaves_no_queue_record(tmp_path):
     with m.ledger.engine.connect() as conn:
         users = [u for (u,) in conn.exec_driver_sql("SELECT user FROM gpupool_estimates")]
     assert users == ["carol"]  # no estimate was shown to dave: he never waited
+
+
+EIGHT_NODES = ONE + [{"name": f"node-{n}", "cpu_milli": 32000, "memory_mib": 131072,
+                      "gpus": [{"index": i, "uuid": f"GPU-{n}{i}", "model": R3090}
+                               for i in range(2 if n in "bc" else 1)]}
+                     for n in "bcdefgh"]
+
+
+@pytest.mark.parametrize("waited, dave_starts", [(60, True), (150, False)])
+def test_an_old_waiter_closes_its_nodes_to_newcomers(tmp_path, waited, dave_starts):
+    """carol and erin each want 2 GPUs (only node-b and node-c have two: a quarter of the
+    nodes); carol is the head and holds one of them. A GPU frees on the other: a newcomer
+    backfills there while erin is young, but once erin has waited longer than
+    RESERVE_AFTER (2 minutes) nobody after her starts on a node she could use
+    (waitqueue.dispatch)."""
+    clock = Clock()
+    m = manager(tmp_path, EIGHT_NODES, clock=clock)
+    held = [admit(m, f"user{i}") for i in range(10)]
+    queued(m, "carol", gpus=2)
+    queued(m, "erin", gpus=2)
+    reserved = m.queue.reservation
+    assert reserved is not None and reserved[1] in ("node-b", "node-c")
+    other = "node-c" if reserved[1] == "node-b" else "node-b"
+    for _ in range(waited // 30):  # their spawners retry meanwhile
+        clock.advance(30)
+        queued(m, "carol", gpus=2)
+        queued(m, "erin", gpus=2)
+    m.admission.release(next(a.id for a in held if a.node == other), "stopped")
+    if dave_starts:
+        assert admit(m, "dave").node == other
+    else:
+        queued(m, "dave")
+        assert m.queue.reservation == reserved  # carol keeps her node

@@ -36,8 +36,8 @@ from ...placement.request import Request, model_allowed, normalize_model, same_r
 from ...placement.state import Placement
 from ...reasons import RefusalReason
 from ...timefmt import iso
-from ...waitqueue import (BORROWER, ExpectedRelease, Waiter, demand, dispatch, estimate_starts, fair_order,
-                          join_behind, wait_place, wait_text)
+from ...waitqueue import (BORROWER, Dispatch, ExpectedRelease, Waiter, demand, dispatch, estimate_starts,
+                          fair_order, join_behind, wait_place, wait_text)
 from .errors import Refused
 from .inventory import PoolInventory
 from .queue_eta import ESTIMATE_TTL, RELEASES_TTL, QueueRanges
@@ -143,8 +143,9 @@ class WaitQueue(QueueRanges, QueueReports):
         self._shown: set[str] = set()  # entry ids whose shown estimate is recorded
         self.served = eta_rules.Drain()  # the GPU share started from the queue lately (for the ranges)
         # after a full dispatch that left a head waiting: (the pool, its release count, the head's
-        # entry); while all three still hold, a newcomer needs no full pass (``join_behind``)
-        self._settled: tuple[Any, int, Entry] | None = None
+        # entry, the pass); while the first three still hold and no waiter became old since (the
+        # pass's ``until``), a newcomer needs no full pass (``join_behind``)
+        self._settled: tuple[Any, int, Entry, Dispatch] | None = None
 
     @property
     def pool(self) -> Any:
@@ -185,9 +186,10 @@ class WaitQueue(QueueRanges, QueueReports):
         entry = Entry(w, requested_models, now)
         self.entries[entry.key] = entry
         try:
-            head = self._settled_head()
-            if head is not None and self.reservation is not None and w.priority >= head.waiter.priority:
-                entry.placement = join_behind(self.pool, w, self.reservation[1])  # what a full pass would do
+            settled = self._settled_pass(now)
+            if settled is not None and self.reservation is not None and w.priority >= settled[0].waiter.priority:
+                # what a full pass would do: start it off the head's node and those old waiters closed
+                entry.placement = join_behind(self.pool, w, settled[1].closed_to(w.priority))
                 if entry.placement is not None:
                     self._releases = self._held = None
             else:
@@ -325,8 +327,9 @@ class WaitQueue(QueueRanges, QueueReports):
             return []
         by_id = {e.waiter.id: e for e in waiting}
         self.held_by_user = self.ledger.held_servers()
-        order = fair_order((e.waiter for e in waiting), self._head(), self._running(self.entries.values()))
-        d = dispatch(self.pool, order, lambda w: w.id, self.reservation)
+        now = self.clock()
+        order = fair_order((e.waiter for e in waiting), self._head(), self._running(self.entries.values()), now=now)
+        d = dispatch(self.pool, order, lambda w: w.id, self.reservation, now=now)
         self.reservation = d.reservation
         placed = []
         for w, placement in d.placed:
@@ -337,21 +340,24 @@ class WaitQueue(QueueRanges, QueueReports):
         if placed:  # GPUs moved: the expected ends change
             self._releases = self._held = None
         if d.reservation is not None:
-            self._settled = (self.pool, self.pool.releases, by_id[d.reservation[0]])
+            self._settled = (self.pool, self.pool.releases, by_id[d.reservation[0]], d)
         return placed
 
-    def _settled_head(self) -> Entry | None:
-        """The head entry of the last full dispatch, if nothing since could change that pass's
-        answer: no release in the pool (nor a new pool), and the head still waits."""
+    def _settled_pass(self, now: datetime) -> tuple[Entry, Dispatch] | None:
+        """The head entry and the last full dispatch, if nothing since could change that pass's
+        answer: no release in the pool (nor a new pool), the head still waits, and no waiter
+        became old (``waitqueue.RESERVE_AFTER``) since."""
         settled = self._settled
         if settled is None:
             return None
-        pool, releases, head = settled
+        pool, releases, head, d = settled
         if pool is not self.pool or releases != pool.releases or head.placement is not None or head.expired:
             return None
         if self.entries.get(head.key) is not head or self.reservation is None or self.reservation[0] != head.waiter.id:
             return None
-        return head
+        if d.until is not None and now >= d.until:
+            return None
+        return head, d
 
     # ---------------------------------------------------- positions, estimates
 
@@ -374,7 +380,8 @@ class WaitQueue(QueueRanges, QueueReports):
 
     def ordered(self) -> list[Waiter]:
         entries = list(self.entries.values())
-        return fair_order((e.waiter for e in entries if e.placement is None), self._head(), self._running(entries))
+        return fair_order((e.waiter for e in entries if e.placement is None), self._head(), self._running(entries),
+                          now=self.clock())
 
     def position(self, entry: Entry) -> int:
         if entry.placement is not None:

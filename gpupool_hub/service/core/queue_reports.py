@@ -115,7 +115,7 @@ class QueueReports:
         if not mine:
             return []
         order = [w.id for w in fair_order((e.waiter for e in entries if e.placement is None), self._head(),
-                                          self._running(entries))]
+                                          self._running(entries), now=self.clock())]
         cached = self._estimates
         estimates = cached[1] if cached is not None else {}
         ranged = self._ranges  # one read, as for the estimates
