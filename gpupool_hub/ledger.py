@@ -917,7 +917,30 @@ def _same(entry: Entry, posting: Posting) -> bool:
     return (entry.account, entry.kind, entry.amount) == (posting.account, posting.kind, posting.amount)
 
 
-class Ledger(LedgerRecords, LedgerLeases, LedgerGpuUse, LedgerHeldReads):
+class LedgerCarries:
+    """The debit remainders carried to each user's next debit on a model (so that debits
+    rounded to the milli-token add up exactly), written in the debit's own transaction.
+    A base of :class:`Ledger`."""
+
+    def _read(self) -> Connection:  # provided by Ledger
+        raise NotImplementedError("Subclass must provide implementation")
+
+    def _store_carry(self, conn: Connection, carry: Mapping[tuple[str, str], Decimal]) -> None:
+        keys = list(carry)
+        for chunk in _chunks(keys):
+            conn.execute(carries.delete().where(
+                sa.tuple_(carries.c.account, carries.c.model).in_([tuple(k) for k in chunk])))
+        rows = [dict(account=a, model=m, residual=str(v)) for (a, m), v in carry.items() if v]
+        for chunk in _chunks(rows):
+            conn.execute(carries.insert(), list(chunk))
+
+    def carries(self) -> dict[tuple[str, str], Decimal]:
+        """Every stored debit remainder (small: one row per user and model that had one)."""
+        with self._read() as conn:
+            return {(r.account, r.model): Decimal(r.residual) for r in conn.execute(sa.select(carries))}
+
+
+class Ledger(LedgerRecords, LedgerLeases, LedgerGpuUse, LedgerHeldReads, LedgerCarries):
     """Append-only token ledger over any SQLAlchemy URL (SQLite or PostgreSQL)."""
 
     def __init__(self, url: str = "sqlite:///gpupool.sqlite", *, engine: Engine | None = None,
@@ -1004,20 +1027,6 @@ class Ledger(LedgerRecords, LedgerLeases, LedgerGpuUse, LedgerHeldReads):
             if carry:
                 self._store_carry(conn, carry)
         return results
-
-    def _store_carry(self, conn: Connection, carry: Mapping[tuple[str, str], Decimal]) -> None:
-        keys = list(carry)
-        for chunk in _chunks(keys):
-            conn.execute(carries.delete().where(
-                sa.tuple_(carries.c.account, carries.c.model).in_([tuple(k) for k in chunk])))
-        rows = [dict(account=a, model=m, residual=str(v)) for (a, m), v in carry.items() if v]
-        for chunk in _chunks(rows):
-            conn.execute(carries.insert(), list(chunk))
-
-    def carries(self) -> dict[tuple[str, str], Decimal]:
-        """Every stored debit remainder (small: one row per user and model that had one)."""
-        with self._read() as conn:
-            return {(r.account, r.model): Decimal(r.residual) for r in conn.execute(sa.select(carries))}
 
     def _ensure_accounts(self, conn: Connection, names: Iterable[str], now: datetime) -> None:
         created_at = _db_time(now)
