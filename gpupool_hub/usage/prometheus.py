@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 import logging
 import re
 import time
@@ -390,7 +391,10 @@ class PrometheusUsageSource:
         if stats is None:
             return None
         queries, at = stats
-        answers = {stat: self._query_instant(query, at) for stat, query in queries.items()}
+        # asked at once: Prometheus evaluates them on its other cores while an answer is decoded here
+        with ThreadPoolExecutor(max_workers=len(queries), thread_name_prefix="prometheus-counts") as pool:
+            asked = {stat: pool.submit(self._query_instant, query, at) for stat, query in queries.items()}
+            answers = {stat: future.result() for stat, future in asked.items()}
         got = sums_from_stats(answers, identity, (b - a) // self.step_seconds)
         if got is None:
             return None
