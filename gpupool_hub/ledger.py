@@ -29,6 +29,7 @@ blocks a write.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import threading
@@ -1029,10 +1030,18 @@ class Ledger(LedgerRecords, LedgerLeases, LedgerGpuUse, LedgerHeldReads, LedgerC
         return results
 
     def _ensure_accounts(self, conn: Connection, names: Iterable[str], now: datetime) -> None:
-        created_at = _db_time(now)
-        rows = [dict(name=n, balance_milli=0, created_at=created_at, credits_through=None) for n in set(names)]
-        for chunk in _chunks(rows):
-            conn.execute(_insert(conn, accounts), list(chunk))
+        # the names as one bound array, the time bound once: a debit cycle names 10,000
+        # accounts that all exist, and a row each with its own time was a fifth of its write
+        wanted = sorted(set(names))
+        if not wanted:
+            return
+        if conn.dialect.name == "sqlite":
+            rows, named = "SELECT value, 0, :t, NULL FROM json_each(:names) WHERE true", json.dumps(wanted)
+        else:
+            rows, named = "SELECT unnest(CAST(:names AS text[])), 0, :t, NULL", wanted
+        stmt = sa.text(f"INSERT INTO {accounts.name} (name, balance_milli, created_at, credits_through) {rows} "
+                       "ON CONFLICT DO NOTHING").bindparams(sa.bindparam("t", type_=sa.DateTime))
+        conn.execute(stmt, {"names": named, "t": _db_time(now)})
 
     def _post(self, conn: Connection, postings: Sequence[Posting], now: datetime) -> list[Posted]:
         if not postings:

@@ -149,6 +149,20 @@ def test_odd_usernames_round_trip(ledger):
         assert ledger.history(name)[0].account == name
 
 
+def test_a_batch_opens_the_accounts_it_names_whatever_their_names(ledger):
+    """A debit cycle's batch opens missing accounts in one statement (the names as one bound
+    array): odd names are opened as they are, existing ones are left as they were."""
+    ledger.post(Posting("alice", "grant", Decimal(5), "g"), now=NOW - timedelta(days=3))
+    names = ["alice", "o'brien@lab", "ünïcødé 🚀", "a b;rm -rf /", 'quote"d', "x" * 255, "[\"json\"]"]
+    ledger.post_many([Posting(n, "grant", Decimal(2), entry_key("grant", n, "batch")) for n in names], now=NOW)
+    for name in names:
+        account = ledger.account(name)
+        assert account.name == name
+        assert account.created_at == (NOW - timedelta(days=3) if name == "alice" else NOW)
+    assert ledger.balance("alice") == 7 and ledger.balance('quote"d') == 2
+    assert ledger.verify().ok
+
+
 def test_verify_finds_a_tampered_balance(ledger):
     ledger.post(Posting("alice", "grant", Decimal(10), "g"))
     with ledger.engine.begin() as conn:
