@@ -941,7 +941,33 @@ class LedgerCarries:
             return {(r.account, r.model): Decimal(r.residual) for r in conn.execute(sa.select(carries))}
 
 
-class Ledger(LedgerRecords, LedgerLeases, LedgerGpuUse, LedgerHeldReads, LedgerCarries):
+class LedgerIntervals:
+    """Which intervals each periodic job (debit, gpu-use) has completed: written in the
+    same transaction as the interval's entries, read to find the next one. A base of
+    :class:`Ledger`."""
+
+    def _read(self) -> Connection:  # provided by Ledger
+        raise NotImplementedError("Subclass must provide implementation")
+
+    def interval_done(self, job: str, start: datetime) -> bool:
+        with self._read() as conn:
+            return conn.execute(
+                sa.select(intervals.c.job).where(intervals.c.job == job, intervals.c.start == _db_time(start))
+            ).first() is not None
+
+    def last_interval(self, job: str) -> tuple[datetime, datetime] | None:
+        """The most recent completed interval of ``job``, or None."""
+        with self._read() as conn:
+            row = conn.execute(
+                sa.select(intervals.c.start, intervals.c.end, intervals.c.completed_at)
+                .where(intervals.c.job == job)
+                .order_by(intervals.c.start.desc())
+                .limit(1)
+            ).first()
+        return None if row is None else (_aware(row[0]), _aware(row[1]))  # type: ignore[return-value]
+
+
+class Ledger(LedgerRecords, LedgerLeases, LedgerGpuUse, LedgerHeldReads, LedgerCarries, LedgerIntervals):
     """Append-only token ledger over any SQLAlchemy URL (SQLite or PostgreSQL)."""
 
     def __init__(self, url: str = "sqlite:///gpupool.sqlite", *, engine: Engine | None = None,
@@ -1213,23 +1239,6 @@ class Ledger(LedgerRecords, LedgerLeases, LedgerGpuUse, LedgerHeldReads, LedgerC
             for row in rows:
                 yield _entry(row)
             last = rows[-1]._mapping["id"]
-
-    def interval_done(self, job: str, start: datetime) -> bool:
-        with self._read() as conn:
-            return conn.execute(
-                sa.select(intervals.c.job).where(intervals.c.job == job, intervals.c.start == _db_time(start))
-            ).first() is not None
-
-    def last_interval(self, job: str) -> tuple[datetime, datetime] | None:
-        """The most recent completed interval of ``job``, or None."""
-        with self._read() as conn:
-            row = conn.execute(
-                sa.select(intervals.c.start, intervals.c.end, intervals.c.completed_at)
-                .where(intervals.c.job == job)
-                .order_by(intervals.c.start.desc())
-                .limit(1)
-            ).first()
-        return None if row is None else (_aware(row[0]), _aware(row[1]))  # type: ignore[return-value]
 
     def epoch(self, now: datetime) -> datetime:
         """When this ledger started charging: the first debit interval begins here.
