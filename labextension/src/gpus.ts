@@ -80,13 +80,17 @@ export function ordinal(n: number): string {
   return `${n}${['th', 'st', 'nd', 'rd'][n % 10] ?? 'th'}`;
 }
 
-/** "waiting for 2 × RTX 3090: 1st of 3 in the queue, about 20 min". */
+/** "waiting for 2 × RTX 3090: 1st of 3 in the queue, about 20–45 min" (the range the
+ * service learned from the pool's history; without history its point estimate, "about 20 min"). */
 export function formatWaiting(w: IWaiting, now: number): string {
   const what = `waiting for ${w.request}`;
   if (w.position === 0) {
     return `${what}: GPUs reserved, starting`;
   }
   const place = w.queue_length > 1 ? `${ordinal(w.position)} of ${w.queue_length}` : ordinal(w.position);
+  if (w.eta_basis === 'history' && w.eta_text) {
+    return `${what}: ${place} in the queue, ${w.eta_text}`;
+  }
   const eta = secondsUntil(w.eta, now);
   const when = Number.isNaN(eta)
     ? 'no estimate yet'

@@ -101,6 +101,13 @@ export interface IWaiting {
   position: number;
   queue_length: number;
   eta: string | null;
+  /** The range learned from the pool's history (absent from services before issue 25). */
+  eta_low?: string | null;
+  eta_high?: string | null;
+  /** "about 20–45 min", as the service says it; null without history. */
+  eta_text?: string | null;
+  /** "history" (a range) or "fallback" (today's point estimate). */
+  eta_basis?: string | null;
 }
 
 export interface IMe {

@@ -102,6 +102,20 @@ describe('the GPUs at work', () => {
       'waiting for 2 GPUs (rtx 3090): 1st in the queue, a GPU should free up within a minute'
     );
     expect(formatWaiting(waiting({ position: 0 }), NOW)).toBe('waiting for 2 GPUs (rtx 3090): GPUs reserved, starting');
+  });
+
+  it('shows the range learned from history, and the point estimate without it', () => {
+    const ranged = { eta_low: at(20 * 60), eta_high: at(45 * 60), eta_text: 'about 20–45 min', eta_basis: 'history' };
+    expect(formatWaiting(waiting({ position: 2, queue_length: 3, ...ranged }), NOW)).toBe(
+      'waiting for 2 GPUs (rtx 3090): 2nd of 3 in the queue, about 20–45 min'
+    );
+    // today's rule (no history yet): the point estimate, as before
+    expect(formatWaiting(waiting({ ...ranged, eta_text: null, eta_basis: 'fallback' }), NOW)).toBe(
+      'waiting for 2 GPUs (rtx 3090): 1st in the queue, about 20 min'
+    );
+    expect(formatWaiting(waiting({ ...ranged, position: 0 }), NOW)).toBe(
+      'waiting for 2 GPUs (rtx 3090): GPUs reserved, starting'
+    );
     expect(statusNote(exampleMe({ waiting: [waiting({ position: 3 })] }), NOW)).toBe('queue 3rd');
     expect(statusNote(exampleMe(), NOW)).toBe(''); // an older service without these fields
   });

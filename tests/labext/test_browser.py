@@ -93,7 +93,10 @@ def test_status_bar_widget(lab, standin, browser_page):
                           "reclaimable_at": iso(now + timedelta(minutes=15)), "max_idle_at": None,
                           "reclaim_deadline": None}],
             waiting=[{"server": "big2", "request": "4 GPUs (a100)", "since": iso(now), "position": 2,
-                      "queue_length": 3, "eta": None}],
+                      "queue_length": 3, "eta": iso(now + timedelta(minutes=30)),
+                      # issue 25: the range learned from the pool's history
+                      "eta_low": iso(now + timedelta(minutes=20)), "eta_high": iso(now + timedelta(minutes=45)),
+                      "eta_text": "about 20–45 min", "eta_basis": "history"}],
             # issue 16.2: her half of the A100 holds more memory than the half allows
             memory_warnings=[{"server": "big", "gpu_uuid": "GPU-9a1e", "gpu_index": 0, "fraction_milli": 500,
                               "limit_bytes": 44 << 30, "used_bytes": 50 << 30, "since": iso(now),
@@ -130,7 +133,7 @@ def test_status_bar_widget(lab, standin, browser_page):
         expect(activity.locator("[data-gpupool='idle']")).to_contain_text(
             "idle 45 min — may be reclaimed in 1")  # 15 min, or 14 on a slow machine
         expect(activity.locator("[data-gpupool='waiting']")).to_have_text(
-            "Server big2: waiting for 4 GPUs (a100): 2nd of 3 in the queue, no estimate yet")
+            "Server big2: waiting for 4 GPUs (a100): 2nd of 3 in the queue, about 20–45 min")
         page.wait_for_timeout(300)  # let the popup settle before the picture
         screenshot_widget(page, SCREENSHOT)
 
