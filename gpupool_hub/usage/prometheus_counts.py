@@ -28,10 +28,7 @@ from collections.abc import Mapping, Sequence
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-__all__ = ["STATS", "changed_query", "coverage_count_query", "fully_covered", "stats_queries", "sums_from_stats"]
-
-STATS = ("count", "max", "changed")
-
+__all__ = ["changed_query", "coverage_count_query", "fully_covered", "stats_queries", "sums_from_stats"]
 
 def stats_queries(selector: str, a: int, b: int, step: int) -> tuple[dict[str, str], int] | None:
     """The query of each stat over the grid ``a, a+step, ..., b-step`` and the instant
