@@ -274,9 +274,10 @@ def _groups(running: Iterable[Running], history: SessionHistory) -> dict[str, li
     return out
 
 
-def _curve(groups: Sequence[tuple[int, int, list[float]]]) -> tuple[list[float], list[float], float]:
-    """Mean and variance of the GPU share freed by each grid time, and half a typical release
-    (the continuity correction: releases come in whole servers, not a smooth flow)."""
+def _curve(groups: Sequence[tuple[int, int, list[float]]]) -> tuple[list[float], list[float], float, int]:
+    """Mean and variance of the GPU share freed by each grid time, half a typical release
+    (the continuity correction: releases come in whole servers, not a smooth flow), and the
+    share held in all (no more than that is ever freed in one round)."""
     mean = [0.0] * len(GRID)
     var = [0.0] * len(GRID)
     servers = milli_sum = 0
@@ -287,13 +288,20 @@ def _curve(groups: Sequence[tuple[int, int, list[float]]]) -> tuple[list[float],
             if p:
                 mean[i] += count * milli * p
                 var[i] += count * milli * milli * p * (1 - p)
-    return mean, var, 0.5 * milli_sum / servers if servers else 0.0
+    return mean, var, 0.5 * milli_sum / servers if servers else 0.0, milli_sum
+
+
+def _session_quantile(samples: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of sorted session lengths (a whole session, from its start)."""
+    pos = q * (len(samples) - 1)
+    i = int(pos)
+    return samples[i] + (samples[min(i + 1, len(samples) - 1)] - samples[i]) * (pos - i)
 
 
 def estimate_ranges(ordered: Sequence[Waiter], free_milli: Mapping[str, int], running: Iterable[Running],
                     history: SessionHistory, now: datetime,
                     quantiles: tuple[float, float, float] = (LOW, MID, HIGH),
-                    curves: dict[frozenset[str] | None, tuple[list[float], list[float], float]] | None = None,
+                    curves: dict[frozenset[str] | None, tuple[list[float], list[float], float, int]] | None = None,
                     only: str | None = None, calibration: Calibration | None = None,
                     drain: float | None = None) -> dict[str, Estimate]:
     """Each waiter's start range, in queue order (``ordered``: fair order, the head first).
@@ -310,7 +318,12 @@ def estimate_ranges(ordered: Sequence[Waiter], free_milli: Mapping[str, int], ru
     range is the model's point estimate scaled by it.
     ``drain``: the GPU share (milli) the queue has lately been served per second; when
     given, the point estimate is the need ahead over that rate (what a busy pool's
-    record says), not the release model's (which ended sessions alone bias short)."""
+    record says), not the release model's (which ended sessions alone bias short).
+
+    A waiter that needs more than the pool holds of its models (a small pool, a
+    deep queue) waits for GPUs to be freed, taken by those ahead and freed again:
+    each such round adds a whole session (its quantile, from the pool's sessions
+    of the waiter's shape) to the time the held servers take to free the rest."""
     if not history.enough:
         return {}
     groups: dict[str, list[tuple[int, int, list[float]]]] | None = None
@@ -340,13 +353,20 @@ def estimate_ranges(ordered: Sequence[Waiter], free_milli: Mapping[str, int], ru
             if groups is None:
                 groups = _groups(running, history)
             curves[key] = _curve([g for model, gs in groups.items() if models is None or model in models for g in gs])
-        mean, var, half = curves[key]
-        probs = [_normal_tail(need - half, m, v) for m, v in zip(mean, var)]
-        model_s = _first_time(probs, MID)
+        mean, var, half, held = curves[key]
+        rounds = -(-(need - held) // held) if 0 < held < need else 0  # ceil: GPUs freed, taken, freed again
+        probs = [_normal_tail(need - rounds * held - half, m, v) for m, v in zip(mean, var)]
+        session = history.samples(profile_key(w.request.gpus, w.request.gpu_milli, w.request.mig), "")
+
+        def first(q: float) -> float | None:
+            t = _first_time(probs, q)
+            return t + rounds * _session_quantile(session, q) if t is not None and rounds else t
+
+        model_s = first(MID)
         if calibration is not None and calibration.enough and model_s is not None:
             at: list[float | None] = [calibration.scale(model_s, q) for q in quantiles]
         else:
-            at = [_first_time(probs, q) for q in quantiles]
+            at = [first(q) for q in quantiles]
         out[w.id] = Estimate(*(now + timedelta(seconds=t) if t is not None else None for t in at), "history",
                              model_s)
     return out

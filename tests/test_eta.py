@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
+import pytest
+
 from gpupool_hub import eta
 from gpupool_hub.placement.request import Request
 from gpupool_hub.waitqueue import Waiter
@@ -57,6 +59,20 @@ def test_queue_order_adds_up_and_free_gpus_start_at_once() -> None:
     assert eta.range_text(ests["a"], NOW) == "within a minute"
     assert minutes(ests["b"])[1] < minutes(ests["c"])[1]
     assert minutes(ests["c"])[2] <= 20.5
+
+
+def test_a_waiter_behind_more_than_the_pool_holds_waits_a_whole_session_more() -> None:
+    # one GPU, held by a new server; two wait. The second starts once the GPU is freed,
+    # taken by the first and freed again: its range is the first's plus a whole session
+    # (1..20 minutes: 20th-80th percentile about 4.8-16.2, median 10.5), not "more than 2 weeks".
+    running = [eta.Running(A100, 1000, "1x1000", "ann", age=0.0)]
+    ests = eta.estimate_ranges([waiter("a"), waiter("b"), waiter("c")], {A100: 0}, running, minutes_history(),
+                               NOW)
+    first, second, third = (minutes(ests[w]) for w in "abc")
+    for mine, ahead in ((second, first), (third, second)):
+        assert [round(m - a, 1) for m, a in zip(mine, ahead)] == [4.8, 10.5, 16.2]
+    assert eta.range_text(ests["b"], NOW).startswith("about ")
+    assert ests["b"].model_s == pytest.approx(second[1] * 60, abs=0.01)
 
 
 def test_a_known_deadline_caps_the_remaining_time() -> None:
