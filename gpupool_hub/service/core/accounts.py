@@ -60,16 +60,18 @@ class Accounts:
         """Open the account and post the credits due (the initial grant for a new user).
 
         Returns whether anything was posted."""
-        return self._credit(user, groups)[0]
+        return self._credit(user, groups) is None
 
     @writes
     def balance(self, user: str, groups: Iterable[str] = ()) -> Decimal:
         """The balance once the credits due are posted: every spawn asks, and when nothing
         is due the account read that found so is the balance (one round trip, not two)."""
-        posted, account = self._credit(user, groups)
-        return account.balance if account is not None and not posted else self.ledger.balance(user)
+        account = self._credit(user, groups)
+        return account.balance if account is not None else self.ledger.balance(user)
 
-    def _credit(self, user: str, groups: Iterable[str]) -> tuple[bool, Account | None]:
+    def _credit(self, user: str, groups: Iterable[str]) -> Account | None:
+        """The account as read when no credit was due; None once credits were posted (or
+        the account opened), since the read is then out of date."""
         now = self.clock()
         rules = self.settings.rules_for(set(groups))
         account: Account | None
@@ -80,11 +82,11 @@ class Accounts:
             account, through = None, None
         today = now.astimezone(self.settings.tz).date()
         if through is not None and through >= today:
-            return False, account
+            return account
         due = due_credits(user, rules, through, now, self.settings.tz)
         self.ledger.apply_credits(user, due, through=today, max_balance=rules.max_balance, now=now)
         self.cache.forget(user)
-        return True, None
+        return None
 
     @writes
     def replenish(self, users: Iterable[tuple[str, Iterable[str]]]) -> int:
