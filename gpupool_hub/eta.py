@@ -24,10 +24,16 @@ Why a calibration on top: the release model sees GPUs per model, not nodes,
 CPU, memory, backfill, or later arrivals that the fair order puts ahead; with
 hundreds of servers held its own spread is far too narrow. So once enough
 waiters have started (:class:`Calibration`), the range is the model's point
-estimate scaled by the 20th–80th percentile of how far off it was for
-recent starts (ratios of ``real + 1 min`` to ``estimate + 1 min``), and the
+estimate scaled by the 10th–90th percentile of how far off it was for
+recent starts (ratios of ``real + 15 s`` to ``estimate + 15 s``), and the
 point estimate by their median: the pool's own record corrects the model's
 bias and sets the width.
+
+Why that width is the middle 80 % of the misses, not the 20th–80th
+percentile: the latter holds three starts in five by construction, and a
+researcher plans around a range that holds four in five (the share the admin
+pages publish). The model's own range, before there are enough starts,
+stays the 20th–80th percentile of its start-time distribution.
 
 ``free_milli`` is what the waiters could use now. A waiter still queued after
 a dispatch pass could not use what the pool shows free (it is scattered over
@@ -57,6 +63,8 @@ MIN_PROFILE_SESSIONS = 10
 MIN_USER_SESSIONS = 10
 #: past sessions that must outlive a server's age; below that its tail is taken as memoryless
 MIN_TAIL = 5
+#: the share of recent starts a calibrated range spans (the middle of how far off the model was)
+COVERAGE = 0.8
 #: started waiters whose estimate is known before the range is calibrated on them, and the most kept
 MIN_CALIBRATION = 50
 CALIBRATION_SPAN = 500
@@ -303,7 +311,7 @@ def estimate_ranges(ordered: Sequence[Waiter], free_milli: Mapping[str, int], ru
                     quantiles: tuple[float, float, float] = (LOW, MID, HIGH),
                     curves: dict[frozenset[str] | None, tuple[list[float], list[float], float, int]] | None = None,
                     only: str | None = None, calibration: Calibration | None = None,
-                    drain: float | None = None) -> dict[str, Estimate]:
+                    drain: float | None = None, coverage: float = COVERAGE) -> dict[str, Estimate]:
     """Each waiter's start range, in queue order (``ordered``: fair order, the head first).
 
     A waiter needs the GPU share of its models that it and everyone ahead of it
@@ -315,7 +323,8 @@ def estimate_ranges(ordered: Sequence[Waiter], free_milli: Mapping[str, int], ru
     keep it for a while (held allocations change slowly) and drop it to refresh.
     ``only``: the one waiter id wanted (those ahead of it still count).
     ``calibration``: past estimates against real starts; once it has enough, the
-    range is the model's point estimate scaled by it.
+    range is the model's point estimate scaled by the middle ``coverage`` of its ratios (the
+    point estimate by their median).
     ``drain``: the GPU share (milli) the queue has lately been served per second; when
     given, the point estimate is the need ahead over that rate (what a busy pool's
     record says), not the release model's (which ended sessions alone bias short).
@@ -328,6 +337,7 @@ def estimate_ranges(ordered: Sequence[Waiter], free_milli: Mapping[str, int], ru
         return {}
     groups: dict[str, list[tuple[int, int, list[float]]]] | None = None
     curves = {} if curves is None else curves
+    calibrated = (0.5 - coverage / 2, quantiles[1], 0.5 + coverage / 2)
     demand: dict[frozenset[str] | None, int] = {}
     out: dict[str, Estimate] = {}
     for w in ordered:
@@ -344,7 +354,7 @@ def estimate_ranges(ordered: Sequence[Waiter], free_milli: Mapping[str, int], ru
         if drain:
             model_s = need / drain
             if calibration is not None and calibration.enough:
-                secs = [calibration.scale(model_s, q) for q in quantiles]
+                secs = [calibration.scale(model_s, q) for q in calibrated]
             else:
                 secs = [model_s] * 3
             out[w.id] = Estimate(*(now + timedelta(seconds=t) for t in secs), "history", model_s)
@@ -364,7 +374,7 @@ def estimate_ranges(ordered: Sequence[Waiter], free_milli: Mapping[str, int], ru
 
         model_s = first(MID)
         if calibration is not None and calibration.enough and model_s is not None:
-            at: list[float | None] = [calibration.scale(model_s, q) for q in quantiles]
+            at: list[float | None] = [calibration.scale(model_s, q) for q in calibrated]
         else:
             at = [first(q) for q in quantiles]
         out[w.id] = Estimate(*(now + timedelta(seconds=t) if t is not None else None for t in at), "history",
