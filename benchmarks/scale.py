@@ -11,9 +11,19 @@ queue, and an audit log. The SQLite ledger is cached under
 each run works on a copy of it. PostgreSQL gets the same rows, copied into a
 throw-away server (tests/fixtures/postgres.py) that is stopped at the end.
 
+Usage comes from a real Prometheus (benchmarks/scale_prometheus.py): the
+``gpupool_allocated_gpus`` series of every running server, as the service would
+have exported them, every ``prometheus_step`` from the server's start through
+the hours the benchmark charges, backfilled with ``promtool tsdb
+create-blocks-from openmetrics``. The blocks are cached beside the ledger
+(``<seed>-<users>-<nodes>.prom/``); one Prometheus on a copy of them serves the
+SQLite and the PostgreSQL runs and is stopped at the end.
+
 Timed, in this process against the real service core and app (``make_app``):
-- periodic jobs, one run each after a warm-up run: debit cycle (the service's own
-  allocation records as usage: it charges every running server), cull, idle
+- periodic jobs, one run each after a warm-up run: debit cycle (the median of
+  three hours charged, the usage source the service builds for that Prometheus:
+  preset ``gpupool``, counted queries; each hour must have charged every running
+  server's user for its GPU time, or the benchmark fails), cull, idle
   reclaim (utilization from node agents' reports), queue housekeeping and
   dispatch, reconcile (against a recorded hub answer: every running server,
   served over HTTP to the real ``HubClient``), inventory refresh from a recorded
@@ -65,6 +75,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 BASE = datetime(2026, 11, 2, 10, 0, tzinfo=timezone.utc)  # "now" of the built pool
+DEBIT_HOURS = 3  # the timed debit runs charge the hours up to BASE + 1 h, + 2 h, + 3 h
+#: the end of the usage history: the timed hours and the one --profile debit charges
+HISTORY_END = BASE + timedelta(hours=DEBIT_HOURS + 1)
 MODELS = (("NVIDIA A100-SXM4-80GB", "a100"), ("NVIDIA RTX A6000", "a6000"),
           ("NVIDIA GeForce RTX 3090", "rtx3090"), ("NVIDIA H100 80GB HBM3", "h100"))
 PRICES = {"A100": 3, "A6000": 2, "RTX 3090": 1, "H100": 5}
@@ -124,15 +137,19 @@ def settings_for(nodes: list[dict[str, Any]]) -> Any:
     return GPUPool(config=c)
 
 
-def make_pool_manager(nodes: list[dict[str, Any]], url: str, clock: Any) -> Any:
+def make_pool_manager(nodes: list[dict[str, Any]], url: str, clock: Any, prometheus_url: str | None = None) -> Any:
+    """The service core on the ledger at ``url``, charging from the Prometheus at ``prometheus_url``
+    (the set-up, which charges nothing, leaves it out: the allocation records stand in)."""
+    from benchmarks.scale_prometheus import usage_source
     from gpupool_hub.ledger import Ledger
     from gpupool_hub.service.core.manager import PoolManager
     from gpupool_hub.usage.records import AllocationRecordsSource
 
     settings = settings_for(nodes)
     ledger = Ledger(url, background_checkpoints=True)  # as the service opens it (measure() checkpoints)
-    return PoolManager(settings=settings, ledger=ledger, pool=settings.make_pool(),
-                       usage_source=AllocationRecordsSource(ledger), clock=clock)
+    source = (usage_source(prometheus_url, settings, ledger, clock) if prometheus_url
+              else AllocationRecordsSource(ledger))
+    return PoolManager(settings=settings, ledger=ledger, pool=settings.make_pool(), usage_source=source, clock=clock)
 
 
 def history_rows(rng: random.Random, user: str, count: int) -> tuple[list[dict[str, Any]], int]:
@@ -349,6 +366,7 @@ def hub_app(records: list[Any]) -> Any:
 async def time_jobs(manager: Any, clock: Any, quick: bool) -> dict[str, float]:
     from tornado.httpserver import HTTPServer
 
+    from benchmarks.scale_prometheus import check_charged
     from gpupool_hub.cull import Culler
     from gpupool_hub.inventory.agents import AgentInventory, AgentReports
     from gpupool_hub.inventory.slurm import SlurmInventory
@@ -379,16 +397,22 @@ async def time_jobs(manager: Any, clock: Any, quick: bool) -> dict[str, float]:
             times.append(time.perf_counter() - t)
         out[name] = round(statistics.median(times), 3)
 
-    # debit: each run charges the next closed hour, holding every running server
+    # debit: each run charges the next closed hour (the first also the hour before BASE, the
+    # ledger's epoch), holding every running server; checked afterwards, untimed
+    records = m.ledger.active_allocations()
+    posted: list[Any] = []
+    m.debits.report_to(posted.extend)
+    first = m.debits.next_interval_start()
     times = []
-    for k in range(1, 2 if quick else 4):
+    hours = 1 if quick else DEBIT_HOURS
+    for k in range(1, hours + 1):
         clock.now = BASE + timedelta(hours=k, minutes=5)
         t = time.perf_counter()
         await in_thread(m.debits.debit_due)  # as DebitJob runs it
         times.append(time.perf_counter() - t)
     out["debit_cycle_s"] = round(statistics.median(times), 3)
-
-    records = m.ledger.active_allocations()
+    check_charged(posted, records, first, BASE + timedelta(hours=hours), m.debits.next_interval_start(),
+                  m.debits.interval, m.debits.usage_source.step_seconds)
 
     async def no_groups(user: str) -> list[str]:
         return []
@@ -570,12 +594,13 @@ async def time_requests(manager: Any, quick: bool) -> dict[str, float]:
     return out
 
 
-async def measure(url: str, nodes: list[dict[str, Any]], quick: bool, profile: str | None) -> dict[str, float]:
+async def measure(url: str, nodes: list[dict[str, Any]], quick: bool, profile: str | None,
+                  prometheus_url: str) -> dict[str, float]:
     from tests.fixtures.manager import Clock
 
     clock = Clock(BASE + timedelta(minutes=5))
     t = time.perf_counter()
-    manager = make_pool_manager(nodes, url, clock)
+    manager = make_pool_manager(nodes, url, clock, prometheus_url)
     restored = manager.restore()
     out: dict[str, float] = {"restore_s": round(time.perf_counter() - t, 2), "restored": restored,
                              "rss_setup_mb": round(rss_mb(), 1)}
@@ -677,7 +702,11 @@ def report(results: dict[str, dict[str, float]], users: int) -> bool:
 
 
 def one_size(args: argparse.Namespace) -> dict[str, Any]:
+    from benchmarks.scale_prometheus import binaries, cached_blocks, history_meta, served, step_seconds
+
+    binaries()  # before anything is built: say now if they are missing
     cache = Path(args.cache) / f"{args.seed}-{args.users}-{args.nodes}{'-quick' if args.quick else ''}.sqlite"
+    blocks = cache.with_suffix(".prom")
     cache.parent.mkdir(parents=True, exist_ok=True)
     built: dict[str, Any]
     meta = cache.with_suffix(".json")
@@ -693,23 +722,31 @@ def one_size(args: argparse.Namespace) -> dict[str, Any]:
         built = build(tmp, args.users, args.nodes, args.seed, args.quick)
         tmp.rename(cache)
         meta.write_text(json.dumps(built))
+        history_meta(blocks).unlink(missing_ok=True)  # a history of an older pool
     print(f"pool: {built['users']:,} users, {built['nodes']:,} nodes, {built['gpus']:,} GPUs, "
           f"{built['entries']:,} entries, {built['running']:,} running servers, {built['waiting']:,} waiters "
           f"(built in {built['build_s']} s)")
+    history = cached_blocks(cache, blocks, HISTORY_END, step_seconds())
+    print(f"usage: {history['series']:,} series, {history['samples']:,} samples to {HISTORY_END:%Y-%m-%d %H:%M} every "
+          f"{history['step']} s in Prometheus " + (f"(cached {blocks})" if history["cached"] else
+                                                   f"(backfilled in {history['backfill_s']} s)"), file=sys.stderr)
+    if history["series"] != built["running"]:
+        raise SystemExit(f"the usage history holds {history['series']:,} servers, the pool {built['running']:,}")
     nodes = make_nodes(args.nodes)
     results: dict[str, dict[str, float]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, served(blocks) as prometheus:
         work = Path(tmp) / "ledger.sqlite"
         shutil.copyfile(cache, work)
         os.sync()  # the copy's writeback would otherwise queue ahead of every commit's fsync
-        results["sqlite"] = asyncio.run(measure(f"sqlite:///{work}", nodes, args.quick, args.profile))
+        results["sqlite"] = asyncio.run(measure(f"sqlite:///{work}", nodes, args.quick, args.profile, prometheus.url))
         if not args.sqlite_only:
-            results["postgresql"] = run_postgres(cache, nodes, args)
+            results["postgresql"] = run_postgres(cache, nodes, args, prometheus.url)
     met = report(results, args.users)
     return {**results, "pool": built, "targets_met": met}
 
 
-def run_postgres(cache: Path, nodes: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, float]:
+def run_postgres(cache: Path, nodes: list[dict[str, Any]], args: argparse.Namespace,
+                 prometheus_url: str) -> dict[str, float]:
     import sqlalchemy as sa
 
     from tests.fixtures.postgres import LocalPostgres
@@ -728,7 +765,7 @@ def run_postgres(cache: Path, nodes: list[dict[str, Any]], args: argparse.Namesp
         copy_s = copy_to_postgres(cache, url)
         os.sync()
         print(f"set-up: PostgreSQL copy in {copy_s:.1f} s", file=sys.stderr)
-        return asyncio.run(measure(url, nodes, args.quick, None))
+        return asyncio.run(measure(url, nodes, args.quick, None, prometheus_url))
     finally:
         server.remove()
 
@@ -744,10 +781,21 @@ def curve(args: argparse.Namespace) -> None:
         cmd = [sys.executable, __file__, "--users", str(users), "--nodes", str(nodes), "--seed", str(args.seed)]
         cmd += ["--sqlite-only"] if args.sqlite_only else []
         print("$ " + " ".join(cmd[1:]), file=sys.stderr, flush=True)
-        proc = subprocess.run(cmd, capture_output=True, text=True, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        try:
+            out, err = proc.communicate()
+        finally:
+            if proc.poll() is None:  # interrupted: the size stops its Prometheus and PostgreSQL on SIGTERM
+                proc.terminate()
+                try:
+                    proc.wait(60)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
         if proc.returncode != 0:
-            raise SystemExit(f"size {users}/{nodes} failed:\n{proc.stderr[-3000:]}")
-        rows.append(((users, nodes), json.loads(proc.stdout.strip().splitlines()[-1])))
+            raise SystemExit(f"size {users}/{nodes} failed:\n{err[-3000:]}")
+        rows.append(((users, nodes), json.loads(out.strip().splitlines()[-1])))
     names = [n for n in TARGETS if not n.endswith("_kb")] + [n for n in TARGETS if n.endswith("_kb")]
     dbs = [db for db in ("sqlite", "postgresql") if db in rows[0][1]]
     head = f"{'figure':<22}{'db':<11}" + "".join(f"{f'{u // 1000}k/{n}':>12}" for (u, n), _ in rows)
@@ -810,6 +858,8 @@ def main() -> None:
     logging.getLogger("tornado.access").setLevel(logging.CRITICAL)
     if args.users < 20 or args.nodes < 1:
         ap.error("--users must be at least 20 and --nodes at least 1")
+    # a SIGTERM (curve() stopping a size, a timeout) unwinds like Ctrl-C: what this run started is stopped
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     if args.curve:
         curve(args)
         return

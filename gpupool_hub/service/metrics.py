@@ -21,8 +21,18 @@ from prometheus_client.registry import Collector
 from .core.threads import writes
 
 if TYPE_CHECKING:
-    from ..ledger import GpuUse, Posting
+    from ..ledger import AllocationRecord, GpuUse, Posting
     from .core.manager import PoolManager
+
+
+def held_gpus(record: AllocationRecord) -> dict[str, float]:
+    """GPUs one allocation holds per model, fractions and MIG instances as shares: the value of
+    its ``gpupool_allocated_gpus`` series, which the ``gpupool`` usage preset charges (and
+    benchmarks/scale.py backfills into Prometheus as this gauge would have been scraped)."""
+    shares: dict[str, float] = {}
+    for g in record.gpus:
+        shares[g["model"]] = shares.get(g["model"], 0.0) + g["milli"] / 1000
+    return shares
 
 
 class PoolCollector(Collector):
@@ -46,10 +56,7 @@ class PoolCollector(Collector):
         )
         per_model: dict[str, float] = {}
         for record in self.manager.ledger.active_allocations():
-            shares: dict[str, float] = {}
-            for g in record.gpus:
-                shares[g["model"]] = shares.get(g["model"], 0.0) + g["milli"] / 1000
-            for model, share in shares.items():
+            for model, share in held_gpus(record).items():
                 held.add_metric([record.user, record.server, model, record.node, record.id], share)
                 per_model[model] = per_model.get(model, 0.0) + share
         yield held
