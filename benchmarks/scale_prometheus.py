@@ -181,7 +181,8 @@ def check_charged(posted: Iterable[Posting], records: Iterable[AllocationRecord]
     """Fail loudly unless the debit runs charged every interval in ``[start, end)`` (they
     charged up to ``charged_to``), each debiting the user of each running server for exactly
     its GPU-seconds in the history: a cycle that charges nothing, or not every hour, would
-    time nothing worth a figure."""
+    time nothing worth a figure. ``step`` is the history's resolution, from which a server's
+    first sample follows (benchmarks/scale_slurm.py: 1 s, slurmdbd's whole-second Start)."""
     from gpupool_hub.service.metrics import held_gpus
 
     records = list(records)
