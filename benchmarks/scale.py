@@ -42,7 +42,9 @@ Timed, in this process against the real service core and app (``make_app``):
   the same body from memory (``me_floor_p99_ms``: what the clients and tornado
   cost on this machine with no service work at all); spawn admission p99 and
   median (``POST allocations`` of a new server through the real app; at a full
-  pool it joins the queue), ``GET pool``;
+  pool it joins the queue), the same spawns' retries (``retry_p99_ms``: a waiting
+  spawner asks every few seconds, so at 2,000 waiters these are most of the
+  writer thread's requests), ``GET pool``;
 - pages (p95 ms and kB): "My GPU usage" of the heaviest user (90 days), the
   admin pool map, accounts, audit log;
 - this process's resident memory (psutil) after set-up and after the runs.
@@ -100,7 +102,7 @@ TARGETS: dict[str, tuple[float | None, str]] = {
     "debit_cycle_s": (5.0, "s"), "debit_cycle_slurm_s": (5.0, "s"), "cull_s": (3.0, "s"), "idle_s": (3.0, "s"),
     "queue_s": (3.0, "s"), "reconcile_s": (3.0, "s"), "inventory_slurm_s": (3.0, "s"), "inventory_agents_s": (1.0, "s"),
     "me_p99_ms": (10.0, "ms"), "me_floor_p99_ms": (None, "ms"), "spawn_p99_ms": (25.0, "ms"),
-    "spawn_p50_ms": (None, "ms"), "pool_api_p95_ms": (None, "ms"),
+    "spawn_p50_ms": (None, "ms"), "retry_p99_ms": (25.0, "ms"), "pool_api_p95_ms": (None, "ms"),
     "pool_api_kb": (None, "kB"),
     **{f"page_{p}_{k}": (t, u) for p in ("usage", "pool", "accounts", "audit")
        for k, t, u in (("p95_ms", 300.0, "ms"), ("kb", 500.0, "kB"))},
@@ -578,6 +580,16 @@ async def time_requests(manager: Any, quick: bool) -> dict[str, float]:
             assert r.code in (201, 409), (r.code, r.body[:300])
         out["spawn_p99_ms"] = round(pct(spawn, 0.99), 2)
         out["spawn_p50_ms"] = round(pct(spawn, 0.5), 2)
+        # the same spawns asking again, as their spawners do every few seconds while they wait
+        retry = []
+        for i in range(20 if quick else 200):
+            body = json.dumps({"user": f"new{i:05d}", "server": "", "groups": [], "request": {"gpus": 1}})
+            t = time.perf_counter()
+            r = await client.fetch(f"{origin}{PREFIX}api/v1/allocations", method="POST", body=body,
+                                   headers={"Authorization": f"token {SPAWNER_TOKEN}"}, raise_error=False)
+            retry.append((time.perf_counter() - t) * 1000)
+            assert r.code in (201, 409), (r.code, r.body[:300])
+        out["retry_p99_ms"] = round(pct(retry, 0.99), 2)
 
         pool_ms, size = [], 0
         for _ in range(3 if quick else 20):

@@ -34,7 +34,7 @@ in this pass are skipped without looking at the pool again.
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -154,22 +154,79 @@ def fair_order(waiters: Iterable[Waiter], head: str | None = None,
     themselves; the head first among its own age group): :func:`dispatch` lets no younger
     waiter pass it on the nodes it could use. Without ``now``, nobody is old.
     """
-    running = running or {}
-    old_before = now - reserve_after if now is not None else None
-    rounds: dict[int, dict[str, int]] = {}  # per class, per user: the round of their next waiter
-    arrived = sorted(waiters, key=_ORDER_KEY)
-    keys = []
-    cls, mine = None, {}
-    for w in arrived:
-        if w.priority != cls:
-            cls, mine = w.priority, rounds.setdefault(w.priority, {})
+    return FairOrder.of(waiters, head, running, now=now, reserve_after=reserve_after).waiters
+
+
+@dataclass(frozen=True)
+class FairOrder:
+    """:func:`fair_order`'s answer with what it was sorted by, so that a newcomer can be put
+    in its place without sorting everyone again (every spawn of a full pool joins, and
+    every waiting spawner asks for its position every few seconds: thousands of waiters
+    re-sorted hundreds of times a second otherwise)."""
+
+    waiters: list[Waiter]
+    keys: list[tuple[int, bool, int]]  # each waiter's (class, young, round), in order: non-decreasing
+    next_round: dict[int, dict[str, int]]  # per class, per user: the round of their next waiter
+    latest: dict[tuple[int, str], tuple[int, datetime, str]]  # per (class, user): their latest arrival's key
+    #: when the next young waiter turns old (None: none will, or nobody ages): the order holds until then
+    until: datetime | None
+    aging: timedelta | None  # ``reserve_after`` when it was sorted with a time, else None (nobody ages)
+
+    @classmethod
+    def of(cls, waiters: Iterable[Waiter], head: str | None = None, running: Mapping[str, int] | None = None, *,
+           now: datetime | None = None, reserve_after: timedelta = RESERVE_AFTER) -> FairOrder:
+        running = running or {}
+        old_before = now - reserve_after if now is not None else None
+        rounds: dict[int, dict[str, int]] = {}  # per class, per user: the round of their next waiter
+        arrived = sorted(waiters, key=_ORDER_KEY)
+        keys = []
+        klass, mine = None, {}
+        young_since: datetime | None = None
+        for w in arrived:
+            if w.priority != klass:
+                klass, mine = w.priority, rounds.setdefault(w.priority, {})
+            turn = mine.get(w.user)
+            if turn is None:
+                turn = running.get(w.user, 0)
+            mine[w.user] = turn + 1
+            young = old_before is None or w.since >= old_before
+            if young and old_before is not None and (young_since is None or w.since < young_since):
+                young_since = w.since
+            keys.append((klass, young, -1 if w.id == head else turn))
+        # a stable sort on (class, age group, round) keeps arrival order within a round
+        order = sorted(range(len(arrived)), key=keys.__getitem__)
+        latest = {}
+        for w in arrived:  # arrival order: the last of each (class, user) wins
+            latest[(w.priority, w.user)] = _ORDER_KEY(w)
+        return cls([arrived[i] for i in order], [keys[i] for i in order], rounds, latest,
+                   None if young_since is None else young_since + reserve_after,
+                   None if now is None else reserve_after)
+
+    def behind(self, w: Waiter, running: Mapping[str, int]) -> FairOrder | None:
+        """This order with ``w``, a young newcomer (no waiter arrived after it), in its place:
+        what :meth:`of` would answer for all of them (same head, running and time). None when
+        its user has a waiter of its class that sorts after it (the same time, a greater id):
+        that one's round would move, so sort them all."""
+        arrival = _ORDER_KEY(w)
+        mine_latest = self.latest.get((w.priority, w.user))
+        if mine_latest is not None and arrival <= mine_latest:
+            return None
+        mine = self.next_round.get(w.priority, {})
         turn = mine.get(w.user)
         if turn is None:
             turn = running.get(w.user, 0)
-        mine[w.user] = turn + 1
-        keys.append((cls, old_before is None or w.since >= old_before, -1 if w.id == head else turn))
-    # a stable sort on (class, age group, round) keeps arrival order within a round
-    return [arrived[i] for i in sorted(range(len(arrived)), key=keys.__getitem__)]
+        key = (w.priority, True, turn)
+        # among equal keys the order is arrival's: after those that arrived before it (all of
+        # them, unless some came at the same time with a greater id)
+        lo, at = bisect_left(self.keys, key), bisect_right(self.keys, key)
+        if at > lo and arrival < _ORDER_KEY(self.waiters[at - 1]):
+            at = lo + bisect_right(list(map(_ORDER_KEY, self.waiters[lo:at])), arrival)
+        rounds = {**self.next_round, w.priority: {**mine, w.user: turn + 1}}
+        until = self.until  # it is the youngest: it turns old first only when nobody else is young
+        if until is None and self.aging is not None:
+            until = w.since + self.aging
+        return FairOrder(self.waiters[:at] + [w] + self.waiters[at:], self.keys[:at] + [key] + self.keys[at:],
+                         rounds, {**self.latest, (w.priority, w.user): arrival}, until, self.aging)
 
 
 # sort keys made in C, not a Python call per waiter (the order is resorted on every dispatch)

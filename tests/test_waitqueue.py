@@ -9,8 +9,8 @@ import pytest
 from datetime import datetime, timedelta, timezone
 
 from gpupool_hub.placement import Pool, Request
-from gpupool_hub.waitqueue import (BORROWER, RESERVE_AFTER, UNDER_QUOTA, ExpectedRelease, Waiter, dispatch,
-                                   estimate_starts, fair_order, join_behind, wait_text)
+from gpupool_hub.waitqueue import (BORROWER, RESERVE_AFTER, UNDER_QUOTA, ExpectedRelease, FairOrder, Waiter,
+                                   dispatch, estimate_starts, fair_order, join_behind, wait_text)
 
 T0 = datetime(2026, 11, 22, 9, tzinfo=timezone.utc)
 MODEL = "NVIDIA GeForce RTX 3090"
@@ -323,3 +323,54 @@ def test_an_old_waiter_closes_the_nodes_it_could_use_and_a_newcomer_joining_behi
     # without aging (or before the big request is old) it goes to the small waiter
     d3 = dispatch(pool, fair_order([old, young], "big-0"), lambda w: w.id, d.reservation)
     assert [(w.id, p.node) for w, p in d3.placed] == [("s1", other)]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_newcomer_put_behind_a_sorted_queue_lands_where_a_full_sort_puts_it(seed):
+    # Every spawn of a full pool joins the queue and asks its position: the service puts the
+    # newcomer into the order it has (FairOrder.behind) instead of sorting thousands again.
+    # Whatever the classes, rounds, head, held servers and ages, that must be the full sort's answer.
+    rng = random.Random(seed)
+    users = [f"u{i}" for i in range(6)]
+    running = {u: rng.randrange(3) for u in users if rng.random() < 0.5}
+    now = T0 + timedelta(minutes=30)
+    waiters = [Waiter(f"w{i}", rng.choice(users), str(i), Request(gpus=1), T0 + timedelta(seconds=rng.randrange(1800)),
+                      rng.choice((UNDER_QUOTA, BORROWER))) for i in range(40)]
+    head = rng.choice(waiters).id
+    order = FairOrder.of(waiters, head, running, now=now)
+    assert order.waiters == fair_order(waiters, head, running, now=now)
+    hits = 0
+    for i in range(40, 120):
+        now += timedelta(seconds=rng.choice((0, 0, 1, 5)))
+        # random ids, like the service's: a newcomer from the same second may sort before others
+        w = Waiter(f"{rng.randrange(16 ** 8):08x}", rng.choice(users), str(i), Request(gpus=1), now,
+                   rng.choice((UNDER_QUOTA, BORROWER)))
+        if order.until is not None and now >= order.until:  # someone turns old: the service sorts again
+            order = FairOrder.of(waiters, head, running, now=now)
+        else:  # nobody turned old: the order still stands
+            assert FairOrder.of(waiters, head, running, now=now).waiters == order.waiters
+        waiters.append(w)
+        full = FairOrder.of(waiters, head, running, now=now)
+        put = order.behind(w, running)
+        if put is None:  # its user has a waiter of its class from the same second with a greater id
+            assert any(x.priority == w.priority and x.user == w.user and x.since == w.since and x.id > w.id
+                       for x in waiters[:-1])
+            order = full
+            continue
+        assert put.waiters == full.waiters and put.keys == full.keys, i
+        assert put.until == full.until  # when the order next changes by itself: the first young waiter turns old
+        order = put
+        hits += 1
+    assert hits >= 60  # nearly every newcomer is put in place without a sort
+
+
+def test_a_newcomer_behind_only_old_waiters_is_when_the_order_next_changes():
+    # everyone has waited past RESERVE_AFTER: the order stands until the newcomer turns old
+    now = T0 + timedelta(hours=1)
+    old = [waiter(i) for i in range(3)]
+    order = FairOrder.of(old, None, {}, now=now)
+    assert order.until is None
+    new = Waiter("new", "user9", "", Request(gpus=1), now)
+    put = order.behind(new, {})
+    assert put is not None and put.waiters == old + [new]
+    assert put.until == now + RESERVE_AFTER == FairOrder.of(old + [new], None, {}, now=now).until

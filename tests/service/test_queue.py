@@ -427,3 +427,63 @@ def test_an_old_waiter_closes_its_nodes_to_newcomers(tmp_path, waited, dave_star
     else:
         queued(m, "dave")
         assert m.queue.reservation == reserved  # carol keeps her node
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_positions_are_the_fair_order_through_joins_retries_releases_and_time(tmp_path, seed):
+    # The service keeps the fair order between changes (every waiting spawner asks for its
+    # place every few seconds) and puts newcomers into it without sorting again. Whatever
+    # happens (joins, retries, releases, cancels, expiry, waiters turning old), each waiter's
+    # position must be the one a full sort gives at that moment.
+    import random
+
+    from gpupool_hub.waitqueue import fair_order
+
+    rng = random.Random(seed)
+    clock = Clock()
+    m = manager(tmp_path, nodes=TWO_NODES, clock=clock, queue_poll_timeout=3600)  # waiters stay and grow old
+    q = m.queue
+    held = []
+    for step in range(120):
+        op = rng.random()
+        user, server = f"u{rng.randrange(5)}", rng.choice(("", "b"))
+        try:
+            if op < 0.45:
+                held.append(admit(m, user, gpus=rng.choice((1, 1, 2)), server=server))
+            elif op < 0.6 and held:
+                m.admission.release(held.pop(rng.randrange(len(held))).id, "server stopped")
+            elif op < 0.7 and q.entries:
+                entry = rng.choice(list(q.entries.values()))
+                q.leave(entry.waiter.user, entry.waiter.server)
+            elif op < 0.8:
+                q.housekeeping()
+            else:
+                clock.advance(rng.choice((0, 1, 5, 40, 130)))
+        except Refused:
+            pass
+        entries = list(q.entries.values())
+        full = fair_order((e.waiter for e in entries if e.placement is None), q._head(), q._running(entries),
+                          now=clock())
+        assert q.ordered() == full, step
+        assert [q.position(e) for e in entries if e.placement is None] == [
+            full.index(e.waiter) + 1 for e in entries if e.placement is None], step
+
+
+def test_a_retry_sees_the_place_change_when_an_earlier_waiter_turns_old(tmp_path):
+    # alice holds the GPU; dave waits first (the head); alice waits for a second server
+    # (round 1). bob, who holds none, joins a minute later and goes ahead of her (round 0).
+    # Once she has waited past RESERVE_AFTER she is old and goes before him, with nothing
+    # else changed: the order the service keeps between retries must not outlive that moment.
+    clock = Clock()
+    m = manager(tmp_path, clock=clock, queue_poll_timeout=3600)
+    admit(m, "alice")
+    assert queued(m, "dave").details["position"] == 1
+    assert queued(m, "alice", server="b").details["position"] == 2
+    clock.advance(60)
+    assert queued(m, "bob").details["position"] == 2
+    assert queued(m, "alice", server="b").details["position"] == 3
+    clock.advance(30)
+    assert queued(m, "bob").details["position"] == 2  # both young still
+    clock.advance(35)  # alice has waited 125 s, bob 65 s
+    assert queued(m, "bob").details["position"] == 3
+    assert queued(m, "alice", server="b").details["position"] == 2

@@ -36,8 +36,8 @@ from ...placement.request import Request, model_allowed, normalize_model, same_r
 from ...placement.state import Placement
 from ...reasons import RefusalReason
 from ...timefmt import iso
-from ...waitqueue import (BORROWER, Dispatch, ExpectedRelease, Waiter, demand, dispatch, estimate_starts,
-                          fair_order, join_behind, wait_place, wait_text)
+from ...waitqueue import (BORROWER, Dispatch, ExpectedRelease, FairOrder, Waiter, demand, dispatch,
+                          estimate_starts, join_behind, wait_place, wait_text)
 from .errors import Refused
 from .inventory import PoolInventory
 from .queue_eta import ESTIMATE_TTL, RELEASES_TTL, QueueRanges
@@ -76,11 +76,13 @@ class Entries(dict[tuple[str, str], Entry]):
     def __init__(self) -> None:
         super().__init__()
         self.per_user: dict[str, int] = {}
+        self.version = 0  # counts changes, after each is made: a cached order is of one version
 
     def __setitem__(self, key: tuple[str, str], entry: Entry) -> None:
         if key not in self:
             self.per_user[key[0]] = self.per_user.get(key[0], 0) + 1
         super().__setitem__(key, entry)
+        self.version += 1
 
     def pop(self, key: tuple[str, str], *default: Any) -> Any:  # type: ignore[override]
         if key in self:
@@ -89,7 +91,10 @@ class Entries(dict[tuple[str, str], Entry]):
                 self.per_user[key[0]] = left
             else:
                 del self.per_user[key[0]]
-        return super().pop(key, *default)
+        try:
+            return super().pop(key, *default)
+        finally:
+            self.version += 1
 
     def __delitem__(self, key: tuple[str, str]) -> None:
         self.pop(key)
@@ -97,6 +102,7 @@ class Entries(dict[tuple[str, str], Entry]):
     def clear(self) -> None:
         self.per_user.clear()
         super().clear()
+        self.version += 1
 
     def has_user(self, user: str) -> bool:
         return user in self.per_user
@@ -146,6 +152,12 @@ class WaitQueue(QueueRanges, QueueReports):
         # entry, the pass); while the first three still hold and no waiter became old since (the
         # pass's ``until``), a newcomer needs no full pass (``join_behind``)
         self._settled: tuple[Any, int, Entry, Dispatch] | None = None
+        # the fair order of the waiting entries, with what it was sorted from (``_basis``) and
+        # each id's position once asked: every waiting spawner asks for its place every few
+        # seconds, and nothing changes between most of those asks
+        self._placements = 0  # counts placements given, after they are given
+        self._order: tuple[tuple[int, int, dict[str, int], str | None], datetime, FairOrder,
+                           dict[str, int] | None] | None = None
 
     @property
     def pool(self) -> Any:
@@ -184,6 +196,7 @@ class WaitQueue(QueueRanges, QueueReports):
         row = {"id": w.id, "user": user, "server": server, "request": _request_json(req),
                "requested_models": requested_models, "priority": priority, "since": now}
         entry = Entry(w, requested_models, now)
+        before = self._valid_order(now)
         self.entries[entry.key] = entry
         try:
             settled = self._settled_pass(now)
@@ -192,6 +205,8 @@ class WaitQueue(QueueRanges, QueueReports):
                 entry.placement = join_behind(self.pool, w, settled[1].closed_to(w.priority))
                 if entry.placement is not None:
                     self._releases = self._held = None
+                else:
+                    self._order_behind(before, w, now)
             else:
                 self.dispatch()
             if entry.placement is not None:  # backfilled at once: it never waited, nothing to store
@@ -328,8 +343,9 @@ class WaitQueue(QueueRanges, QueueReports):
         by_id = {e.waiter.id: e for e in waiting}
         self.held_by_user = self.ledger.held_servers()
         now = self.clock()
-        order = fair_order((e.waiter for e in waiting), self._head(), self._running(self.entries.values()), now=now)
-        d = dispatch(self.pool, order, lambda w: w.id, self.reservation, now=now)
+        head = self._head()
+        fair = FairOrder.of((e.waiter for e in waiting), head, self._running(self.entries.values()), now=now)
+        d = dispatch(self.pool, fair.waiters, lambda w: w.id, self.reservation, now=now)
         self.reservation = d.reservation
         placed = []
         for w, placement in d.placed:
@@ -337,6 +353,10 @@ class WaitQueue(QueueRanges, QueueReports):
             entry.placement = placement
             placed.append(entry)
             log.info("Reserved %s for waiting %s/%s", self.pool.describe(placement), w.user, w.server or "-")
+        if placed:
+            self._placements += 1
+        elif self._head() == head and len(waiting) == self.waiting_count():
+            self._order = (self._basis(), now, fair, None)  # the waiters' order as it stands (none expired)
         if placed:  # GPUs moved: the expected ends change
             self._releases = self._held = None
         if d.reservation is not None:
@@ -379,14 +399,55 @@ class WaitQueue(QueueRanges, QueueReports):
         return sum(1 for e in self.entries.values() if e.placement is None)
 
     def ordered(self) -> list[Waiter]:
-        entries = list(self.entries.values())
-        return fair_order((e.waiter for e in entries if e.placement is None), self._head(), self._running(entries),
-                          now=self.clock())
+        return self._fair_order()[2].waiters
 
     def position(self, entry: Entry) -> int:
         if entry.placement is not None:
             return 0
-        return next(i for i, w in enumerate(self.ordered(), 1) if w.id == entry.waiter.id)
+        basis, at, order, places = self._fair_order()
+        if places is None:
+            places = {w.id: i for i, w in enumerate(order.waiters, 1)}
+            self._order = (basis, at, order, places)
+        return places[entry.waiter.id]
+
+    def _basis(self) -> tuple[int, int, dict[str, int], str | None]:
+        """What the fair order is sorted from, read before sorting: the entries' version, the
+        placements given, the held servers (a new dict at each change) and the head."""
+        return self.entries.version, self._placements, self.held_by_user, self._head()
+
+    def _valid_order(self, now: datetime) -> tuple[tuple[int, int, dict[str, int], str | None], datetime,
+                                                     FairOrder, dict[str, int] | None] | None:
+        """The cached order if nothing it was sorted from changed and no waiter turned old since."""
+        cached = self._order
+        if cached is None:
+            return None
+        (version, placements, held, head), at, order, _ = cached
+        current = self._basis()
+        if (version, placements, head) != (current[0], current[1], current[3]) or held is not current[2]:
+            return None
+        if now < at or (order.until is not None and now >= order.until):
+            return None
+        return cached
+
+    def _fair_order(self) -> tuple[tuple[int, int, dict[str, int], str | None], datetime, FairOrder,
+                                   dict[str, int] | None]:
+        now = self.clock()
+        cached = self._valid_order(now)
+        if cached is None:
+            basis = self._basis()  # before the entries are read: a change meanwhile outdates it
+            entries = list(self.entries.values())
+            order = FairOrder.of((e.waiter for e in entries if e.placement is None), basis[3],
+                                 self._running(entries), now=now)
+            cached = self._order = (basis, now, order, None)
+        return cached
+
+    def _order_behind(self, before: Any, w: Waiter, now: datetime) -> None:
+        """Put a newcomer that joined behind everyone into the cached order (no re-sort)."""
+        if before is None:
+            return
+        order = before[2].behind(w, self._running(self.entries.values()))
+        if order is not None:
+            self._order = (self._basis(), before[1], order, None)
 
     def refusal(self, entry: Entry) -> Refused:
         """A waiting entry's answer: its position and estimate (the first shown is recorded)."""
