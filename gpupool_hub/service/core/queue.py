@@ -41,6 +41,7 @@ from ...waitqueue import (BORROWER, Dispatch, ExpectedRelease, FairOrder, Waiter
 from .errors import Refused
 from .inventory import PoolInventory
 from .queue_eta import ESTIMATE_TTL, RELEASES_TTL, QueueRanges
+from .queue_order import Kept, QueueOrder
 from .queue_reports import QueueReports
 from .reclaims import Reclaims
 from .threads import CoreThreads, writes
@@ -121,7 +122,7 @@ def _request(data: dict[str, Any]) -> Request:
                    mig=data.get("mig"))
 
 
-class WaitQueue(QueueRanges, QueueReports):
+class WaitQueue(QueueOrder, QueueRanges, QueueReports):
     """Waiting servers: join, dispatch, claim, leave, expire, positions and estimates."""
 
     def __init__(self, settings: GPUPool, ledger: Ledger, inventory: PoolInventory, reclaims: Reclaims,
@@ -156,8 +157,7 @@ class WaitQueue(QueueRanges, QueueReports):
         # each id's position once asked: every waiting spawner asks for its place every few
         # seconds, and nothing changes between most of those asks
         self._placements = 0  # counts placements given, after they are given
-        self._order: tuple[tuple[int, int, dict[str, int], str | None], datetime, FairOrder,
-                           dict[str, int] | None] | None = None
+        self._order: Kept | None = None
 
     @property
     def pool(self) -> Any:
@@ -206,7 +206,7 @@ class WaitQueue(QueueRanges, QueueReports):
                 if entry.placement is not None:
                     self._releases = self._held = None
                 else:
-                    self._order_behind(before, w, now)
+                    self._order_behind(before, w)
             else:
                 self.dispatch()
             if entry.placement is not None:  # backfilled at once: it never waited, nothing to store
@@ -379,75 +379,7 @@ class WaitQueue(QueueRanges, QueueReports):
             return None
         return head, d
 
-    # ---------------------------------------------------- positions, estimates
-
-    def _head(self) -> str | None:
-        """The entry id holding the reserved node (it stays first, see ``fair_order``)."""
-        held = self.reservation  # one read: the writer thread may replace it
-        return held[0] if held is not None else None
-
-    def _running(self, entries: Iterable[Entry]) -> dict[str, int]:
-        """GPU servers per user ahead of their waiters: held ones and those with reserved GPUs."""
-        out = dict(self.held_by_user)
-        for e in entries:
-            if e.placement is not None:
-                out[e.waiter.user] = out.get(e.waiter.user, 0) + 1
-        return out
-
-    def waiting_count(self) -> int:
-        """How many wait (not yet placed): ``len(ordered())`` without sorting them."""
-        return sum(1 for e in self.entries.values() if e.placement is None)
-
-    def ordered(self) -> list[Waiter]:
-        return self._fair_order()[2].waiters
-
-    def position(self, entry: Entry) -> int:
-        if entry.placement is not None:
-            return 0
-        basis, at, order, places = self._fair_order()
-        if places is None:
-            places = {w.id: i for i, w in enumerate(order.waiters, 1)}
-            self._order = (basis, at, order, places)
-        return places[entry.waiter.id]
-
-    def _basis(self) -> tuple[int, int, dict[str, int], str | None]:
-        """What the fair order is sorted from, read before sorting: the entries' version, the
-        placements given, the held servers (a new dict at each change) and the head."""
-        return self.entries.version, self._placements, self.held_by_user, self._head()
-
-    def _valid_order(self, now: datetime) -> tuple[tuple[int, int, dict[str, int], str | None], datetime,
-                                                     FairOrder, dict[str, int] | None] | None:
-        """The cached order if nothing it was sorted from changed and no waiter turned old since."""
-        cached = self._order
-        if cached is None:
-            return None
-        (version, placements, held, head), at, order, _ = cached
-        current = self._basis()
-        if (version, placements, head) != (current[0], current[1], current[3]) or held is not current[2]:
-            return None
-        if now < at or (order.until is not None and now >= order.until):
-            return None
-        return cached
-
-    def _fair_order(self) -> tuple[tuple[int, int, dict[str, int], str | None], datetime, FairOrder,
-                                   dict[str, int] | None]:
-        now = self.clock()
-        cached = self._valid_order(now)
-        if cached is None:
-            basis = self._basis()  # before the entries are read: a change meanwhile outdates it
-            entries = list(self.entries.values())
-            order = FairOrder.of((e.waiter for e in entries if e.placement is None), basis[3],
-                                 self._running(entries), now=now)
-            cached = self._order = (basis, now, order, None)
-        return cached
-
-    def _order_behind(self, before: Any, w: Waiter, now: datetime) -> None:
-        """Put a newcomer that joined behind everyone into the cached order (no re-sort)."""
-        if before is None:
-            return
-        order = before[2].behind(w, self._running(self.entries.values()))
-        if order is not None:
-            self._order = (self._basis(), before[1], order, None)
+    # ---------------------------------------------------- answers, estimates
 
     def refusal(self, entry: Entry) -> Refused:
         """A waiting entry's answer: its position and estimate (the first shown is recorded)."""
