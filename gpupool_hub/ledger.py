@@ -459,8 +459,9 @@ class LedgerLeases:
 
 
 class LedgerHeldReads:
-    """Light reads of the held allocations, for what is asked often or of a large pool: the
-    wait queue's order at every dispatch and the admin pool map. A base of :class:`Ledger`."""
+    """Light reads of the allocations, for what is asked often or of a large pool: the wait
+    queue's order at every dispatch, the admin pool map, the owners of an hour's Slurm jobs.
+    A base of :class:`Ledger`."""
 
     def _read(self) -> Connection:  # provided by Ledger
         raise NotImplementedError("Subclass must provide implementation")
@@ -493,6 +494,17 @@ class LedgerHeldReads:
              .group_by(allocations.c.user))
         with self._read() as conn:
             return {user: count for user, count in conn.execute(q)}
+
+    def allocation_owners(self, alloc_ids: Iterable[str]) -> dict[str, str]:
+        """The user of each of ``alloc_ids`` the ledger has, held or released (the others are left
+        out), in one query per 500 ids: charging an hour of 5,000 Slurm jobs one
+        :meth:`~Ledger.allocation` read at a time took 9 s on PostgreSQL."""
+        out: dict[str, str] = {}
+        with self._read() as conn:
+            for chunk in _chunks(sorted(set(alloc_ids))):
+                q = sa.select(allocations.c.id, allocations.c.user).where(allocations.c.id.in_(list(chunk)))
+                out.update({alloc_id: user for alloc_id, user in conn.execute(q)})
+        return out
 
 
 class LedgerError(RuntimeError):

@@ -16,7 +16,9 @@ from ``sacct``; this module decides whose tokens pay for each job:
   are nobody's to pay.
 
 Everything is looked up in the ledger at charge time, so a restart (or a
-re-run of an interval) gives the same answer.
+re-run of an interval) gives the same answer; for an interval's jobs together
+(:meth:`HubJobOwners.for_jobs`) in a few bulk reads, as one read per job
+made the hourly charge of 5,000 jobs take 9 s on PostgreSQL.
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ import logging
 import os
 import pwd
 import re
+from collections.abc import Callable, Sequence
 
 from ..ledger import Ledger, UnknownAccount
-from .slurm import SacctJob
+from .slurm import JobOwners, SacctJob
 
 __all__ = ["ALLOCATION_COMMENT", "HubJobOwners", "allocation_of"]
 
@@ -54,7 +57,7 @@ def _own_unix_user() -> str | None:
         return None
 
 
-class HubJobOwners:
+class HubJobOwners(JobOwners):
     """``user_of`` for :class:`~gpupool_hub.usage.slurm.SlurmUsageSource`: job -> hub user, or None.
 
     ``server_users`` are the Unix users the hub's servers may run as besides
@@ -70,16 +73,34 @@ class HubJobOwners:
         self._warned: set[str] = set()
 
     def __call__(self, job: SacctJob) -> str | None:
+        return self._owner(job, self._allocation_user, self._is_hub_user)
+
+    def for_jobs(self, jobs: Sequence[SacctJob]) -> Callable[[SacctJob], str | None]:
+        """The owners of ``jobs`` read together: one query per 500 allocation ids, and with
+        ``charge_batch_jobs`` one per 500 Slurm user names; the answers and warnings per job
+        are those of ``__call__``, in the order the jobs are asked about."""
+        ids = {alloc_id for alloc_id in (allocation_of(j.comment) for j in jobs) if alloc_id is not None}
+        owners = self.ledger.allocation_owners(ids) if ids else {}
+        names = {j.user for j in jobs} if self.charge_batch_jobs else set()
+        hub_users = set(self.ledger.balances(names)) if names else set()  # the names with an account
+        return lambda job: self._owner(job, owners.get, hub_users.__contains__)
+
+    def _owner(self, job: SacctJob, allocation_user: Callable[[str], str | None],
+               is_hub_user: Callable[[str], bool]) -> str | None:
         alloc_id = allocation_of(job.comment)
         if alloc_id is not None:
-            record = self.ledger.allocation(alloc_id)
-            if record is not None and (job.user == record.user or job.user in self.server_users):
-                return record.user
-            self._warn(job, "no allocation of that id" if record is None else
-                       f"it ran as {job.user!r}, not as {record.user!r} or the hub's Unix user")
-        if self.charge_batch_jobs and self._is_hub_user(job.user):
+            user = allocation_user(alloc_id)
+            if user is not None and (job.user == user or job.user in self.server_users):
+                return user
+            self._warn(job, "no allocation of that id" if user is None else
+                       f"it ran as {job.user!r}, not as {user!r} or the hub's Unix user")
+        if self.charge_batch_jobs and is_hub_user(job.user):
             return job.user
         return None
+
+    def _allocation_user(self, alloc_id: str) -> str | None:
+        record = self.ledger.allocation(alloc_id)
+        return None if record is None else record.user
 
     def _is_hub_user(self, name: str) -> bool:
         try:
@@ -93,3 +114,4 @@ class HubJobOwners:
             self._warned.add(job.job_id)
             log.warning("Slurm job %s has comment %r but is not charged as a hub server: %s",
                         job.display_id, job.comment[:200], why)
+
