@@ -114,4 +114,3 @@ class HubJobOwners(JobOwners):
             self._warned.add(job.job_id)
             log.warning("Slurm job %s has comment %r but is not charged as a hub server: %s",
                         job.display_id, job.comment[:200], why)
-
