@@ -154,7 +154,32 @@ def fair_order(waiters: Iterable[Waiter], head: str | None = None,
     themselves; the head first among its own age group): :func:`dispatch` lets no younger
     waiter pass it on the nodes it could use. Without ``now``, nobody is old.
     """
-    return FairOrder.of(waiters, head, running, now=now, reserve_after=reserve_after).waiters
+    arrived, keys, order = _sort(waiters, head, running, now, reserve_after)[:3]
+    return [arrived[i] for i in order]
+
+
+def _sort(waiters: Iterable[Waiter], head: str | None, running: Mapping[str, int] | None, now: datetime | None,
+          reserve_after: timedelta
+          ) -> tuple[list[Waiter], list[tuple[int, bool, int]], list[int], dict[int, dict[str, int]]]:
+    """The waiters in arrival order, each one's (class, young, round), the indexes in fair order,
+    and per class per user the round of their next waiter (the order is resorted on every
+    dispatch of a replay or a service: this loop is kept lean)."""
+    running = running or {}
+    old_before = now - reserve_after if now is not None else None
+    rounds: dict[int, dict[str, int]] = {}  # per class, per user: the round of their next waiter
+    arrived = sorted(waiters, key=_ORDER_KEY)
+    keys = []
+    cls, mine = None, {}
+    for w in arrived:
+        if w.priority != cls:
+            cls, mine = w.priority, rounds.setdefault(w.priority, {})
+        turn = mine.get(w.user)
+        if turn is None:
+            turn = running.get(w.user, 0)
+        mine[w.user] = turn + 1
+        keys.append((cls, old_before is None or w.since >= old_before, -1 if w.id == head else turn))
+    # a stable sort on (class, age group, round) keeps arrival order within a round
+    return arrived, keys, sorted(range(len(arrived)), key=keys.__getitem__), rounds
 
 
 @dataclass(frozen=True)
@@ -175,31 +200,14 @@ class FairOrder:
     @classmethod
     def of(cls, waiters: Iterable[Waiter], head: str | None = None, running: Mapping[str, int] | None = None, *,
            now: datetime | None = None, reserve_after: timedelta = RESERVE_AFTER) -> FairOrder:
-        running = running or {}
-        old_before = now - reserve_after if now is not None else None
-        rounds: dict[int, dict[str, int]] = {}  # per class, per user: the round of their next waiter
-        arrived = sorted(waiters, key=_ORDER_KEY)
-        keys = []
-        klass, mine = None, {}
-        young_since: datetime | None = None
-        for w in arrived:
-            if w.priority != klass:
-                klass, mine = w.priority, rounds.setdefault(w.priority, {})
-            turn = mine.get(w.user)
-            if turn is None:
-                turn = running.get(w.user, 0)
-            mine[w.user] = turn + 1
-            young = old_before is None or w.since >= old_before
-            if young and old_before is not None and (young_since is None or w.since < young_since):
-                young_since = w.since
-            keys.append((klass, young, -1 if w.id == head else turn))
-        # a stable sort on (class, age group, round) keeps arrival order within a round
-        order = sorted(range(len(arrived)), key=keys.__getitem__)
-        latest = {}
-        for w in arrived:  # arrival order: the last of each (class, user) wins
-            latest[(w.priority, w.user)] = _ORDER_KEY(w)
-        return cls([arrived[i] for i in order], [keys[i] for i in order], rounds, latest,
-                   None if young_since is None else young_since + reserve_after,
+        arrived, keys, order, rounds = _sort(waiters, head, running, now, reserve_after)
+        until = None
+        if now is not None:
+            old_before = now - reserve_after
+            young_since = min((w.since for w in arrived if w.since >= old_before), default=None)
+            until = None if young_since is None else young_since + reserve_after
+        latest = {(w.priority, w.user): _ORDER_KEY(w) for w in arrived}  # arrival order: the last wins
+        return cls([arrived[i] for i in order], [keys[i] for i in order], rounds, latest, until,
                    None if now is None else reserve_after)
 
     def behind(self, w: Waiter, running: Mapping[str, int]) -> FairOrder | None:
