@@ -570,26 +570,24 @@ async def time_requests(manager: Any, quick: bool) -> dict[str, float]:
         out["me_floor_p99_ms"] = await floor_p99(holders[0], port, quick)
 
         client = AsyncHTTPClient()
-        spawn = []
-        for i in range(20 if quick else 200):
-            body = json.dumps({"user": f"new{i:05d}", "server": "", "groups": [], "request": {"gpus": 1}})
-            t = time.perf_counter()
-            r = await client.fetch(f"{origin}{PREFIX}api/v1/allocations", method="POST", body=body,
-                                   headers={"Authorization": f"token {SPAWNER_TOKEN}"}, raise_error=False)
-            spawn.append((time.perf_counter() - t) * 1000)
-            assert r.code in (201, 409), (r.code, r.body[:300])
+
+        async def spawns() -> list[float]:
+            """``POST allocations`` of new users' servers, one after another (ms each)."""
+            lat = []
+            for i in range(20 if quick else 200):
+                body = json.dumps({"user": f"new{i:05d}", "server": "", "groups": [], "request": {"gpus": 1}})
+                t = time.perf_counter()
+                r = await client.fetch(f"{origin}{PREFIX}api/v1/allocations", method="POST", body=body,
+                                       headers={"Authorization": f"token {SPAWNER_TOKEN}"}, raise_error=False)
+                lat.append((time.perf_counter() - t) * 1000)
+                assert r.code in (201, 409), (r.code, r.body[:300])
+            return lat
+
+        spawn = await spawns()
         out["spawn_p99_ms"] = round(pct(spawn, 0.99), 2)
         out["spawn_p50_ms"] = round(pct(spawn, 0.5), 2)
         # the same spawns asking again, as their spawners do every few seconds while they wait
-        retry = []
-        for i in range(20 if quick else 200):
-            body = json.dumps({"user": f"new{i:05d}", "server": "", "groups": [], "request": {"gpus": 1}})
-            t = time.perf_counter()
-            r = await client.fetch(f"{origin}{PREFIX}api/v1/allocations", method="POST", body=body,
-                                   headers={"Authorization": f"token {SPAWNER_TOKEN}"}, raise_error=False)
-            retry.append((time.perf_counter() - t) * 1000)
-            assert r.code in (201, 409), (r.code, r.body[:300])
-        out["retry_p99_ms"] = round(pct(retry, 0.99), 2)
+        out["retry_p99_ms"] = round(pct(await spawns(), 0.99), 2)
 
         pool_ms, size = [], 0
         for _ in range(3 if quick else 20):

@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -136,14 +134,14 @@ def cached_blocks(ledger_path: Path, blocks: Path, end: datetime, step: int) -> 
     with tempfile.TemporaryDirectory(prefix="scale-om-") as workdir:
         cmd = [sys.executable, __file__, str(ledger_path), str(building), end.isoformat(), str(step), workdir]
         # a session of its own, like scale.py's other children: it and its promtool are killed together
+        from tests.fixtures.processes import communicate_or_kill
+
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, start_new_session=True)
         try:
-            out, _ = proc.communicate(timeout=900)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                shutil.rmtree(building, ignore_errors=True)
+            out, _ = communicate_or_kill(proc, 900)
+        except BaseException:  # killed with its promtool: what it built is incomplete
+            shutil.rmtree(building, ignore_errors=True)
+            raise
     if proc.returncode != 0:
         shutil.rmtree(building, ignore_errors=True)
         raise SystemExit(f"Prometheus history: backfill failed ({proc.returncode}), see above")

@@ -139,6 +139,13 @@ class SessionHistory:
         return chosen
 
 
+def _quantile(xs: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of sorted ``xs``, interpolated between neighbours."""
+    pos = q * (len(xs) - 1)
+    i = int(pos)
+    return xs[i] + (xs[min(i + 1, len(xs) - 1)] - xs[i]) * (pos - i)
+
+
 class Calibration:
     """How the model's point estimate compared with the real wait, for recent starts."""
 
@@ -161,11 +168,7 @@ class Calibration:
         """The wait at quantile ``q`` for a model estimate of ``model_s`` seconds."""
         if self._sorted is None:
             self._sorted = sorted(self.ratios)
-        xs = self._sorted
-        pos = q * (len(xs) - 1)
-        i = int(pos)
-        ratio = xs[i] + (xs[min(i + 1, len(xs) - 1)] - xs[i]) * (pos - i)
-        return max(0.0, (model_s + CALIBRATION_PAD) * ratio - CALIBRATION_PAD)
+        return max(0.0, (model_s + CALIBRATION_PAD) * _quantile(self._sorted, q) - CALIBRATION_PAD)
 
 
 class Drain:
@@ -299,13 +302,6 @@ def _curve(groups: Sequence[tuple[int, int, list[float]]]) -> tuple[list[float],
     return mean, var, 0.5 * milli_sum / servers if servers else 0.0, milli_sum
 
 
-def _session_quantile(samples: Sequence[float], q: float) -> float:
-    """The ``q`` quantile of sorted session lengths (a whole session, from its start)."""
-    pos = q * (len(samples) - 1)
-    i = int(pos)
-    return samples[i] + (samples[min(i + 1, len(samples) - 1)] - samples[i]) * (pos - i)
-
-
 def estimate_ranges(ordered: Sequence[Waiter], free_milli: Mapping[str, int], running: Iterable[Running],
                     history: SessionHistory, now: datetime,
                     quantiles: tuple[float, float, float] = (LOW, MID, HIGH),
@@ -370,7 +366,7 @@ def estimate_ranges(ordered: Sequence[Waiter], free_milli: Mapping[str, int], ru
 
         def first(q: float) -> float | None:
             t = _first_time(probs, q)
-            return t + rounds * _session_quantile(session, q) if t is not None and rounds else t
+            return t + rounds * _quantile(session, q) if t is not None and rounds else t
 
         model_s = first(MID)
         if calibration is not None and calibration.enough and model_s is not None:

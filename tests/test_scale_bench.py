@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 from benchmarks.scale import TARGETS
+from tests.fixtures.processes import communicate_or_kill
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -22,12 +22,7 @@ def run_bench(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
            "--cache", str(tmp_path / "cache"), *extra]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
                             env={**os.environ, "PYTHONPATH": str(REPO)}, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    out, err = communicate_or_kill(proc, 300)
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 

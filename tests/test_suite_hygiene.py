@@ -61,12 +61,7 @@ def run_suite(tmp_path: Path, source: str, *args: str, **env: str) -> subprocess
                              "--basetemp", str(tmp_path / "basetemp"), *args, str(suite)],
                             cwd=suite, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    out, _ = processes.communicate_or_kill(proc, 120)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
 
 
