@@ -157,6 +157,7 @@ class WaitQueue(QueueOrder, QueueRanges, QueueReports):
         # each id's position once asked: every waiting spawner asks for its place every few
         # seconds, and nothing changes between most of those asks
         self._placements = 0  # counts placements given, after they are given
+        self._expiry_due: datetime | None = None  # no entry expires before (``expire``)
         self._order: Kept | None = None
 
     @property
@@ -320,22 +321,33 @@ class WaitQueue(QueueOrder, QueueRanges, QueueReports):
     def expire(self) -> int:
         """Drop entries whose spawner stopped asking; mark those past ``max_wait``."""
         now = self.clock()
-        # every admission asks first: two cut-offs, not two settings reads per entry
-        unseen_before = now - timedelta(seconds=self.settings.queue_poll_timeout)
-        too_old = now - timedelta(seconds=self.settings.max_wait)
-        gone = 0
+        # every admission asks first, and 2,000 waiters are 2,000 checks: none is made before the
+        # earliest time the last look found (a retry, a newcomer or a placement only puts it later)
+        if self._expiry_due is not None and now < self._expiry_due:
+            return 0
+        poll_timeout = timedelta(seconds=self.settings.queue_poll_timeout)
+        max_wait = timedelta(seconds=self.settings.max_wait)
+        unseen_before, too_old = now - poll_timeout, now - max_wait
+        gone, due = 0, None
         for entry in list(self.entries.values()):
             if entry.last_seen < unseen_before:
                 self.remove(entry, "no retry from its spawner (left or cancelled)")
                 gone += 1
-            elif entry.waiter.since < too_old and entry.placement is None and not entry.expired:
+                continue
+            if entry.waiter.since < too_old and entry.placement is None and not entry.expired:
                 entry.expired = True
                 self._settled = None  # an expired head gives its node up at the next pass
+            at = entry.last_seen + poll_timeout
+            if entry.placement is None and not entry.expired:
+                at = min(at, entry.waiter.since + max_wait)
+            due = at if due is None else min(due, at)
+        self._expiry_due = due
         return gone
 
     def dispatch(self) -> list[Entry]:
         """GPUs were released: place waiters in fair order (see :func:`waitqueue.dispatch`)."""
         self._settled = None
+        self._expiry_due = None  # placements may change: the next expire looks at every entry
         waiting = [e for e in self.entries.values() if e.placement is None and not e.expired]
         if not waiting:
             self.reservation = None

@@ -52,6 +52,9 @@ class QueueOrder:
 
     def waiting_count(self) -> int:
         """How many wait (not yet placed): ``len(ordered())`` without sorting them."""
+        kept = self._valid_order(self.clock())  # every spawn asks: 2,000 waiters need not be counted
+        if kept is not None:
+            return len(kept[2].waiters)
         return sum(1 for e in self.entries.values() if e.placement is None)
 
     def ordered(self) -> list[Waiter]:
