@@ -154,7 +154,7 @@ def fair_order(waiters: Iterable[Waiter], head: str | None = None,
     themselves; the head first among its own age group): :func:`dispatch` lets no younger
     waiter pass it on the nodes it could use. Without ``now``, nobody is old.
     """
-    arrived, keys, order = _sort(waiters, head, running, now, reserve_after)[:3]
+    arrived, _, order, _ = _sort(waiters, head, running, now, reserve_after)
     return [arrived[i] for i in order]
 
 

@@ -157,8 +157,8 @@ class WaitQueue(QueueOrder, QueueRanges, QueueReports):
         # each id's position once asked: every waiting spawner asks for its place every few
         # seconds, and nothing changes between most of those asks
         self._placements = 0  # counts placements given, after they are given
-        self._expiry_due: datetime | None = None  # no entry expires before (``expire``)
         self._order: Kept | None = None
+        self._expiry_due: datetime | None = None  # no entry expires before this (``expire``)
 
     @property
     def pool(self) -> Any:
@@ -365,12 +365,11 @@ class WaitQueue(QueueOrder, QueueRanges, QueueReports):
             entry.placement = placement
             placed.append(entry)
             log.info("Reserved %s for waiting %s/%s", self.pool.describe(placement), w.user, w.server or "-")
-        if placed:
+        if placed:  # GPUs moved: the order and the expected ends change
             self._placements += 1
+            self._releases = self._held = None
         elif self._head() == head and len(waiting) == self.waiting_count():
             self._order = (self._basis(), now, fair, None)  # the waiters' order as it stands (none expired)
-        if placed:  # GPUs moved: the expected ends change
-            self._releases = self._held = None
         if d.reservation is not None:
             self._settled = (self.pool, self.pool.releases, by_id[d.reservation[0]], d)
         return placed
