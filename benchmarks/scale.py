@@ -36,11 +36,15 @@ Timed, in this process against the real service core and app (``make_app``):
   dispatch, reconcile (against a recorded hub answer: every running server,
   served over HTTP to the real ``HubClient``), inventory refresh from a recorded
   ``scontrol show node`` of every node and from the node agents' reports;
-- ``GET me`` p99 with 50 keep-alive clients (a separate client process, the
-  closed loop of benchmarks/service_bench.py; tokens answered in-process, no hub
-  round trip), and the same clients against a bare tornado handler that answers
-  the same body from memory (``me_floor_p99_ms``: what the clients and tornado
-  cost on this machine with no service work at all); spawn admission p99 and
+- ``GET me`` p99 with 50 keep-alive clients (a separate client process; tokens
+  answered in-process, no hub round trip) asking 500 times a second in all,
+  three times what 5,000 open labs' widgets ask (``me_p99_ms``, each latency
+  counted from when its request was due, so a stall counts in every request it
+  delays); the same clients as a closed loop, each asking again at once
+  (``me_closed_p99_ms`` and ``me_closed_rps``: the capacity, where p99 is about
+  50 / requests per second), and that closed loop against a bare tornado
+  handler that answers the same body from memory (``me_floor_p99_ms``: what the
+  clients and tornado cost on this machine with no service work at all); spawn admission p99 and
   median (``POST allocations`` of a new server through the real app; at a full
   pool it joins the queue), the same spawns' retries (``retry_p99_ms``: a waiting
   spawner asks every few seconds, so at 2,000 waiters these are most of the
@@ -101,7 +105,8 @@ SPAWNER_TOKEN = "scale-spawner-secret"
 TARGETS: dict[str, tuple[float | None, str]] = {
     "debit_cycle_s": (5.0, "s"), "debit_cycle_slurm_s": (5.0, "s"), "cull_s": (3.0, "s"), "idle_s": (3.0, "s"),
     "queue_s": (3.0, "s"), "reconcile_s": (3.0, "s"), "inventory_slurm_s": (3.0, "s"), "inventory_agents_s": (1.0, "s"),
-    "me_p99_ms": (10.0, "ms"), "me_floor_p99_ms": (None, "ms"), "spawn_p99_ms": (25.0, "ms"),
+    "me_p99_ms": (10.0, "ms"), "me_closed_p99_ms": (None, "ms"), "me_closed_rps": (None, "/s"),
+    "me_floor_p99_ms": (None, "ms"), "spawn_p99_ms": (25.0, "ms"),
     "spawn_p50_ms": (None, "ms"), "retry_p99_ms": (25.0, "ms"), "pool_api_p95_ms": (None, "ms"),
     "pool_api_kb": (None, "kB"),
     **{f"page_{p}_{k}": (t, u) for p in ("usage", "pool", "accounts", "audit")
@@ -469,10 +474,10 @@ async def time_jobs(manager: Any, clock: Any, quick: bool) -> dict[str, float]:
 
 CLIENT = r"""
 import asyncio, json, sys, time
-port, path, n = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+port, path, n, rate = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
 tokens = json.loads(sys.stdin.read())
 lat, remaining = [], n
-async def worker(token, ready, warmed):
+async def worker(k, token, ready, warmed, start):
     global remaining
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     req = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: token {token}\r\n\r\n".encode()
@@ -485,25 +490,43 @@ async def worker(token, ready, warmed):
     await fetch(); await fetch()
     warmed.append(1)
     await ready.wait()
+    i = 0
     while remaining > 0:
         remaining -= 1
-        t = time.perf_counter(); await fetch(); lat.append((time.perf_counter() - t) * 1000)
+        if rate:  # paced: this client's i-th request is due at its slot; lateness counts as latency
+            due = start[0] + (k + len(tokens) * i) / rate
+            i += 1
+            wait = due - time.perf_counter()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            t = due
+        else:
+            t = time.perf_counter()
+        await fetch(); lat.append((time.perf_counter() - t) * 1000)
     writer.close()
 async def main():
-    ready, warmed = asyncio.Event(), []
-    tasks = [asyncio.ensure_future(worker(t, ready, warmed)) for t in tokens]
+    ready, warmed, start = asyncio.Event(), [], [0.0]
+    tasks = [asyncio.ensure_future(worker(k, t, ready, warmed, start)) for k, t in enumerate(tokens)]
     while len(warmed) < len(tokens):
         await asyncio.sleep(0.02)
+    start[0] = time.perf_counter() + 0.05
+    t0 = time.perf_counter()
     ready.set()
     await asyncio.gather(*tasks)
-    print(json.dumps(lat))
+    print(json.dumps({"lat": lat, "seconds": time.perf_counter() - t0}))
 asyncio.run(main())
 """
 
+#: the paced ``GET me`` load: 3 x what 5,000 open labs polling every 30 s ask (widget DEFAULT_INTERVAL_S)
+ME_RATE = 500.0
 
-async def run_client(port: int, path: str, tokens: list[str], n: int) -> list[float]:
-    """The closed-loop keep-alive clients of service_bench, in a process of their own (own group)."""
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", CLIENT, str(port), path, str(n),
+
+async def run_client(port: int, path: str, tokens: list[str], n: int, rate: float = 0.0) -> tuple[list[float], float]:
+    """The keep-alive clients of service_bench, in a process of their own (own group): the
+    latencies (ms) and requests per second. ``rate`` 0: a closed loop (each client asks again
+    at once); else they ask ``rate`` times a second in all, each latency counted from when its
+    request was due, so a late answer delays the next ones' start and counts in theirs."""
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", CLIENT, str(port), path, str(n), str(rate),
                                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                                 start_new_session=True)
     try:
@@ -514,7 +537,8 @@ async def run_client(port: int, path: str, tokens: list[str], n: int) -> list[fl
             await proc.wait()
     if proc.returncode != 0:
         raise SystemExit(f"GET me clients failed ({proc.returncode})")
-    return json.loads(out)
+    got = json.loads(out)
+    return got["lat"], len(got["lat"]) / got["seconds"]
 
 
 async def floor_p99(user: str, port: int, quick: bool) -> float:
@@ -541,7 +565,7 @@ async def floor_p99(user: str, port: int, quick: bool) -> float:
     server = HTTPServer(web.Application([(r"/me", Bare)]))
     server.listen(bare_port, "127.0.0.1")
     try:
-        lat = await run_client(bare_port, "/me", [f"t-{i}" for i in range(50)], 500 if quick else 5000)
+        lat, _ = await run_client(bare_port, "/me", [f"t-{i}" for i in range(50)], 500 if quick else 5000)
     finally:
         server.stop()
     return round(pct(lat, 0.99), 2)
@@ -569,8 +593,11 @@ async def time_requests(manager: Any, quick: bool) -> dict[str, float]:
     origin = f"http://127.0.0.1:{port}"
     out: dict[str, float] = {}
     try:
-        lat = await run_client(port, f"{PREFIX}api/v1/me", [f"t-{u}" for u in holders], 500 if quick else 5000)
+        tokens = [f"t-{u}" for u in holders]
+        lat, _ = await run_client(port, f"{PREFIX}api/v1/me", tokens, 500 if quick else 5000, ME_RATE)
         out["me_p99_ms"] = round(pct(lat, 0.99), 2)
+        lat, rps = await run_client(port, f"{PREFIX}api/v1/me", tokens, 500 if quick else 5000)
+        out["me_closed_p99_ms"], out["me_closed_rps"] = round(pct(lat, 0.99), 2), round(rps)
         out["me_floor_p99_ms"] = await floor_p99(holders[0], port, quick)
 
         client = AsyncHTTPClient()
@@ -847,7 +874,7 @@ def draw(rows: list[tuple[tuple[int, int], dict[str, Any]]], dbs: list[str]) -> 
         return
     groups = {"periodic jobs (s)": ["debit_cycle_s", "debit_cycle_slurm_s", "cull_s", "idle_s", "queue_s",
                                     "reconcile_s", "inventory_slurm_s", "inventory_agents_s"],
-              "requests (ms)": ["me_p99_ms", "spawn_p99_ms", "pool_api_p95_ms"],
+              "requests (ms)": ["me_p99_ms", "me_closed_p99_ms", "spawn_p99_ms", "pool_api_p95_ms"],
               "pages p95 (ms)": ["page_usage_p95_ms", "page_pool_p95_ms", "page_accounts_p95_ms", "page_audit_p95_ms"],
               "memory (MB)": ["rss_setup_mb", "rss_end_mb"]}
     labels = [f"{u // 1000}k users\n{n} nodes" for (u, n), _ in rows]

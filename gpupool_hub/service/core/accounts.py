@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ...config import GPUPool
 from ...credits import due_credits
 from ...keys import entry_key
-from ...ledger import Account, Ledger, Posting, UnknownAccount
+from ...ledger import Account, Credited, Ledger, Posting, UnknownAccount
 from .threads import CoreThreads, reads, writes
 
 if TYPE_CHECKING:
@@ -60,33 +60,31 @@ class Accounts:
         """Open the account and post the credits due (the initial grant for a new user).
 
         Returns whether anything was posted."""
-        return self._credit(user, groups) is None
+        return isinstance(self._credit(user, groups), Credited)
 
     @writes
     def balance(self, user: str, groups: Iterable[str] = ()) -> Decimal:
-        """The balance once the credits due are posted: every spawn asks, and when nothing
-        is due the account read that found so is the balance (one round trip, not two)."""
-        account = self._credit(user, groups)
-        return account.balance if account is not None else self.ledger.balance(user)
+        """The balance once the credits due are posted: every spawn asks, and the read that
+        found nothing due, or the transaction that posted what was, knows it (no second read)."""
+        return self._credit(user, groups).balance
 
-    def _credit(self, user: str, groups: Iterable[str]) -> Account | None:
-        """The account as read when no credit was due; None once credits were posted (or
-        the account opened), since the read is then out of date."""
+    def _credit(self, user: str, groups: Iterable[str]) -> Account | Credited:
+        """The account as read when no credit was due, else what posting the credits due
+        (and opening the account) left."""
         now = self.clock()
         rules = self.settings.rules_for(set(groups))
-        account: Account | None
         try:
             account = self.ledger.account(user)
-            through = account.credits_through
         except UnknownAccount:
-            account, through = None, None
+            account = None
+        through = None if account is None else account.credits_through
         today = now.astimezone(self.settings.tz).date()
-        if through is not None and through >= today:
+        if account is not None and through is not None and through >= today:
             return account
         due = due_credits(user, rules, through, now, self.settings.tz)
-        self.ledger.apply_credits(user, due, through=today, max_balance=rules.max_balance, now=now)
+        credited = self.ledger.apply_credits(user, due, through=today, max_balance=rules.max_balance, now=now)
         self.cache.forget(user)
-        return None
+        return credited
 
     @writes
     def replenish(self, users: Iterable[tuple[str, Iterable[str]]]) -> int:

@@ -102,6 +102,9 @@ class QueueOrder:
         """Put a newcomer that joined behind everyone into the cached order (no re-sort)."""
         if before is None:
             return
-        order = before[2].behind(w, self._running(self.entries.values()))
+        # only the newcomer's user is looked up: not a copy of every holder (5,000 at 100k users)
+        running = self.held_by_user.get(w.user, 0) + sum(
+            1 for e in self.entries.values() if e.placement is not None and e.waiter.user == w.user)
+        order = before[2].behind(w, {w.user: running})
         if order is not None:
             self._order = (self._basis(), before[1], order, None)
