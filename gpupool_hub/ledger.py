@@ -840,6 +840,14 @@ _ACCOUNT = sa.select(accounts).where(accounts.c.name == sa.bindparam("name"))
 _HELD = (sa.select(allocations).where(allocations.c.released_at.is_(None))
          .order_by(allocations.c.created_at))
 _HELD_BY = _HELD.where(allocations.c.user == sa.bindparam("user"))
+_ADD_TO_BALANCE = (accounts.update().where(accounts.c.name == sa.bindparam("account"))
+                   .values(balance_milli=accounts.c.balance_milli + sa.bindparam("delta")))
+
+#: one entry row (named as ``ENTRY_COLUMNS``), its id back if its key is new
+_ONE_ENTRY = sa.text(
+    f"INSERT INTO {entries.name} ({', '.join(c.name for c in ENTRY_COLUMNS)}) "
+    f"VALUES ({', '.join(':' + c.name for c in ENTRY_COLUMNS)}) ON CONFLICT DO NOTHING RETURNING id, idempotency_key",
+).bindparams(*(sa.bindparam(c.name, type_=c.type) for c in ENTRY_COLUMNS))
 
 
 def _insert_entries(conn: Connection, rows: Sequence[Sequence[Any]]) -> dict[str, int]:
@@ -850,10 +858,8 @@ def _insert_entries(conn: Connection, rows: Sequence[Sequence[Any]]) -> dict[str
     SQLite gets the driver's own ``executemany``; PostgreSQL one statement over typed arrays.
     """
     names = ", ".join(c.name for c in ENTRY_COLUMNS)
-    if conn.dialect.name == "sqlite" and len(rows) == 1:  # a grant or a credit: one round trip
-        marks = ", ".join("?" * len(ENTRY_COLUMNS))
-        got = conn.exec_driver_sql(f"INSERT INTO {entries.name} ({names}) VALUES ({marks}) ON CONFLICT DO NOTHING "
-                                   "RETURNING id, idempotency_key", _bound(conn, ENTRY_COLUMNS, rows)[0]).first()
+    if len(rows) == 1:  # a grant or a credit: one plain statement, one round trip
+        got = conn.execute(_ONE_ENTRY, dict(zip((c.name for c in ENTRY_COLUMNS), rows[0]))).first()
         return {} if got is None else {got[1]: got[0]}
     if conn.dialect.name == "sqlite":
         # the accounts were ensured first, so this transaction holds SQLite's one write lock:
@@ -880,6 +886,9 @@ def _add_to_balances(conn: Connection, changes: Sequence[tuple[str, int]]) -> No
     if conn.dialect.name == "sqlite":
         conn.exec_driver_sql(f"UPDATE {table} SET balance_milli = balance_milli + ? WHERE name = ?",
                              [(d, n) for n, d in changes])
+        return
+    if len(changes) == 1:
+        conn.execute(_ADD_TO_BALANCE, {"account": changes[0][0], "delta": changes[0][1]})
         return
     for chunk in _chunks(changes, BULK_ROWS):
         arrays, params = _arrays(conn, (accounts.c.name, accounts.c.balance_milli), chunk)
@@ -1088,9 +1097,16 @@ class Ledger(LedgerRecords, LedgerLeases, LedgerGpuUse, LedgerHeldReads, LedgerC
         # SQLite files get reader connections of their own (see the module docstring);
         # an in-memory database is one connection, and PostgreSQL readers never wait anyway.
         self.concurrent_reads = self.engine.dialect.name != "sqlite" or not _is_memory(self.engine.url)
-        if self.engine.dialect.name == "sqlite" and self.concurrent_reads:
+        self._own_reader = self.engine.dialect.name == "sqlite" and self.concurrent_reads
+        self.reader: Engine
+        if self._own_reader:
             self.reader = make_engine(self.engine.url.render_as_string(hide_password=False),
                                       busy_timeout=busy_timeout, reader=True)
+        elif self.engine.dialect.name == "postgresql":
+            # The writer's pool, without a transaction: at READ COMMITTED each statement sees
+            # its own snapshot in a transaction too, and BEGIN and ROLLBACK were two more
+            # round trips for every read (a spawn reads twice, every GET me once).
+            self.reader = self.engine.execution_options(isolation_level="AUTOCOMMIT")
         else:
             self.reader = self.engine
         self._epoch: datetime | None = None
@@ -1098,7 +1114,7 @@ class Ledger(LedgerRecords, LedgerLeases, LedgerGpuUse, LedgerHeldReads, LedgerC
 
     def close(self) -> None:
         self.engine.dispose()
-        if self.reader is not self.engine:
+        if self._own_reader:
             self.reader.dispose()
 
     @contextmanager
@@ -1120,7 +1136,7 @@ class Ledger(LedgerRecords, LedgerLeases, LedgerGpuUse, LedgerHeldReads, LedgerC
         """Copy the SQLite write-ahead log into the database file as far as no reader still
         needs it (``PASSIVE``: it never waits for, nor blocks, a writer). The WAL pages left
         behind; 0 on PostgreSQL and in-memory databases, which have none."""
-        if self.reader is self.engine or self.engine.dialect.name != "sqlite":
+        if not self._own_reader:
             return 0
         with self.reader.connect() as conn:
             busy, logged, copied = conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)").one()
@@ -1555,8 +1571,9 @@ def daily_totals(ledger: Ledger, user: str, starts: Sequence[datetime]) -> Windo
     """The balance and per-day sums of the entries posted since ``starts[0]``.
 
     ``starts`` are the instants each day begins. The database groups the rows
-    (a few hundred come back, not 10,000 entries), and the balance is read in
-    the same transaction, so the chart's line ends exactly at the balance."""
+    (a few hundred come back, not 10,000 entries), and on SQLite the balance is
+    read in the same snapshot, so the chart's line ends exactly at the balance
+    (PostgreSQL's READ COMMITTED gives each statement its own snapshot anyway)."""
     q = _totals_query(tuple(starts))
     with ledger.reader.connect() as conn:  # one read transaction (never the writer's lock)
         balance = conn.execute(

@@ -74,7 +74,8 @@ def counted_reads(ledger: Ledger) -> Iterator[list[str]]:
         if statement.lstrip().upper().startswith("SELECT"):
             seen.append(statement)
 
-    engines = {ledger.engine, ledger.reader}
+    # PostgreSQL's reader shares the writer's engine (its events fire there too)
+    engines = [ledger.engine] + ([ledger.reader] if ledger.reader.pool is not ledger.engine.pool else [])
     for engine in engines:
         sa.event.listen(engine, "before_cursor_execute", count)
     try:
