@@ -32,6 +32,7 @@ from ..usage import UsageSource
 from .configfile import CONFIG_FILE_ENV, DbUrlFileError, ledger_url
 from .context import ServiceContext
 from ..cull import Culler
+from .heap import keep_start_up_heap
 from .hubapi import GroupCache, HubClient
 from .jobs import JobRunner
 from .jobs.accounting import DebitJob, ReplenishJob
@@ -436,6 +437,8 @@ class GPUPoolService(Application):
         self.server.add_sockets(listen_sockets(self.port, self.ip, self.config_file))
         self.log.info("gpupool service listening on http://%s:%d%s (pid %d)", self.ip, self.port, self.prefix,
                       os.getpid())
+        # what start-up built lives as long as the process: no full collection walks it again
+        self.log.debug("%d start-up objects kept out of the collector's full passes", keep_start_up_heap())
         # request bodies' validators, whose import is slow, are built while the service already answers
         threading.Thread(target=warm_up, name="gpupool-schema", daemon=True).start()
         if self.run_jobs:
