@@ -659,7 +659,7 @@ async def measure(url: str, nodes: list[dict[str, Any]], quick: bool, profile: s
     restored = manager.restore()
     out: dict[str, float] = {"restore_s": round(time.perf_counter() - t, 2), "restored": restored,
                              "rss_setup_mb": round(rss_mb(), 1)}
-    keep_start_up_heap()  # as the service does once it listens (service/heap.py)
+    keep_start_up_heap()  # as the service does after its start-up (service/heap.py)
     async def checkpoints() -> None:  # the service's "checkpoint" job
         from gpupool_hub.service.app import CHECKPOINT_INTERVAL
 

@@ -437,8 +437,6 @@ class GPUPoolService(Application):
         self.server.add_sockets(listen_sockets(self.port, self.ip, self.config_file))
         self.log.info("gpupool service listening on http://%s:%d%s (pid %d)", self.ip, self.port, self.prefix,
                       os.getpid())
-        # what start-up built lives as long as the process: no full collection walks it again
-        self.log.debug("%d start-up objects kept out of the collector's full passes", keep_start_up_heap())
         # request bodies' validators, whose import is slow, are built while the service already answers
         threading.Thread(target=warm_up, name="gpupool-schema", daemon=True).start()
         if self.run_jobs:
@@ -469,6 +467,8 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="[%(levelname)1.1s %(asctime)s %(name)s] %(message)s")
     app = GPUPoolService.instance()
     app.initialize(argv)
+    # what start-up built lives as long as the process: no full collection walks it again
+    log.debug("%d start-up objects kept out of the collector's full passes", keep_start_up_heap())
     app.start()
     log.info("gpupool service stopped")
     # Work still queued on the core's threads is abandoned: each write is one transaction,
