@@ -42,13 +42,13 @@ Timed, in this process against the real service core and app (``make_app``):
   latency counted from when its request was due, so a stall counts in every
   request it delays); the same clients as a closed loop, each asking again at
   once (``me_p99_ms`` and ``me_rps``: the capacity, where p99 is about 50 /
-  requests per second), and that closed loop against a bare tornado
-  handler that answers the same body from memory (``me_floor_p99_ms``: what the
-  clients and tornado cost on this machine with no service work at all); spawn admission p99 and
-  median (``POST allocations`` of a new server through the real app; at a full
-  pool it joins the queue), the same spawns' retries (``retry_p99_ms``: a waiting
-  spawner asks every few seconds, so at 2,000 waiters these are most of the
-  writer thread's requests), ``GET pool``;
+  requests per second), and that closed loop against a bare tornado handler
+  that answers the same body from memory (``me_floor_p99_ms``: what the clients
+  and tornado cost on this machine with no service work at all); spawn
+  admission p99 and median (``POST allocations`` of a new server through the
+  real app; at a full pool it joins the queue), the same spawns' retries
+  (``retry_p99_ms``: a waiting spawner asks every few seconds, so at 2,000
+  waiters these are most of the writer thread's requests), ``GET pool``;
 - pages (p95 ms and kB): "My GPU usage" of the heaviest user (90 days), the
   admin pool map, accounts, audit log;
 - this process's resident memory (psutil) after set-up and after the runs.

@@ -168,10 +168,10 @@ async def bench_me(tmp: Path, n_requests: int, concurrency: int) -> tuple[float,
             tasks = [asyncio.ensure_future(worker(k, t)) for k, t in enumerate(tokens)]
             while len(warmed) < len(tokens):
                 await asyncio.sleep(0.05)
-            start = started = time.perf_counter() + 0.05
+            start = time.perf_counter() + 0.05
             ready.set()
             await asyncio.gather(*tasks)
-            out += [p99(latencies), len(latencies) / (time.perf_counter() - started)]
+            out += [p99(latencies), len(latencies) / (time.perf_counter() - start)]
         return out[0], out[1], out[2]
     finally:
         hub.stop()

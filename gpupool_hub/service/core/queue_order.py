@@ -42,11 +42,12 @@ class QueueOrder:
         held = self.reservation  # one read: the writer thread may replace it
         return held[0] if held is not None else None
 
-    def _running(self, entries: Iterable[Entry]) -> dict[str, int]:
-        """GPU servers per user ahead of their waiters: held ones and those with reserved GPUs."""
-        out = dict(self.held_by_user)
+    def _running(self, entries: Iterable[Entry], only: str | None = None) -> dict[str, int]:
+        """GPU servers per user ahead of their waiters: held ones and those with reserved GPUs.
+        With ``only``, that user's alone (a newcomer's: no copy of 5,000 holders per join)."""
+        out = dict(self.held_by_user) if only is None else {only: self.held_by_user.get(only, 0)}
         for e in entries:
-            if e.placement is not None:
+            if e.placement is not None and (only is None or e.waiter.user == only):
                 out[e.waiter.user] = out.get(e.waiter.user, 0) + 1
         return out
 
@@ -102,9 +103,6 @@ class QueueOrder:
         """Put a newcomer that joined behind everyone into the cached order (no re-sort)."""
         if before is None:
             return
-        # only the newcomer's user is looked up: not a copy of every holder (5,000 at 100k users)
-        running = self.held_by_user.get(w.user, 0) + sum(
-            1 for e in self.entries.values() if e.placement is not None and e.waiter.user == w.user)
-        order = before[2].behind(w, {w.user: running})
+        order = before[2].behind(w, self._running(self.entries.values(), only=w.user))
         if order is not None:
             self._order = (self._basis(), before[1], order, None)
