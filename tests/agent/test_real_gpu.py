@@ -20,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -66,7 +67,7 @@ def _gpu_or_skip() -> None:
 
 
 @pytest.fixture(scope="module")
-def gpu_users() -> tuple[str, str]:
+def gpu_users(request: pytest.FixtureRequest) -> tuple[str, str]:
     """Two Unix users to run the CUDA processes as: the script's throw-away ones, else the suite's."""
     _gpu_or_skip()
     named = [u for u in os.environ.get("GPUPOOL_GPU_CHECK_USERS", "").split(",") if u]
@@ -74,21 +75,23 @@ def gpu_users() -> tuple[str, str]:
         return named[0], named[1]
     if os.geteuid() != 0:
         pytest.skip("needs root (to run the CUDA processes as other users) or GPUPOOL_GPU_CHECK_USERS")
-    from tests.agent.conftest import USERS
-
-    for name in USERS:
-        pwd.getpwnam(name)  # made by the test_users fixture below
-    return USERS[0], USERS[1]
+    users = list(request.getfixturevalue("test_users"))  # the suite's accounts, made on first use
+    return users[0], users[1]
 
 
 @pytest.fixture
-def cuda(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator:
-    """Starts workers as a user, each in its own session; kills every one at the end."""
+def cuda(request: pytest.FixtureRequest) -> Iterator:
+    """Starts workers as a user, each in its own session; kills every one at the end.
+
+    The worker script lives in a folder of its own directly under the temporary folder:
+    pytest's ``tmp_path`` sits below ``/tmp/pytest-of-root`` (mode 0700), which the
+    other users cannot pass through (seen on a real H100: "Permission denied")."""
     if not os.environ.get("GPUPOOL_GPU_CHECK_USERS"):
         request.getfixturevalue("test_users")
-    script = tmp_path / "worker.py"
+    folder = Path(tempfile.mkdtemp(prefix="gpupool-gpu-"))
+    folder.chmod(0o755)
+    script = folder / "worker.py"
     script.write_text(WORKER)
-    tmp_path.chmod(0o755)
     script.chmod(0o644)
     started: list[subprocess.Popen] = []
 
@@ -100,11 +103,14 @@ def cuda(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator:
         started.append(p)
         return p
 
-    yield start
-    for p in started:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-        p.wait(30)
+    try:
+        yield start
+    finally:
+        for p in started:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait(30)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def ready(p: subprocess.Popen) -> None:
