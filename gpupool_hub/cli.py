@@ -8,16 +8,22 @@
 Exit codes scripts can rely on: 0 success, 1 the service refused (4xx),
 2 bad command line, 3 ``verify`` found mismatches, 4 the service could not be
 reached or failed (5xx).
+
+``--limit N`` is what you get: the newest N entries (or all there are), asked
+for page by page, since the API serves at most one page (the ``maximum`` its
+OpenAPI document gives ``limit``) per request.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
 import uuid
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -59,6 +65,44 @@ class Client:
         return self.request(method, path, **kwargs).json()
 
 
+@functools.lru_cache(maxsize=None)
+def page_max(path: str) -> int:
+    """The largest ``limit`` the service's ``GET path`` serves, from the OpenAPI document
+    shipped with this package (the service checks queries against the same document)."""
+    spec = json.loads((Path(__file__).parent / "service" / "openapi.json").read_text(encoding="utf-8"))
+    params = spec["paths"][path]["get"]["parameters"]
+    return int(next(p for p in params if p.get("name") == "limit")["schema"]["maximum"])
+
+
+def newest(client: Client, path: str, key: str, limit: int, **params: Any) -> list[dict[str, Any]]:
+    """Up to ``limit`` items of a newest-first listing (``path`` as the API spec names it,
+    ``params`` filling its ``{name}``s and queries), a page at a time: one request can ask for
+    at most :func:`page_max` of them, and a bigger ``--limit`` is a request for more, not an error."""
+    names = {k: params.pop(k) for k in list(params) if "{" + k + "}" in path}
+    url = path.format(**{k: _u(v) for k, v in names.items()})
+    items: list[dict[str, Any]] = []
+    before = None
+    while len(items) < limit:
+        query = {**params, "limit": min(page_max(path), limit - len(items)), **({"before": before} if before else {})}
+        page = client.json("GET", url, params=query)
+        items += page[key]
+        before = page["next_before"]
+        if not before:
+            break
+    return items
+
+
+def positive(text: str) -> int:
+    """``--limit``'s type: a whole number above 0 (argparse says so, exit code 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
+    return value
+
+
 def table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:
     """A plain aligned table; numbers right-aligned so columns of amounts line up."""
     cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in row] for row in rows]
@@ -98,7 +142,7 @@ def cmd_balance(client: Client, args: argparse.Namespace) -> int:
         return EXIT_OK
     rows, after = [], None
     while True:
-        page = client.json("GET", "/users", params={"limit": 500, **({"after": after} if after else {})})
+        page = client.json("GET", "/users", params={"limit": page_max("/users"), **({"after": after} if after else {})})
         rows += [(u["name"], u["balance"]) for u in page["users"]]
         after = page["next_after"]
         if not after:
@@ -118,12 +162,11 @@ def cmd_grant(client: Client, args: argparse.Namespace) -> int:
 
 
 def cmd_history(client: Client, args: argparse.Namespace) -> int:
-    params: dict[str, Any] = {"limit": args.limit}
-    page = client.json("GET", f"/users/{_u(args.user)}/history", params=params)
+    entries = newest(client, "/users/{name}/history", "entries", args.limit, name=args.user)
     if args.json:
-        print(json.dumps(page["entries"], indent=2))
+        print(json.dumps(entries, indent=2))
         return EXIT_OK
-    rows = [(e["created_at"], e["kind"], e["amount"], e["model"] or "", e["reason"]) for e in page["entries"]]
+    rows = [(e["created_at"], e["kind"], e["amount"], e["model"] or "", e["reason"]) for e in entries]
     print(table(rows, ["time", "kind", "amount", "model", "reason"]))
     return EXIT_OK
 
@@ -204,10 +247,7 @@ def cmd_verify(client: Client, args: argparse.Namespace) -> int:
 
 def cmd_audit(client: Client, args: argparse.Namespace) -> int:
     """What culling and fair share did, newest first: warnings, kernel culls, stops, preemptions."""
-    params: dict[str, Any] = {"limit": args.limit}
-    if args.user:
-        params["user"] = args.user
-    events = client.json("GET", "/audit", params=params)["events"]
+    events = newest(client, "/audit", "events", args.limit, **({"user": args.user} if args.user else {}))
     if args.action:
         events = [e for e in events if e["action"] == args.action]
     if args.json:
@@ -248,7 +288,7 @@ def parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_grant)
     h = sub.add_parser("history", help="a user's ledger entries, newest first")
     h.add_argument("user")
-    h.add_argument("--limit", type=int, default=50)
+    h.add_argument("--limit", type=positive, default=50, help="the newest N entries (default 50)")
     h.set_defaults(func=cmd_history)
     sub.add_parser("pool", help="the allocation map: every GPU and who holds it").set_defaults(func=cmd_pool)
     sub.add_parser("queue", help="who waits for GPUs: position, since when, estimate").set_defaults(func=cmd_queue)
@@ -256,7 +296,8 @@ def parser() -> argparse.ArgumentParser:
     a = sub.add_parser("audit", help="what culling and fair share did, newest first")
     a.add_argument("--user", help="only this user's events")
     a.add_argument("--action", choices=[x.value for x in AuditAction], help="only events of this kind")
-    a.add_argument("--limit", type=int, default=50)
+    a.add_argument("--limit", type=positive, default=50,
+                   help="the newest N events, before --action picks among them (default 50)")
     a.set_defaults(func=cmd_audit)
     e = sub.add_parser("export", help="every ledger entry")
     e.add_argument("--csv", action="store_true", required=True, help="CSV (the only format)")

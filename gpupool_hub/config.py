@@ -15,6 +15,7 @@ from traitlets import Bool, Dict, Float, Integer, List, TraitError, TraitType, U
 from traitlets.config import Configurable
 
 from .credits import CreditRules, rules_for_groups
+from .names import name_problem
 from .pricing import PriceTable, PricingError, parse_mig_prices, parse_share_factors
 from .units import AmountError, parse_amount
 
@@ -42,6 +43,14 @@ class TokenAmount(TraitType):  # type: ignore[type-arg]
         if self.maximum is not None and amount > self.maximum:
             raise TraitError(f"{where} must be at most {self.maximum}, got {value!r}")
         return amount
+
+
+def _check_names(names: Any, what: str) -> None:
+    """TraitError for a name the service would refuse in a request (``gpupool_hub/names.py``):
+    a team, group, node or GPU model that no agent, spawner or admin could then name."""
+    for name in names:
+        if isinstance(name, str) and (problem := name_problem(name)):
+            raise TraitError(f"{what} name {name!r} {problem}")
 
 
 class GPUPool(Configurable):
@@ -277,12 +286,14 @@ class GPUPool(Configurable):
             Teams.from_config(proposal["value"])
         except ValueError as e:
             raise TraitError(str(e)) from None
+        _check_names(proposal["value"], "c.GPUPool.teams: team")
         return proposal["value"]
 
     @validate("default_team")
     def _check_default_team(self, proposal: Any) -> str:
         if not proposal["value"].strip():
             raise TraitError("c.GPUPool.default_team must be a non-empty group name")
+        _check_names([proposal["value"]], "c.GPUPool.default_team: team")
         return proposal["value"]
 
     @validate("preempt_grace", "preempt_cooldown", "preempt_min_runtime")
@@ -317,6 +328,7 @@ class GPUPool(Configurable):
 
     @validate("group_credits")
     def _check_groups(self, proposal: Any) -> dict:  # type: ignore[type-arg]
+        _check_names(proposal["value"], "c.GPUPool.group_credits: group")
         for group, values in proposal["value"].items():
             if not isinstance(values, dict):
                 raise TraitError(f"c.GPUPool.group_credits[{group!r}] must be a dict, got {values!r}")
@@ -331,9 +343,12 @@ class GPUPool(Configurable):
         from .placement import load_nodes
 
         try:
-            load_nodes(proposal["value"])
+            nodes = load_nodes(proposal["value"])
         except ValueError as e:
             raise TraitError(f"c.GPUPool.nodes: {e}") from None
+        for i, node in enumerate(nodes):  # the same names a node's agent may report (openapi.json's Name)
+            _check_names([node.name], f"c.GPUPool.nodes[{i}].name: node")
+            _check_names({g.model for g in node.gpus}, f"c.GPUPool.nodes[{i}].gpus: GPU model")
         return proposal["value"]
 
     @validate("placement_policy")

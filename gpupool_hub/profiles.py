@@ -19,6 +19,7 @@ from typing import Any
 from traitlets import TraitError
 
 from .mig import MigProfileError, parse_mig_profile
+from .names import name_problem
 from .pricing import model_matches
 
 __all__ = [
@@ -225,6 +226,9 @@ def _models(raw: Mapping[str, Any], where: str, has_gpu: bool) -> tuple[str, ...
     if models and not has_gpu:
         raise TraitError(
             f"{where}: 'models' needs 'gpus', 'gpu_fraction' or 'mig' (a CPU-only profile has no GPU model)")
+    for m in models:  # the spawner sends them to the service, which takes only names
+        if problem := name_problem(m):
+            raise TraitError(f"{where}: GPU model name {m!r} {problem}")
     return tuple(m.strip() for m in models)
 
 
@@ -262,6 +266,8 @@ def parse_profile(raw: Any, index: int, trait: str = "GPUPoolSpawner.profiles") 
     display_name = raw.get("display_name", slug)
     if not isinstance(display_name, str) or not display_name.strip():
         raise TraitError(f"{where}: 'display_name' must be a non-empty string, got {display_name!r}")
+    if problem := name_problem(display_name):  # the spawn form shows it to every user
+        raise TraitError(f"{where}: 'display_name' {display_name!r} {problem}")
     description = raw.get("description", "")
     if not isinstance(description, str):
         raise TraitError(f"{where}: 'description' must be a string, got {description!r}")

@@ -36,6 +36,7 @@ from urllib.parse import quote
 
 from .devices import NVIDIA_PROC, device_allow, gpu_minors
 from .spawner import GPUPoolSpawner
+from .spawner.errors import require_login_name, require_unix_account
 
 try:
     from systemdspawner import SystemdSpawner
@@ -56,6 +57,15 @@ class GPUPoolSystemdSpawner(GPUPoolSpawner, SystemdSpawner):
         help="Where the NVIDIA driver describes each GPU (Device Minor, GPU UUID): how a GPU's UUID becomes "
              "its /dev/nvidia<minor>. Where it is missing, the GPU's index is taken as its minor number.",
     ).tag(config=True)
+
+    def gpupool_check_user(self) -> None:
+        """The hub's user name is in the unit's name (``unit_name_template``) and, without
+        ``dynamic_users``, names the account the unit runs as (``username_template``): each must be
+        an ordinary login name, the account one ``pwd`` finds (unixname.RULE), else 403 before the
+        pool is asked for anything."""
+        require_login_name(self.user.name)
+        if not self.dynamic_users:
+            require_unix_account(self._expand_user_vars(self.username_template))
 
     def gpupool_unit_properties(self, allocation: dict[str, Any] | None) -> dict[str, Any]:
         """The unit's device properties for ``allocation`` on top of the admin's ``unit_extra_properties``

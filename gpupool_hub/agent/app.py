@@ -64,6 +64,7 @@ from .lifecycle import ANOTHER_AGENT_EXIT, AgentLifecycle
 from .memguard import MemoryGuard, MemoryWarning, Share
 from .metrics import AgentMetrics
 from .nvml import GpuInfo, build_inventory, default_nvml, discover_links, list_gpus
+from .servers import RECORD_DIR, ServerRecords
 from .shares import ShareSteps
 
 log = logging.getLogger("gpupool.agent")
@@ -276,7 +277,11 @@ class GPUPoolAgent(AgentLifecycle, ShareSteps, Application):
     memory_mib = Integer(0, help="Memory to report, in MiB; 0: physical memory.").tag(config=True)
 
     metrics_port = Integer(9445, help="Port of the /metrics endpoint; 0 picks a free one.").tag(config=True)
-    metrics_address = Unicode("0.0.0.0", help="Address the /metrics endpoint listens on.").tag(config=True)
+    metrics_address = Unicode("127.0.0.1", help="Address the /metrics endpoint listens on (its series show every "
+                              "user's GPU use); one other machines reach needs metrics_token_file.").tag(config=True)
+    metrics_token_file = Unicode("", help="File (mode 600) holding the token a scrape must send as 'Authorization: "
+                                 "Bearer' (Prometheus: authorization.credentials_file); others get 401.",
+                                 ).tag(config=True)
     metrics_min_uid = Integer(
         1000, help="Processes of uids below this count as system processes in metrics, not as a user's usage "
                    "(keeps e.g. Xorg's root out of billing with usage_preset='agent').",
@@ -319,6 +324,8 @@ class GPUPoolAgent(AgentLifecycle, ShareSteps, Application):
 
     once = Bool(False, help="Run one tick, print its report as JSON and exit.").tag(config=True)
 
+    server_record_dir = Unicode(RECORD_DIR, help="Where gpupool-localprocess records the servers it starts here "
+                                "(its server_record_dir): only their kernels are left to the hub.").tag(config=True)
     nvml = AnyTrait(None, help="The NVML module (pynvml); tests inject a fake. Not configurable.")
 
     # ------------------------------------------------------------------ setup
@@ -358,6 +365,7 @@ class GPUPoolAgent(AgentLifecycle, ShareSteps, Application):
         self._reported: tuple[float, str] | None = None  # (when, json) of the last accepted report
         self._report_utilization = True  # until the service says it reads Prometheus (409)
         self._samples_seen: dict[str, int] = {}  # per GPU: the newest per-process sample read
+        self.servers = ServerRecords(self.server_record_dir)  # which kernels are a running server's
         self.health = AttributionHealth()
         self._attribution_sent: str | None = None  # the last attribution report the service accepted
         self._stopping: asyncio.Event | None = None
@@ -389,7 +397,7 @@ class GPUPoolAgent(AgentLifecycle, ShareSteps, Application):
                     self.node_name, gpus, discover_links(self.nvml, gpus), cpu_milli=self.cpu_milli or None,
                     memory_mib=self.memory_mib or None, labels=self.labels)
                 self._gpu_key = key
-            snapshot = take_snapshot(self.nvml, gpus, self._samples_seen)
+            snapshot = take_snapshot(self.nvml, gpus, self._samples_seen, self.servers)
             self.health.update(snapshot.gpus)
             return gpus, self._inventory, snapshot
         except Exception:

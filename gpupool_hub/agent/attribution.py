@@ -5,7 +5,9 @@ is its real uid (what the spawner started the server as; an effective uid can
 be changed by setuid helpers). Jupyter kernels are recognised by their command
 line, because the enforcement rules treat "a kernel of a running server"
 differently from any other process: stopping those is the hub's business
-(culling through the server), not the node's.
+(culling through the server), not the node's. Which server is running is not
+read from a command line (anyone can name a script ``jupyter-lab``): it is a
+process the spawner recorded when it started it (:mod:`.servers`).
 
 NVML reports host pids. The agent must therefore run in the host pid namespace
 (``hostPID: true`` in a pod); otherwise pids do not resolve and processes are
@@ -26,17 +28,12 @@ import psutil
 
 from .activity import MEMORY_EMPTY, PROCESS_UTILIZATION, sample_processes, user_utilization
 from .nvml import GpuInfo, nvml_error_code
+from .servers import ServerRecords, recorded_server_of
 
 log = logging.getLogger("gpupool.agent.attribution")
 
 _KERNEL_FILE = re.compile(r"^kernel-(?P<id>[A-Za-z0-9_.\-]+)\.json$")
 _KERNEL_MODULES = {"ipykernel_launcher", "ipykernel", "ipykernel_launcher.py"}
-_SERVER_SCRIPTS = {
-    "jupyterhub-singleuser", "jupyter-lab", "jupyter-labhub", "jupyter-server", "jupyter-notebook",
-    "jupyter-singleuser", "jupyter-nbclassic",
-}
-_SERVER_MODULES = {"jupyterhub.singleuser", "jupyter_server", "jupyterlab", "notebook", "nbclassic"}
-_SERVER_SUBCOMMANDS = {"lab", "server", "notebook", "labhub", "nbclassic"}
 
 
 def user_name(uid: int) -> str:
@@ -74,54 +71,6 @@ def kernel_id(cmdline: Sequence[str]) -> str | None:
     return None
 
 
-def is_jupyter_server(cmdline: Sequence[str]) -> bool:
-    """Whether a command line is a Jupyter (single-user) server that owns kernels.
-
-    Looks at the program, or a Python interpreter's script / ``-m`` module;
-    never at arbitrary arguments (``bash -c jupyter-lab`` is a shell, and the
-    real server, if any, is its child).
-    """
-    args = list(cmdline)
-    if not args:
-        return False
-
-    def program(i: int) -> bool:
-        base = os.path.basename(args[i])
-        if base in _SERVER_SCRIPTS:
-            return True
-        return base == "jupyter" and i + 1 < len(args) and args[i + 1] in _SERVER_SUBCOMMANDS
-
-    if program(0):
-        return True
-    if os.path.basename(args[0]).startswith("python"):
-        rest = [i for i in range(1, len(args)) if args[i] not in ("-u", "-E", "-s", "-I", "-B", "-O", "-OO")]
-        if rest:
-            i = rest[0]
-            if args[i] == "-m":
-                return i + 1 < len(args) and args[i + 1] in _SERVER_MODULES
-            return not args[i].startswith("-") and program(i)
-    return False
-
-
-def running_server_of(proc: psutil.Process) -> int | None:
-    """Pid of the live Jupyter server a kernel descends from, if any.
-
-    A kernel whose server died is re-parented to init (or a subreaper) and has
-    no server ancestor: nobody will cull it through Jupyter, so it is fair game.
-    """
-    try:
-        parents = proc.parents()
-    except psutil.Error:
-        return None
-    for parent in parents:
-        try:
-            if parent.status() != psutil.STATUS_ZOMBIE and is_jupyter_server(parent.cmdline()):
-                return parent.pid
-        except psutil.Error:
-            continue
-    return None
-
-
 @dataclass
 class GpuProcess:
     """One process on one GPU, as NVML and psutil describe it."""
@@ -138,7 +87,7 @@ class GpuProcess:
     create_time: float | None = None
     cmdline: list[str] = field(default_factory=list)
     kernel_id: str | None = None
-    server_pid: int | None = None
+    server_pid: int | None = None  # a kernel's running server, as the spawner recorded it (servers.py)
     sm_util: float | None = None  # busy fraction since the last sample; None: NVML cannot say
 
     @property
@@ -229,7 +178,7 @@ def _nvml_processes(nvml: Any, gpu: GpuInfo, problems: dict[str, str]) -> list[G
 
 
 def attribute(proc: GpuProcess) -> GpuProcess:
-    """Fill owner, start time and kernel facts from psutil; a vanished pid stays unattributed."""
+    """Fill owner, start time and kernel id from psutil; a vanished pid stays unattributed."""
     try:
         p = psutil.Process(proc.pid)
         with p.oneshot():
@@ -238,8 +187,6 @@ def attribute(proc: GpuProcess) -> GpuProcess:
             proc.cmdline = p.cmdline()
         proc.user = user_name(proc.uid)
         proc.kernel_id = kernel_id(proc.cmdline)
-        if proc.kernel_id is not None:
-            proc.server_pid = running_server_of(p)
     except (psutil.NoSuchProcess, psutil.ZombieProcess):
         proc.uid = proc.user = None
     except psutil.AccessDenied:
@@ -264,9 +211,12 @@ def gpu_status(nvml: Any, gpu: GpuInfo) -> GpuStatus:
                      memory_used_bytes=used, utilization=util)
 
 
-def take_snapshot(nvml: Any, gpus: Iterable[GpuInfo], last_seen: dict[str, int] | None = None) -> Snapshot:
+def take_snapshot(nvml: Any, gpus: Iterable[GpuInfo], last_seen: dict[str, int] | None = None,
+                  servers: ServerRecords | None = None) -> Snapshot:
     """Every GPU's gauges and every GPU process with its owner and busy fraction, at one
-    moment; ``last_seen`` carries the process samples' timestamps from one snapshot to the next."""
+    moment; ``last_seen`` carries the process samples' timestamps from one snapshot to the next.
+    ``servers``: the hub's records of the servers it started here; without them no kernel
+    counts as a running server's."""
     statuses, processes = [], []
     last_seen = {} if last_seen is None else last_seen
     for gpu in gpus:
@@ -282,4 +232,8 @@ def take_snapshot(nvml: Any, gpus: Iterable[GpuInfo], last_seen: dict[str, int] 
                     f"{PROCESS_UTILIZATION} failed: {error} (several users' processes share the GPU)")
         statuses.append(status)
         processes.extend(procs)
+    kernels = [p for p in processes if p.kernel_id is not None and p.uid is not None]
+    records = servers.load() if kernels and servers is not None else {}  # read only when a kernel is on a GPU
+    for p in kernels:
+        p.server_pid = recorded_server_of(p.pid, p.uid, records)
     return Snapshot(taken_at=time.time(), gpus=statuses, processes=processes)

@@ -4,7 +4,8 @@ A stop (SIGTERM, SIGINT) waits at most FINISH_GRACE for the tick in flight, and 
 follows ``STOP_DEADLINE`` seconds later should anything hang
 (``gpupool_hub/lifetime.py``). The metrics port is taken back from an older
 agent of this node (one that hung, one started by hand); held by anything
-else, the agent stops at once naming that process. On its way out the agent
+else, the agent stops at once naming that process (``scrape.py``, which also
+says who may read it). On its way out the agent
 gives its node up at the service (``service/core/agentlease.py``), so a
 successor is served at once.
 """
@@ -19,7 +20,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__
-from ..lifetime import bind_or_take_over, exit_hard_later
+from ..lifetime import exit_hard_later
+from .scrape import open_endpoint
 
 if TYPE_CHECKING:
     from .app import GPUPoolAgent
@@ -87,13 +89,6 @@ class AgentLifecycle:
         if self._stopping is not None:
             self._stopping.set()
 
-    def _serve_metrics(self: GPUPoolAgent) -> Any:
-        """The /metrics server, on a port taken over from an older agent of this node if one holds it."""
-        return bind_or_take_over(
-            lambda: self.metrics.serve(self.metrics_port, self.metrics_address), self.metrics_port,
-            f"{self.metrics_port} on {self.metrics_address}", _is_gpupool_agent, program="gpupool-agent",
-            older="an older gpupool agent", advice="stop it or choose another port (c.GPUPoolAgent.metrics_port, --port)")
-
     def start(self: GPUPoolAgent) -> None:
         if self.once:
             result = asyncio.run(self.tick())
@@ -102,9 +97,9 @@ class AgentLifecycle:
             if not result.nvml_ok:
                 raise SystemExit(1)
             return
-        server = self._serve_metrics()
-        self.log.info("gpupool-agent %s on node %s: metrics on http://%s:%d/metrics, service %s%s",
-                      __version__, self.node_name, self.metrics_address, server.server_port,
+        server = open_endpoint(self.metrics.registry, self.metrics_port, self.metrics_address, self.metrics_token_file)
+        self.log.info("gpupool-agent %s on node %s: metrics on http://%s:%d/metrics%s, service %s%s", __version__,
+                      self.node_name, self.metrics_address, server.server_port, self.metrics_token_file and " (token)",
                       self.service_url or "(none: metrics only)", ", DRY RUN" if self.dry_run else "")
 
         async def main() -> None:
@@ -123,15 +118,3 @@ class AgentLifecycle:
         self.log.info("%s: stopping", signal.Signals(sig).name)
         exit_hard_later(signal.Signals(sig).name, "gpupool-agent")
         self.stop()
-
-
-def _is_gpupool_agent(proc: Any) -> bool:
-    """``proc`` (psutil) is a gpupool node agent (``python -m gpupool_hub.agent`` or ``gpupool-agent``)."""
-    try:
-        cmd = proc.cmdline()
-    except Exception:
-        return False
-    return any(part in ("gpupool_hub.agent", "gpupool_hub.agent.app") or part.endswith("/gpupool-agent")
-               or part == "gpupool-agent" for part in cmd)
-
-

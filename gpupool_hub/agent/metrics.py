@@ -24,10 +24,11 @@ import threading
 from collections import defaultdict
 from typing import Any, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from . import scrape
 from .attribution import Snapshot
 
 USER_LABELS = ["user", "gpu_uuid", "model", "node"]
@@ -131,11 +132,11 @@ class AgentMetrics:
         with self._lock:
             return self._snapshot, self.node, self.metrics_min_uid
 
-    def serve(self, port: int, address: str = "0.0.0.0") -> Any:
-        """Serve ``/metrics`` in a daemon thread (works while the asyncio loop is busy).
+    def serve(self, port: int, address: str = "127.0.0.1", token: bytes | None = None) -> Any:
+        """Serve ``/metrics`` in a daemon thread (works while the asyncio loop is busy); with
+        ``token``, only to scrapes that bring it (:mod:`.scrape`).
 
         Returns the HTTP server (``.shutdown()`` stops it; ``.server_port`` is
         the bound port, useful with ``port=0``).
         """
-        result = start_http_server(port, addr=address, registry=self.registry)
-        return result[0] if isinstance(result, tuple) else result
+        return scrape.serve(self.registry, port, address, token)

@@ -23,11 +23,11 @@ servers (issue 27.4); a file only the service's user can read keeps it there.
 from __future__ import annotations
 
 import os
-import stat
 
 from traitlets.config import Application
 
 from ..config import GPUPool
+from ..secretfile import read_secret_line
 
 __all__ = ["CONFIG_FILE_ENV", "DbUrlFileError", "hub_config_file", "ledger_url"]
 
@@ -63,19 +63,5 @@ def ledger_url(settings: GPUPool) -> str:
     path = settings.db_url_file
     if not path:
         return settings.db_url
-    where = f"c.GPUPool.db_url_file {path!r}"
-    try:
-        with open(path, encoding="utf-8") as f:
-            mode = os.fstat(f.fileno()).st_mode
-            if mode & (stat.S_IRWXG | stat.S_IRWXO):
-                raise DbUrlFileError(
-                    f"{where} may be read by group or others (mode {stat.S_IMODE(mode):04o}); it holds the "
-                    f"database password: make it readable by the service's user only (chmod 600 {path})")
-            lines = [line.strip() for line in f.read(64 * 1024).splitlines() if line.strip()]
-    except OSError as e:
-        raise DbUrlFileError(f"{where} cannot be read: {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise DbUrlFileError(f"{where} is not UTF-8 text") from None
-    if len(lines) != 1:
-        raise DbUrlFileError(f"{where} must hold the database URL on one line, found {len(lines)} lines")
-    return lines[0]
+    return read_secret_line(path, where=f"c.GPUPool.db_url_file {path!r}", what="the database URL", holds="the database password",
+                            error=DbUrlFileError)

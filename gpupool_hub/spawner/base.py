@@ -310,6 +310,14 @@ class GPUPoolSpawner(GPUPoolWaits):
 
     # ----------------------------------------------------------- lifecycle
 
+    def gpupool_check_user(self) -> None:
+        """Refuse (403) a user this spawner cannot run a server for, before anything is asked or run.
+
+        Nothing here: a Kubernetes pod does not run as the hub's user name. Spawners that make the
+        name a Unix account, a command argument or a unit name override it with
+        ``errors.require_unix_account`` / ``require_login_name`` (the rule: ``gpupool_hub.unixname``).
+        """
+
     async def gpupool_prepare(self) -> None:
         """Everything ``start`` does before the wrapped spawner starts the server."""
         progress = self._gpupool_progress
@@ -317,6 +325,7 @@ class GPUPoolSpawner(GPUPoolWaits):
         self.gpupool_new_attempt()  # first: a failure from here on abandons this attempt, never an earlier one
         self.gpupool_allocation = None
         try:
+            self.gpupool_check_user()  # before the pool is asked: a refused name holds and costs nothing
             profile, gpus = self.select_profile(self.user_options)
             self.gpupool_profile = profile
             self.apply_gpupool_profile(profile)

@@ -9,6 +9,7 @@ not have); :class:`SpawnFailure` names those, so no reason is a bare string.
 from __future__ import annotations
 
 import html
+import pwd
 from collections.abc import Mapping
 from enum import Enum
 from typing import Any
@@ -17,8 +18,10 @@ from jupyterhub.spawner import SpawnException
 from tornado import web
 
 from ..reasons import RefusalReason
+from ..unixname import UnixNameError, check_login_name, unix_account
 
-__all__ = ["GPUPoolRefused", "SpawnFailure", "confirm_by_post", "invalid_options"]
+__all__ = ["GPUPoolRefused", "SpawnFailure", "confirm_by_post", "invalid_options", "refuse_unix_name",
+           "require_login_name", "require_unix_account"]
 
 
 class SpawnFailure(str, Enum):
@@ -32,6 +35,7 @@ class SpawnFailure(str, Enum):
     STOPPED = "gpupool_stopped"  # the hub stopped the server while its spawn waited for GPUs
     JOB_ENDED = "gpupool_job_ended"  # the batch job ended before its server was ready (gpupool-slurm)
     SCHEDULER_DOWN = "gpupool_scheduler_down"  # the batch scheduler's command failed (slurmctld down)
+    UNIX_NAME = "gpupool_unix_name"  # the user name cannot be a Unix account (unixname.RULE): refused, 403
 
     def __str__(self) -> str:
         return self.value
@@ -90,3 +94,26 @@ def confirm_by_post() -> web.HTTPError:
     err.jupyterhub_message = ""  # type: ignore[attr-defined]  # no error box above the form
     err.gpupool_normal_refusal = True  # type: ignore[attr-defined]  # logged as INFO (logs.py)
     return err
+
+
+def refuse_unix_name(error: UnixNameError) -> GPUPoolRefused:
+    """A user name that cannot run a server as a Unix account: 403, naming the rule. Not the pool's
+    refusal but a failure of the spawner's (ERROR in the hub's log: such a name may be an attack)."""
+    return GPUPoolRefused(f"Your user name cannot start a server here: {error}. Ask an admin.",
+                          reason=SpawnFailure.UNIX_NAME, status_code=403)
+
+
+def require_login_name(name: str) -> str:
+    """``name`` if it may be a unit name or a command argument (unixname.RULE), else the 403 refusal."""
+    try:
+        return check_login_name(name)
+    except UnixNameError as e:
+        raise refuse_unix_name(e) from None
+
+
+def require_unix_account(name: str) -> pwd.struct_passwd:
+    """The Unix account of ``name`` if it may become a uid, else the 403 refusal."""
+    try:
+        return unix_account(name)
+    except UnixNameError as e:
+        raise refuse_unix_name(e) from None

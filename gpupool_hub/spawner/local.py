@@ -8,11 +8,15 @@ import pwd
 import stat
 import time
 from collections.abc import Callable
+from typing import Any
 
+import psutil
 from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner
-from traitlets import Integer
+from traitlets import Integer, Unicode
 
+from ..agent.servers import RECORD_DIR, forget_server, record_server
 from .base import GPUPoolSpawner
+from .errors import require_unix_account
 
 __all__ = ["GPUPoolLocalProcessSpawner", "GPUPoolSimpleSpawner"]
 
@@ -52,7 +56,42 @@ class GPUPoolLocalProcessSpawner(_PromptStop, GPUPoolSpawner, LocalProcessSpawne
         allow_none=True,
     ).tag(config=True)
 
+    server_record_dir = Unicode(
+        RECORD_DIR,
+        help="""Where each server is recorded as it starts (pid, owner, start time), for the node agent of
+        this host (c.GPUPoolAgent.server_record_dir, the same default). When the agent stops the GPU
+        processes of a user out of tokens, it leaves only the kernels of a recorded server to the hub's
+        culling: a process that merely calls itself jupyter-lab is stopped. Empty: record nothing.""",
+    ).tag(config=True)
+
     _open_homes_warned: set[str] = set()  # once per home and hub process, not at every spawn
+
+    async def start(self) -> Any:
+        """Start the server, then record its pid: the node agent trusts that record, never a name."""
+        result = await super().start()
+        if self.server_record_dir and self.pid:
+            try:
+                record_server(self.server_record_dir, self.pid, self.user.name, self.name or "")
+            except (OSError, psutil.Error) as e:
+                self.log.warning("Could not record the server of %s (pid %d) in %s for the node agent: %s; its "
+                                 "kernels count as the user's own processes if the pool stops them",
+                                 self.user.name, self.pid, self.server_record_dir, e)
+        return result
+
+    async def stop(self, now: bool = False) -> None:
+        """Stop the server, then drop its record (kept if the stop failed: the server may still run)."""
+        pid = self.pid  # the stop clears it
+        await super().stop(now=now)
+        if pid and self.server_record_dir:
+            try:
+                forget_server(self.server_record_dir, pid)
+            except OSError as e:  # a stale record is harmless: the agent checks its pid's start time
+                self.log.debug("Could not remove the record of pid %d: %s", pid, e)
+
+    def gpupool_check_user(self) -> None:
+        """The server runs as the Unix account of the hub's user name: an ordinary login name
+        with an account (unixname.RULE), else 403 before the pool is asked for anything."""
+        require_unix_account(self.user.name)
 
     def make_preexec_fn(self, name: str) -> Callable[[], None]:
         become_user = super().make_preexec_fn(name)

@@ -15,9 +15,13 @@ server gone, and the mixin gives the GPUs back.
 Commands run without a shell, with ``c.GPUPool.slurm_conf`` as ``SLURM_CONF``.
 Each command template (``exec_prefix``, ``batch_submit_cmd``, ...) is split
 into words with ``shlex`` *before* the values go in (:func:`command_argv`):
-a username such as ``x -u root`` or ``o'neil`` stays one argument, so it can
-neither add options to ``sudo`` nor break the quoting (batchspawner joins the
-filled-in templates into one shell string).
+a value stays one argument, so it cannot add options to ``sudo`` nor break the
+quoting (batchspawner joins the filled-in templates into one shell string).
+One argument is not enough: ``sudo -u '#0'`` and ``runuser -u '#0'`` read the
+name as uid 0. So a spawn goes ahead only for a user name that is a Unix login
+name with an account on the hub's machine (``gpupool_hub.unixname``, checked
+before the pool is asked), and :func:`command_argv` refuses any value starting
+with ``#`` or ``-``.
 """
 
 from __future__ import annotations
@@ -25,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import pwd
 import re
 import shlex
 import shutil
@@ -40,13 +43,24 @@ from traitlets import Dict, Unicode, default
 from ..inventory.slurm import OutageLog, SlurmError, SlurmInventory, controller_unreachable
 from ..usage.slurm_hub import ALLOCATION_COMMENT
 from .base import GPUPoolSpawner
-from .errors import GPUPoolRefused, SpawnFailure
+from ..unixname import RULE, starts_unsafely
+from .errors import GPUPoolRefused, SpawnFailure, require_unix_account
 from .slurm_job import SlurmJobStart
 
 __all__ = ["GPUPoolSlurmSpawner", "JOB_NAME", "command_argv", "mem_for_slurm"]
 
 #: one for the hub process: a poll per server must not log slurmctld's outage once per server
 slurm_outage = OutageLog(logging.getLogger("gpupool.spawner.slurm"))
+
+
+def hub_outage_log(log: logging.Logger) -> OutageLog:
+    """The hub process's one :data:`slurm_outage`, writing to ``log`` (a spawner's: the hub's own logger).
+
+    A logger of the package's own name has no handler in the hub: its warning came out bare (no
+    time, no level) through Python's last resort, and its INFO "answers again" not at all.
+    """
+    slurm_outage.log = log
+    return slurm_outage
 #: seconds a spawn refused while slurmctld does not answer tells REST clients to wait (Retry-After)
 RETRY_AFTER_OUTAGE = 30
 
@@ -87,6 +101,9 @@ def command_argv(template: str, values: Mapping[str, Any]) -> list[str]:
     with the username ``x -u root`` would run as root. Here a value lands inside
     the one word its placeholder is in, whatever it contains. A placeholder must
     therefore not contain spaces (``{username}``, ``{{username}}``).
+
+    One word is not enough: ``sudo -u '#0'`` runs as uid 0, ``-u`` is an option. A
+    value that starts with ``#`` or ``-`` is refused (403), whichever placeholder it fills.
     """
     try:
         words = shlex.split(template)
@@ -94,10 +111,26 @@ def command_argv(template: str, values: Mapping[str, Any]) -> list[str]:
         raise GPUPoolRefused(f"Slurm command template {template!r} cannot be split into words: {e}",
                              reason=SpawnFailure.CONFIG, status_code=500) from None
     try:
-        return [format_template(word, **values) for word in words]
+        argv = [format_template(word, **values) for word in words]
     except (KeyError, IndexError, ValueError) as e:
         raise GPUPoolRefused(f"Slurm command template {template!r}: cannot fill in {e} (a placeholder must be "
                              "one word, e.g. {username})", reason=SpawnFailure.CONFIG, status_code=500) from None
+    for key, value in values.items():
+        if isinstance(value, str) and starts_unsafely(value) and _fills(words, values, key):
+            raise GPUPoolRefused(f"The Slurm command {template!r} would get {value!r} as {{{key}}}: a value "
+                                 f"starting with '#' or '-' is read as a uid or an option, so none is run "
+                                 f"({RULE}).", reason=SpawnFailure.UNIX_NAME, status_code=403)
+    return argv
+
+
+_PROBE = "\0gpupool-probe\0"
+
+
+def _fills(words: list[str], values: Mapping[str, Any], key: str) -> bool:
+    """Whether ``values[key]`` goes into one of ``words`` (by any placeholder syntax: the words are filled
+    in again with a marker in its place)."""
+    probe = {**values, key: _PROBE}
+    return any(_PROBE in format_template(word, **probe) for word in words)
 
 
 class GPUPoolSlurmSpawner(GPUPoolSpawner, SlurmJobStart):
@@ -136,12 +169,7 @@ echo "jupyterhub-singleuser ended gracefully"
 
     @default("req_homedir")
     def _default_homedir(self) -> str:
-        try:
-            return pwd.getpwnam(self.user.name).pw_dir
-        except KeyError:
-            raise GPUPoolRefused(
-                f"User {self.user.name!r} has no Unix account on the hub's machine; set "
-                "c.GPUPoolSlurmSpawner.req_homedir.", reason=SpawnFailure.CONFIG, status_code=500) from None
+        return require_unix_account(self.user.name).pw_dir
 
     req_job_name = Unicode(JOB_NAME, help="Slurm job name of every server.")
     req_nodelist = Unicode("", help="Set per spawn: the node the pool chose (--nodelist).")
@@ -174,6 +202,13 @@ echo "jupyterhub-singleuser ended gracefully"
     def _default_slurm_env(self) -> dict[str, str]:
         conf = self.config.GPUPool.get("slurm_conf", "") if "GPUPool" in self.config else ""
         return {"SLURM_CONF": conf} if conf else {}
+
+    def gpupool_check_user(self) -> None:
+        """The job is submitted, queried and cancelled as the user (``exec_prefix``'s ``{username}``):
+        the hub's user name, and ``req_username`` if set otherwise, must be a Unix login name with
+        an account on the hub's machine (unixname.RULE), else 403 before the pool is asked."""
+        for name in dict.fromkeys([self.user.name, self.req_username]):
+            require_unix_account(name)
 
     # ------------------------------------------------------- allocation
 
@@ -240,11 +275,11 @@ echo "jupyterhub-singleuser ended gracefully"
         if proc.returncode != 0:
             message = err.decode(errors="replace").strip()
             if controller_unreachable(message):
-                slurm_outage.failed(message)  # once per outage, not once per poll of every server
+                hub_outage_log(self.log).failed(message)  # once per outage, not once per poll of every server
             else:
                 self.log.error("%s exited with %s: %s", argv[0], proc.returncode, message)
             raise RuntimeError(message or f"{argv[0]} exited with status {proc.returncode}")
-        slurm_outage.ok()
+        hub_outage_log(self.log).ok()
         return out.decode(errors="replace").strip()
 
     async def run_command(self, cmd: str, input: str | None = None, env: dict[str, str] | None = None) -> str:
@@ -300,15 +335,6 @@ echo "jupyterhub-singleuser ended gracefully"
         argv = self.slurm_argv(self.batch_cancel_cmd, job_id=self.job_id)
         self.log.info("Cancelling job %s: %s", self.job_id, argv)
         await self.run_argv(argv)
-
-    def user_env(self, env: dict[str, str]) -> dict[str, str]:
-        """USER/HOME/SHELL of the user's Unix account; a hub user without one keeps req_homedir."""
-        try:
-            return super().user_env(env)
-        except KeyError:
-            env["USER"] = self.user.name
-            env["HOME"] = self.req_homedir
-            return env
 
     def state_gethost(self) -> str:
         node = super().state_gethost()

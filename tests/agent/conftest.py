@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterator
 import psutil
 import pytest
 
+from gpupool_hub.agent.servers import record_server
 from tests.agent import fake_pynvml
 
 USERS = ("gpupool-t1", "gpupool-t2")
@@ -89,6 +90,7 @@ def scripts_dir() -> Iterator[Path]:
     (d / "sleeper.py").write_text(SLEEPER)
     (d / "ipykernel_launcher.py").write_text(SLEEPER)
     (d / "jupyterhub-singleuser").write_text(SERVER)
+    (d / "jupyter-lab").write_text(SERVER)  # the same stand-in, under the name a user can give any script
     for f in d.iterdir():
         f.chmod(stat.S_IRUSR | stat.S_IWUSR | stat.S_IRGRP | stat.S_IROTH)
     yield d
@@ -124,12 +126,17 @@ class Procs:
         assert p.stdout.readline().strip() == "ready"
         return p
 
-    def server_with_kernel(self, user: str) -> tuple[subprocess.Popen, int]:
-        """A stand-in single-user server and the pid of the kernel it started."""
-        p = self._start(user, [PYTHON, str(self.scripts / "jupyterhub-singleuser"),
+    def server_with_kernel(self, user: str, records: Path | None = None, *,
+                           program: str = "jupyterhub-singleuser") -> tuple[subprocess.Popen, int]:
+        """A stand-in single-user server and the pid of the kernel it started. With ``records``
+        the server is recorded there as ``gpupool-localprocess`` records the servers it starts;
+        without, it is a process that only looks like a server (anyone may name a script so)."""
+        p = self._start(user, [PYTHON, str(self.scripts / program),
                                str(self.scripts / "ipykernel_launcher.py"), "/tmp/runtime/kernel-1234-abcd.json"])
         kernel = int(p.stdout.readline())
         _wait_cmdline(kernel, "kernel-1234-abcd.json")
+        if records is not None:
+            record_server(str(records), p.pid, user)
         return p, kernel
 
     def cleanup(self) -> None:
@@ -163,6 +170,14 @@ def alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+@pytest.fixture
+def server_records(tmp_path: Path) -> Path:
+    """A directory for the hub's records of its servers, root's and 0755 like /run/gpupool-servers."""
+    d = tmp_path / "gpupool-servers"
+    d.mkdir(mode=0o755)
+    return d
 
 
 @pytest.fixture

@@ -114,7 +114,7 @@ async def test_dry_run_and_the_switch(tmp_path, procs, test_users, make_nvml):
 async def test_boundary_endpoints_check_their_input_and_token(tmp_path):
     svc = Service(tmp_path)
     try:
-        ok = {"warnings": [{"user": BOB, "gpu_uuid": GPUS[0], "gpu_index": 0, "deadline": "2026-11-24T10:00:00Z",
+        ok = {"warnings": [{"user": BOB, "gpu_uuid": GPUS[0], "gpu_index": 0, "deadline": "2099-01-01T00:00:00Z",
                             "pids": [42]}], "actions": [], "dry_run": False}
         code, body = await svc.call("PUT", "nodes/n1/boundary", TOKENS["n1"], ok)
         assert code == 200 and body == {"node": "n1", "audited": 1}

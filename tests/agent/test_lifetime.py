@@ -182,7 +182,7 @@ def test_a_port_held_by_another_program_stops_the_agent_naming_it(tmp_path, agen
     agents.append(agent)
     assert agent.wait(60) != 0
     log = (tmp_path / "agent.log").read_text()
-    assert f"gpupool-agent: port {port} on 0.0.0.0 is in use by PID {holder.pid}" in log, log
+    assert f"gpupool-agent: port {port} on 127.0.0.1 is in use by PID {holder.pid}" in log, log
     assert "http.server" in log and holder.poll() is None  # named, and left alone
 
 

@@ -129,12 +129,12 @@ async def test_agent_endpoints_need_the_nodes_token_or_admin(service, token, sta
     assert (await service.call("PUT", "nodes/n1/inventory", token, inv))[0] == status
 
 
-async def test_agent_stops_what_the_service_names(service, procs, test_users, make_nvml):
+async def test_agent_stops_what_the_service_names(service, procs, test_users, make_nvml, server_records):
     t1 = procs.sleeper("gpupool-t1")
     t2 = procs.sleeper("gpupool-t2")
-    server, kernel = procs.server_with_kernel("gpupool-t1")
+    server, kernel = procs.server_with_kernel("gpupool-t1", server_records)  # a server the hub started
     nv = make_nvml(two_gpus((t1.pid, t2.pid), (kernel,)))
-    agent = make_agent(nv, service.url)
+    agent = make_agent(nv, service.url, server_record_dir=str(server_records))
 
     result = await agent.tick()  # nobody named yet
     assert result.enforce.users == frozenset() and result.actions == []
@@ -152,6 +152,23 @@ async def test_agent_stops_what_the_service_names(service, procs, test_users, ma
     assert alive(t2.pid) and alive(server.pid)
     text = generate_latest(agent.metrics.registry).decode()
     assert 'gpupool_agent_enforcement_actions_total{action="terminated",user="gpupool-t1"} 2.0' in text
+
+
+async def test_37_7_a_gpu_job_under_a_script_named_jupyter_lab_is_stopped_when_its_user_is_out_of_tokens(
+        service, procs, test_users, make_nvml, server_records):
+    """The out-of-tokens stop leaves the kernels of the server the hub started to the hub's culling;
+    a GPU job whose parent merely calls itself ``jupyter-lab`` is the user's own process."""
+    server, kernel = procs.server_with_kernel("gpupool-t1", server_records)  # recorded at spawn
+    impostor, job = procs.server_with_kernel("gpupool-t1", program="jupyter-lab")  # started by the user
+    nv = make_nvml(two_gpus((kernel,), (job,)))
+    agent = make_agent(nv, service.url, server_record_dir=str(server_records))
+    assert (await agent.tick()).actions == []  # nobody named: nothing stopped
+
+    service.manager.enforcement.users.add("gpupool-t1")  # the cull job put the user on the list
+    result = await agent.tick()
+    assert {a.pid: a.action for a in result.actions} == {kernel: SKIPPED_KERNEL, job: TERMINATED}
+    assert not alive(job) and alive(impostor.pid)  # the GPU job, not its parent (it holds no GPU)
+    assert alive(kernel) and alive(server.pid)  # the hub's server and its kernel: the hub culls those
 
 
 async def test_the_service_can_ask_for_a_dry_run(tmp_path, procs, make_nvml):

@@ -11,10 +11,12 @@ are the bodies' fault and nothing else's.
 from __future__ import annotations
 
 import copy
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
 
+from gpupool_hub.timefmt import iso
 from gpupool_hub.usage.utilization import ReportedUtilization
 from tests.agent.test_service import TOKENS, Service
 
@@ -24,8 +26,9 @@ GPU = "GPU-0000-fake"
 MEMORY_WARNING = {"user": "alice", "server": "", "gpu_uuid": GPU, "gpu_index": 0, "fraction_milli": 500,
                   "limit_bytes": 1 << 30, "used_bytes": 2 << 30, "since": "2026-11-24T10:00:00Z",
                   "deadline": "2026-11-24T10:01:00Z", "pids": [42]}
-BOUNDARY_WARNING = {"user": "bob", "gpu_uuid": GPU, "gpu_index": 0, "deadline": "2026-11-24T10:01:00Z",
-                    "pids": [42]}
+#: a new boundary warning's deadline is the agent's now plus its grace (a day: the suite may run long)
+BOUNDARY_WARNING = {"user": "bob", "gpu_uuid": GPU, "gpu_index": 0,
+                    "deadline": iso(datetime.now(timezone.utc) + timedelta(days=1)), "pids": [42]}
 
 
 def _set(body: dict[str, Any], pointer: str, value: Any) -> dict[str, Any]:
@@ -92,6 +95,12 @@ async def test_a_bad_body_is_400_naming_the_field_and_nothing_is_written(service
         assert code == 201, placed
         path = path.replace("{id}", placed["allocation"]["id"])
         good = {"gpu_indices": [g["index"] for g in placed["allocation"]["gpus"]]}
+    if path.endswith("/memory"):  # a memory warning is about a user holding a share of that GPU
+        code, placed = await service.call("POST", "allocations", SPAWNER,
+                                          {"user": "alice", "server": "", "request": {"gpu_fraction": 0.5}})
+        assert code == 201, placed
+        held = placed["allocation"]["gpus"][0]
+        good = _set(_set(good, "/warnings/0/gpu_uuid", held["uuid"]), "/warnings/0/gpu_index", held["index"])
     for what, pointer, value in bad:
         before = written(service, service.utilization)
         code, answer = await service.call(method, path, token, _set(good, pointer, value))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import fastjsonschema
 import pytest
 from tornado import web
 
@@ -20,7 +21,9 @@ from gpupool_hub.service.api import schema
 from .test_api_bodies import CASES, _set
 
 #: the other values a field can be given: every JSON type, the boundary ones included
-SPOILERS: list[Any] = [True, False, 0, -1, 1, 1.0, 0.5, "", "x", "0", None, [], [1], {}, {"a": 1}, 10**30]
+SPOILERS: list[Any] = [True, False, 0, -1, 1, 1.0, 0.5, "", "x", "0", None, [], [1], {}, {"a": 1}, 10**30,
+                       # past the maxima of bytes and pids, a name's invisible control, a date-time that is none
+                       2**50 + 1, 2**22, "a\u202eb", "2026-13-45T10:00:00Z", "2026-11-24T10:00:00"]
 
 ENDPOINTS = {"POST users/alice/grant": "/users/{name}/grant", "POST allocations": "/allocations",
              "PATCH allocations/{id}": "/allocations/{id}", "PUT nodes/n1/inventory": "/nodes/{node}/inventory",
@@ -86,6 +89,18 @@ def test_a_whole_float_where_a_count_belongs_is_refused():
     with pytest.raises(web.HTTPError) as e:
         schema.check_body(body, "/allocations", "POST")
     assert "/request/gpus must be integer" in e.value.log_message
+
+
+@pytest.mark.parametrize("deadline", ["yesterday", "2026-13-45T10:00:00Z", "2026-11-24T10:00:00"])
+def test_the_fast_check_alone_holds_deadlines_to_date_time(deadline):
+    """Not only jsonschema's second look: the compiled check refuses a deadline that is no
+    date-time itself (jsonschema without a format checker, or fastjsonschema's own, would not)."""
+    body = {"warnings": [{"user": "bob", "gpu_uuid": "GPU-0", "gpu_index": 0, "deadline": deadline, "pids": [1]}]}
+    with pytest.raises(fastjsonschema.JsonSchemaException, match="date-time"):
+        schema._fast_check("/nodes/{node}/boundary", "put")(body)
+    assert not schema._validator("/nodes/{node}/boundary", "put").is_valid(body)
+    body["warnings"][0]["deadline"] = "2026-11-24T10:00:00.5+01:00"
+    schema._fast_check("/nodes/{node}/boundary", "put")(body)
 
 
 def test_the_check_fills_in_nothing():

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import os
+import re
 import subprocess
 import sys
 
@@ -110,3 +112,37 @@ def test_reconcile_releases_allocations_whose_server_is_gone(hub):
     assert wait_for(released)
     history = hub.service("GET", "/allocations", hub.spawner_token).json()["allocations"]
     assert alloc not in {a["id"] for a in history}
+
+
+def test_cli_limit_past_the_apis_page_gives_what_was_asked(hub):
+    """``gpupool history --limit 600`` answered HTTP 400 (the API serves at most 500 entries a
+    request): the CLI now asks page by page and shows the newest 600, or all there are."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gpupool_hub.cli import page_max
+
+    hub.create_user("ivy")
+    most = page_max("/users/{name}/history")  # 500: openapi.json's maximum, which the service enforces
+
+    def grant(n: int) -> None:
+        r = hub.service("POST", "/users/ivy/grant", hub.admin_token, json={"amount": "0.001", "reason": f"g{n}"},
+                        headers={"Idempotency-Key": f"ivy-{n}"})
+        assert r.status_code in (200, 201), r.text
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(grant, range(most + 20)))
+    # ivy's entries: her initial grant (and any daily credit) and these: more than a page, fewer than asked
+    r = gpupool(hub, "history", "ivy", "--limit", "600")
+    assert r.returncode == 0, r.stderr
+    assert len(r.stdout.splitlines()[2:]) > most
+    assert {int(n) for n in re.findall(r"\bg(\d+)$", r.stdout, re.M)} == set(range(most + 20))
+    assert "initial grant" in r.stdout
+    r = gpupool(hub, "--json", "history", "ivy", "--limit", "510")
+    assert r.returncode == 0, r.stderr
+    entries = json.loads(r.stdout)
+    assert len(entries) == 510 and len({e["id"] for e in entries}) == 510  # no entry twice across pages
+    r = gpupool(hub, "audit", "--limit", "600")
+    assert r.returncode == 0, r.stderr
+    for bad in ("0", "-5", "many"):
+        r = gpupool(hub, "history", "ivy", "--limit", bad)
+        assert r.returncode == 2 and "--limit: must be a whole number of at least 1" in r.stderr, r.stderr

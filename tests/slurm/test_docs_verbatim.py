@@ -23,7 +23,6 @@ import pwd
 import re
 import secrets
 import shutil
-import signal
 import stat
 import subprocess
 import sysconfig
@@ -35,6 +34,7 @@ import pytest
 
 from tests.fixtures.hub import wait_for
 from tests.fixtures.slurm import MODELS, SlurmCluster
+from tests.fixtures.unix_accounts import remove_account
 from tests.slurm.test_spawner_hub import PROFILES
 from tests.spawner.conftest import TINY, allocations, server_info, set_balance, spawn, spawner_hub, stop_server
 
@@ -132,17 +132,7 @@ def users(site) -> Iterator[list[str]]:
         yield names
     finally:
         for name in names:
-            try:
-                uid = pwd.getpwnam(name).pw_uid
-            except KeyError:
-                continue
-            for proc in Path("/proc").glob("[0-9]*"):
-                try:
-                    if proc.stat().st_uid == uid:
-                        os.kill(int(proc.name), signal.SIGKILL)
-                except OSError:
-                    continue
-            subprocess.run(["userdel", "--remove", name], check=False, capture_output=True)
+            remove_account(name, home=True)
 
 
 def documented_config(site: dict[str, str], cluster: SlurmCluster) -> str:
@@ -216,3 +206,14 @@ def wait_for_spawn(hub, user, response):
     from tests.spawner.conftest import wait_spawned
 
     return wait_spawned(hub, user, "", response)
+
+
+def test_hub_users_named_like_uids_are_refused_and_no_job_runs(hub, slurm, users):
+    """Issue 37.1: with the documented ``sudo -E -u {username}``, hub user ``#0`` ran its job as root and
+    ``#<uid>`` as that uid's owner. Now each gets 403 naming the rule, and Slurm never hears of it."""
+    for name in ("#0", f"#{pwd.getpwnam(users[1]).pw_uid}"):
+        set_balance(hub, name, "100")
+        r = spawn(hub, name, {"profile": "a6000"})
+        assert r.status_code == 403, f"{name!r}: {r.status_code} {r.text[:300]}\n{hub.log_tail(30)}"
+        assert "must be a Unix login name" in r.json()["message"], r.json()["message"]
+    assert slurm.job_ids() == [] and allocations(hub) == []

@@ -1,4 +1,4 @@
-"""Issue 27.10: the Slurm commands pass the username as one argument, never split.
+"""Issue 27.10 and 37.1: what reaches the Slurm commands in place of ``{username}``.
 
 batchspawner fills the username into ``sudo -E -u {username}`` and joins the
 commands into one string; split afterwards, "x -u root" became ``sudo -E -u x
@@ -6,12 +6,19 @@ commands into one string; split afterwards, "x -u root" became ``sudo -E -u x
 and cancel paths run a recorder in place of sudo (the recorder writes the argv
 it got and answers like sbatch / squeue), so what is checked is the argv a
 process really receives.
+
+One argument was not enough (issue 37.1): ``sudo -u '#0'`` runs as uid 0. The
+spawn-level refusal of such names is tested against the real cluster in
+``test_spawner_hub.py``; here ``command_argv``'s own guard: no value starting
+with ``#`` or ``-`` fills a placeholder.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import pwd
 import sys
 import textwrap
 from types import SimpleNamespace
@@ -19,10 +26,11 @@ from types import SimpleNamespace
 import pytest
 from traitlets.config import Config
 
-from gpupool_hub.spawner.errors import GPUPoolRefused
+from gpupool_hub.spawner.errors import GPUPoolRefused, SpawnFailure
 from gpupool_hub.spawner.slurm import GPUPoolSlurmSpawner, command_argv
 
-NAMES = ["x -u root", "o'neil", "alice -- sh -s", 'b"ob', "carol;id", "{job_id}"]
+#: a name with a real account wherever the tests run: the runner's own
+OWN_ACCOUNT = pwd.getpwuid(os.getuid()).pw_name
 
 RECORDER = textwrap.dedent("""
     import json, sys
@@ -48,8 +56,8 @@ def spawner(tmp_path, name: str) -> tuple[GPUPoolSlurmSpawner, object]:
     return s, calls
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_the_username_is_one_argument_of_sbatch_squeue_and_scancel(tmp_path, name):
+def test_the_username_is_one_argument_of_sbatch_squeue_and_scancel(tmp_path):
+    name = OWN_ACCOUNT
     s, calls = spawner(tmp_path, name)
 
     async def walk():
@@ -86,3 +94,23 @@ def test_a_template_that_cannot_work_is_a_clear_config_error(template, message):
     with pytest.raises(GPUPoolRefused) as e:
         command_argv(template, {"username": "x"})
     assert message in e.value.message
+
+
+@pytest.mark.parametrize("template, values", [
+    ("sudo -E -u {username}", {"username": "#0"}),
+    ("sudo -E -u {{username}}", {"username": "#1001"}),
+    ("runuser -u {username} -- sbatch", {"username": "-u"}),
+    ("sudo -u{username}", {"username": "#0"}),  # glued to its option: still the uid
+    ("squeue -h -j {job_id}", {"username": "alice", "job_id": "--me"}),
+])
+def test_command_argv_refuses_a_value_read_as_a_uid_or_an_option(template, values):
+    with pytest.raises(GPUPoolRefused) as e:
+        command_argv(template, values)
+    assert e.value.status_code == 403 and e.value.reason == SpawnFailure.UNIX_NAME
+    assert "starting with '#' or '-'" in e.value.message, e.value.message
+
+
+def test_command_argv_ignores_an_unsafe_value_the_template_does_not_use():
+    """An admin's ``req_options = "--exclusive"`` is no placeholder of ``exec_prefix``."""
+    assert command_argv("sudo -E -u {username}", {"username": "alice", "options": "--exclusive"}) == \
+        ["sudo", "-E", "-u", "alice"]

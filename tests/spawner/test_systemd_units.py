@@ -1,4 +1,5 @@
-"""Issue 27.2: gpupool-systemd puts each server's GPUs behind a device cgroup.
+"""Issue 27.2: gpupool-systemd puts each server's GPUs behind a device cgroup; issue 37.1: only a login
+name (with an account, unless systemd makes one: ``dynamic_users``) becomes a unit's name or user.
 
 The real spawner runs its real start: systemdspawner builds the ``systemd-run``
 command line, and stand-ins for ``systemd-run`` / ``systemctl`` on ``PATH`` record
@@ -12,8 +13,11 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
+import secrets
 import sys
 import textwrap
+from datetime import datetime, timezone
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -26,7 +30,9 @@ from systemdspawner import SystemdSpawner, systemd  # noqa: E402
 
 from gpupool_hub.devices import CONTROL_NODES  # noqa: E402
 from gpupool_hub.service.core.admission import parse_request  # noqa: E402
+from gpupool_hub.spawner.errors import GPUPoolRefused, SpawnFailure  # noqa: E402
 from gpupool_hub.systemdspawner import GPUPoolSystemdSpawner  # noqa: E402
+from gpupool_hub.unixname import RULE  # noqa: E402
 from tests.agent.test_service import Service  # noqa: E402
 
 STAND_IN = textwrap.dedent("""
@@ -170,5 +176,67 @@ async def test_a_revoked_allocation_takes_the_running_units_gpus_away(tmp_path, 
         before = len(systemd_stand_in("systemctl"))
         assert await spawner.poll() is None  # once is enough
         assert all(c[0] != "set-property" for c in systemd_stand_in("systemctl")[before:])
+    finally:
+        svc.stop()
+
+
+# ------------------------------------------------- issue 37.1: the names that reach systemd
+
+def named_spawner(svc: Service, name: str, dynamic_users: bool) -> GPUPoolSystemdSpawner:
+    """The real spawner for hub user ``name``, asking ``svc`` for GPUs (its whole start, the mixin's too)."""
+    c = Config()
+    c.GPUPoolSpawner.profiles = [{"slug": "gpu", "display_name": "1 GPU", "gpus": 1, "default": True}]
+    c.GPUPoolSpawner.gpupool_api_url = svc.url + "api/v1"
+    c.GPUPoolSpawner.gpupool_api_token = "admin-token"
+    c.SystemdSpawner.dynamic_users = dynamic_users
+    c.SystemdSpawner.start_timeout = 5
+    c.Spawner.cmd = ["/bin/true"]
+    user = SimpleNamespace(name=name, groups=[], url=f"/user/{name}/", escaped_name=name, id=7)
+    hub = SimpleNamespace(api_url="http://127.0.0.1:8081/hub/api", base_url="/hub/",
+                          url="http://127.0.0.1:8081/hub/", public_host="", host="")
+    return GPUPoolSystemdSpawner(user=user, hub=hub, config=c)
+
+
+def held(svc: Service) -> list:
+    return svc.manager.ledger.allocations_overlapping(datetime(2000, 1, 1, tzinfo=timezone.utc),
+                                                      datetime(2100, 1, 1, tzinfo=timezone.utc))
+
+
+@pytest.mark.parametrize("name, dynamic_users", [
+    ("#0", False), ("#1001", True), ("-u", True), ("alice bob", False), ("..", True), ("1001", False),
+    ("no account", False),  # a good name, but the unit would run as an account pwd does not know
+])
+async def test_a_name_that_is_no_login_name_or_account_starts_no_unit(tmp_path, systemd_stand_in, name,
+                                                                    dynamic_users):
+    svc = Service(tmp_path)
+    try:
+        name = f"noacct{secrets.token_hex(3)}" if name == "no account" else name
+        spawner = named_spawner(svc, name, dynamic_users)
+        with pytest.raises(GPUPoolRefused) as e:
+            await spawner.start()
+        assert e.value.status_code == 403 and e.value.reason == SpawnFailure.UNIX_NAME
+        assert RULE in e.value.message and repr(name) in e.value.message, e.value.message
+        assert systemd_stand_in("systemd-run") == []
+        assert [c for c in systemd_stand_in("systemctl") if c != ["--version"]] == []
+        assert held(svc) == [] and svc.manager.ledger.history(name) == []  # the pool was never asked
+    finally:
+        svc.stop()
+
+
+@pytest.mark.parametrize("dynamic_users", [False, True])
+async def test_a_real_account_or_a_good_name_with_dynamic_users_starts_its_unit(tmp_path, systemd_stand_in,
+                                                                              dynamic_users):
+    svc = Service(tmp_path)
+    try:
+        own = pwd.getpwuid(os.getuid())
+        name = own.pw_name if not dynamic_users else "gpupool-t2"  # dynamic users: systemd makes the account
+        spawner = named_spawner(svc, name, dynamic_users)
+        await spawner.start()
+        [alloc] = held(svc)
+        assert alloc.user == name and alloc.released_at is None
+        [run] = systemd_stand_in("systemd-run")
+        assert run[run.index("--unit") + 1] == spawner.unit_name == f"jupyter-{name}-singleuser"
+        assert (f"--uid={own.pw_uid}" in run) == (not dynamic_users), run
+        await spawner.stop(now=True)
     finally:
         svc.stop()

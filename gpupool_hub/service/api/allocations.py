@@ -50,7 +50,7 @@ class AllocationsHandler(APIHandler):
 class AllocationHandler(APIHandler):
     async def get(self, alloc_id: str) -> None:
         self.require_spawner_or_admin()
-        record = await self.manager.records.allocation.off_loop(self.path_name(alloc_id, "allocation id"))
+        record = await self.manager.records.allocation.off_loop(self.path_text(alloc_id, "allocation id"))
         if record is None:
             raise web.HTTPError(404, f"no allocation {alloc_id!r}")
         self.write_json({"allocation": self.manager.views.allocation_json(record)})
@@ -63,7 +63,7 @@ class AllocationHandler(APIHandler):
             stopped = parse_instant(at) if at is not None else None
         except ValueError as e:
             raise web.HTTPError(400, f"'at' must be an ISO 8601 instant: {e}") from None
-        record = await self.manager.admission.release.off_loop(self.path_name(alloc_id, "allocation id"), reason,
+        record = await self.manager.admission.release.off_loop(self.path_text(alloc_id, "allocation id"), reason,
                                                                at=stopped)
         if record is None:
             raise web.HTTPError(404, f"no allocation {alloc_id!r}")
@@ -79,7 +79,7 @@ class AllocationHandler(APIHandler):
         indices = self.json_body()["gpu_indices"]
         try:
             record = await self.manager.inventory.rebind.off_loop(
-                self.manager.ledger, self.path_name(alloc_id, "allocation id"), indices)
+                self.manager.ledger, self.path_text(alloc_id, "allocation id"), indices)
         except LookupError:
             raise web.HTTPError(404, f"no held allocation {alloc_id!r}") from None
         except ValueError as e:
@@ -92,10 +92,10 @@ class ReclaimsHandler(APIHandler):
 
     async def delete(self) -> None:
         self.require_spawner_or_admin()
-        user = self.text_arg("user")
+        user = self.name_arg("user")
         if not user:
             raise web.HTTPError(400, "'user' is required")
-        server = self.text_arg("server", "") or ""
+        server = self.name_arg("server", "") or ""
         why = self.text_arg("reason", "the spawn was cancelled", max_length=1000)[:200]  # type: ignore[index]
         cancelled = await self.manager.reclaims.cancel_pending.off_loop(user, server, why)
         self.write_json({"cancelled": cancelled})
@@ -106,7 +106,7 @@ class AllocationByKeyHandler(APIHandler):
 
     async def delete(self, key: str) -> None:
         self.require_spawner_or_admin()
-        key = self.path_name(key, "spawn attempt key")
+        key = self.path_text(key, "spawn attempt key")
         if not 0 < len(key) <= KEY_MAX_LENGTH:
             raise web.HTTPError(400, f"a spawn attempt's key has 1-{KEY_MAX_LENGTH} characters")
         reason = self.text_arg("reason", "spawn abandoned", max_length=1000)[:200]  # type: ignore[index]

@@ -19,6 +19,7 @@ import hmac
 import json
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from tornado import web
@@ -29,7 +30,7 @@ from .httpargs import QueryArgs
 from ..hubapi import HubError
 from ..core.manager import PoolManager
 from ..core.threads import share_write_deadline
-from .schema import check_body, parse_json, text_problem
+from .schema import check_body, name_problem, parse_json, text_problem
 
 log = logging.getLogger("gpupool.api")
 
@@ -50,8 +51,59 @@ MAX_DRAINED_BODY = 64 * 1024 * 1024
 #: seconds a client should wait before retrying a 503 (the ledger database busy, the hub away)
 BUSY_RETRY_AFTER = 2
 
+
+@dataclass(frozen=True)
+class DatabaseTrouble:
+    """The ledger database could not answer, through no fault of the request or of the code:
+    another writer held its lock (``busy``), or the server is down or unreachable.
+
+    The API and the pages both answer it with 503 and ``Retry-After`` and log it as one
+    warning line: it says when to try again, and a traceback per request while the
+    database is away (every lab tab polls) would bury what an admin needs to read."""
+
+    busy: bool
+    #: seconds to put in ``Retry-After``
+    retry_after: int
+    #: the database's own words, for the log
+    detail: str
+
+    def log(self, logger: logging.Logger, request: Any) -> None:
+        """One warning line naming the request: no traceback, the cause is not in this code."""
+        what = "busy" if self.busy else "unreachable"
+        logger.warning("Database %s, answered 503: %s %s: %s", what, request.method, request.path,
+                       " ".join(self.detail.split()))
+
+
+def database_trouble(exc: BaseException | None) -> DatabaseTrouble | None:
+    """What the API and the pages make of ``exc``: database trouble (503, retry), or None for
+    anything else (a bug, a refusal). The one place that tells them apart, with the ledger's
+    own rules (``is_database_busy``, ``is_database_unavailable``)."""
+    if exc is None:
+        return None
+    if is_database_busy(exc):
+        retry_after = exc.retry_after if isinstance(exc, LedgerBusy) else BUSY_RETRY_AFTER
+        return DatabaseTrouble(busy=True, retry_after=retry_after, detail=str(exc))
+    if is_database_unavailable(exc):
+        return DatabaseTrouble(busy=False, retry_after=BUSY_RETRY_AFTER, detail=str(getattr(exc, "orig", exc)))
+    return None
+
+
+class LogsDatabaseTrouble(web.RequestHandler):
+    """A handler base (the API's and the pages') that logs database trouble as one warning
+    line on ``trouble_log`` (:meth:`DatabaseTrouble.log`), and anything else as tornado does."""
+
+    trouble_log = log
+
+    def log_exception(self, typ: Any, value: BaseException | None, tb: Any) -> None:
+        trouble = database_trouble(value)
+        if trouble is not None:
+            trouble.log(self.trouble_log, self.request)
+            return
+        super().log_exception(typ, value, tb)
+
+
 @web.stream_request_body
-class APIHandler(QueryArgs):
+class APIHandler(LogsDatabaseTrouble, QueryArgs):
     """JSON in, JSON out, hub-token authentication in ``prepare``.
 
     Bodies are streamed (``stream_request_body``): ``prepare`` authenticates
@@ -157,6 +209,8 @@ class APIHandler(QueryArgs):
     def require_user(self) -> str:
         if self.identity.get("kind") != "user":
             raise web.HTTPError(400, f"'me' is a user's own view; this token belongs to a {self.identity.get('kind')}")
+        if problem := name_problem(self.identity["name"]):  # GET me opens an account under that name
+            raise web.HTTPError(400, f"this token's user name {problem}")
         return self.identity["name"]
 
     # ---- the request body: read only after authentication, never more than max_body_bytes
@@ -208,7 +262,15 @@ class APIHandler(QueryArgs):
     # ---- path and query arguments (tornado has URL-decoded path arguments once already)
 
     def path_name(self, value: str, what: str = "user name") -> str:
-        """A user, node or allocation name from the path, as sent (decoded once, by tornado)."""
+        """A user's or node's name from the path, as sent (decoded once, by tornado), or 400
+        naming it and the rule: the names a body may hold are the names a path may."""
+        problem = name_problem(value)
+        if problem:
+            raise web.HTTPError(400, f"{what} {problem}")
+        return value
+
+    def path_text(self, value: str, what: str) -> str:
+        """An id or key from the path (no name: the service or the spawner made it), as sent."""
         problem = text_problem(value, max_length=255)
         if problem:
             raise web.HTTPError(400, f"{what} {problem}")
@@ -241,22 +303,19 @@ class APIHandler(QueryArgs):
         self.finish(json.dumps(data))
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
-        """Every error as ``{"status": N, "message": "…"}``; a busy database is 503 with Retry-After."""
+        """Every error as ``{"status": N, "message": "…"}``; database trouble is 503 with Retry-After."""
         message = kwargs.get("message") or self._reason
         exc = kwargs.get("exc_info", (None, None, None))[1]
+        trouble = database_trouble(exc)
         retry_after = BUSY_RETRY_AFTER
         if isinstance(exc, web.HTTPError) and exc.log_message:
             message = exc.log_message % exc.args if exc.args else exc.log_message
-        elif exc is not None and is_database_busy(exc):
-            status_code = 503
+        elif trouble is not None:
+            status_code, retry_after = 503, trouble.retry_after
             self.set_status(status_code)
-            retry_after = exc.retry_after if isinstance(exc, LedgerBusy) else BUSY_RETRY_AFTER
-            message = (f"the ledger database is busy (another writer holds its lock); nothing was changed, "
-                       f"try again in {retry_after} s")
-        elif exc is not None and is_database_unavailable(exc):
-            status_code = 503
-            self.set_status(status_code)
-            message = UNAVAILABLE_MESSAGE
+            message = UNAVAILABLE_MESSAGE if not trouble.busy else (
+                f"the ledger database is busy (another writer holds its lock); nothing was changed, "
+                f"try again in {retry_after} s")
         elif status_code >= 500:
             message = "internal error in the gpupool service; see its log"
         if status_code == 503:  # the hub or the database is busy or away, not the caller wrong
@@ -267,16 +326,6 @@ class APIHandler(QueryArgs):
         if not self._prepared:  # answered before the body was read: tornado closes the connection
             self.set_header("Connection", "close")
         self.finish(json.dumps({"status": status_code, "message": message}))
-
-    def log_exception(self, typ: Any, value: BaseException | None, tb: Any) -> None:
-        if value is not None and is_database_busy(value):
-            log.warning("Database busy, answered 503: %s %s: %s", self.request.method, self.request.path, value)
-            return
-        if value is not None and is_database_unavailable(value):
-            log.error("Database unreachable, answered 503: %s %s: %s", self.request.method, self.request.path,
-                      getattr(value, "orig", value))
-            return
-        super().log_exception(typ, value, tb)
 
     def on_finish(self) -> None:
         metrics = self.context.metrics

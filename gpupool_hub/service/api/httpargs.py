@@ -1,9 +1,9 @@
 """What the API's handlers and the pages' handlers share about HTTP: checked
-integer query arguments, and the ``Allow`` header of a 405.
+integer and name query arguments, and the ``Allow`` header of a 405.
 
 One set of rules for both, so a value the API refuses with a clear 400 (an id
-past 64 bits, ``1e3``, ``٣``) cannot reach the database through a page and
-come back as a 500.
+past 64 bits, ``1e3``, ``٣``, a user name with U+202E in it) cannot reach the
+database through a page and come back as a 500, or as a name shown reversed.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 
 from tornado import web
+
+from .schema import name_problem
 
 #: query integers (ids, limits) are 64-bit signed, as the database stores them
 INT64_MAX = 2**63 - 1
@@ -35,6 +37,17 @@ class QueryArgs(web.RequestHandler):
         if value is None or not minimum <= value <= maximum:
             raise web.HTTPError(400, f"{name} must be between {minimum} and {maximum}, got {raw[:40]}")
         return value
+
+    def name_arg(self, name: str, default: str | None = None, *, allow_empty: bool = True) -> str | None:
+        """The query argument ``name`` as a user's, server's or node's name, ``default`` when
+        absent, else 400 naming the argument and the rule (``schema.name_problem``)."""
+        raw = self.get_argument(name, None)
+        if raw is None or (raw == "" and self.blank_is_missing):
+            return default
+        problem = name_problem(raw, allow_empty=allow_empty)
+        if problem:
+            raise web.HTTPError(400, f"{name} {problem}")
+        return raw
 
     def allowed_methods(self) -> list[str]:
         """The methods this handler implements (tornado's default for the others is a 405)."""

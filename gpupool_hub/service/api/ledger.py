@@ -53,7 +53,7 @@ class AuditHandler(APIHandler):
         self.require_admin()
         limit = self.int_arg("limit", 100, minimum=1, maximum=MAX_PAGE)
         before = self.int_arg("before", None, minimum=1)
-        user = self.text_arg("user")
+        user = self.name_arg("user")
         events = await self.manager.records.audit_log.off_loop(limit=limit, before=before, user=user)  # type: ignore[arg-type]
         self.write_json({
             "events": [{"id": e.id, "at": _iso(e.at), "user": e.user, "server": e.server, "action": e.action,

@@ -23,6 +23,12 @@ agent counts as a sign of life of that node.
 One agent process speaks for a node at a time (``core/agentlease.py``): a call
 that names another instance than the live holder's is refused with 409, and
 ``DELETE nodes/{node}/agent`` gives the node up when an agent stops.
+
+A node's token speaks for its own GPUs, not for anybody: a memory warning must name
+a holder of a share of that GPU there (the guard watches only those), a boundary
+warning one who does not hold that GPU; else 409, nothing recorded. A boundary
+warning is sent once, its deadline now plus the grace, so never in the past; a memory
+warning each look while its user stays over, so past its deadline too, never before ``since``.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from __future__ import annotations
 import hmac
 import logging
 from collections.abc import Iterable
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from tornado import web
@@ -44,10 +50,14 @@ from ..core.agentlease import INSTANCE_HEADER, MAX_INSTANCE_LENGTH, AgentConflic
 from ..core.inventory import DeviceOfAnotherNode
 from ..core.memory import boundary_events, holders_on, memory_events, shares_on
 from .base import APIHandler
+from .schema import parse_date_time
 
 log = logging.getLogger("gpupool.agents")
 
 MAX_INVENTORY_BYTES = 1 << 20
+
+#: how far behind the service's clock a node's may be before its fresh deadline reads as past
+CLOCK_SKEW = timedelta(minutes=5)
 
 
 class AgentHandler(APIHandler):
@@ -65,6 +75,7 @@ class AgentHandler(APIHandler):
                 if secret and hmac.compare_digest(token.encode(), str(secret).encode()):
                     if name != self.node:
                         raise web.HTTPError(403, f"this agent token belongs to node {name!r}, not {self.node!r}")
+                    self.path_name(self.node, "node name")
                     self.identity = {"kind": "agent", "name": name, "scopes": [], "groups": []}
                     self.hold_node()
                     return
@@ -73,6 +84,7 @@ class AgentHandler(APIHandler):
         await super().authenticate()  # 401 without a token; hub check otherwise
         if not self.is_admin:
             raise web.HTTPError(403, f"node endpoints need node {self.node!r}'s agent token or the admin scope")
+        self.path_name(self.node, "node name")
 
     def instance(self) -> str:
         """The calling agent process (empty: an agent older than the lease, or an admin)."""
@@ -219,6 +231,14 @@ class GuardHandler(AgentHandler):
         """The events to record for a report, and the answer's counts besides ``audited``."""
         raise NotImplementedError("Subclass must provide implementation")
 
+    def warning_problem(self, warning: dict[str, Any], now: datetime) -> str | None:
+        """What a schema cannot say is wrong with a warning: its field, then why (400); or None."""
+        raise NotImplementedError("Subclass must provide implementation")
+
+    def stranger(self, warning: dict[str, Any], held: dict[str, Any]) -> str | None:
+        """Why the warning's user cannot be warned on this node, given ``holdings`` (409); or None."""
+        raise NotImplementedError("Subclass must provide implementation")
+
     async def get(self, _node: str) -> None:
         self.touch()
         records = await self.manager.records.active_allocations.off_loop()
@@ -229,8 +249,18 @@ class GuardHandler(AgentHandler):
         warnings, actions = body["warnings"], body.get("actions", [])
         dry = body.get("dry_run", False) or self.context.agent_dry_run
         self.check_own_devices({x["gpu_uuid"] for x in warnings + actions})
+        now = datetime.now(timezone.utc)
+        for i, warning in enumerate(warnings):
+            if problem := self.warning_problem(warning, now):
+                raise web.HTTPError(400, f"request body field /warnings/{i}/{problem}")
+        if warnings:  # actions name whoever was stopped, even one who has left since: not checked
+            held = self.holdings(await self.manager.records.active_allocations.off_loop())
+            for i, warning in enumerate(warnings):
+                if why := self.stranger(warning, held):
+                    raise web.HTTPError(409, f"warning /warnings/{i} names {warning['user']!r}, who {why}; "
+                                             "nothing was recorded")
         self.touch()
-        events, counts = self.audit(warnings, actions, dry, datetime.now(timezone.utc))
+        events, counts = self.audit(warnings, actions, dry, now)
         for event in events:
             await self.manager.notices.record.off_loop(event)
         self.write_json({"node": self.node, **counts, "audited": len(events)})
@@ -247,6 +277,18 @@ class MemoryHandler(GuardHandler):
         new = self.manager.memory.report(self.node, warnings, dry)
         return memory_events(self.node, new, actions, dry, now), {"warnings": len(warnings)}
 
+    def warning_problem(self, warning: dict[str, Any], now: datetime) -> str | None:
+        if warning["used_bytes"] <= warning["limit_bytes"]:
+            return "used_bytes is not over limit_bytes: a user under the limit gets no warning"
+        if parse_date_time(warning["deadline"]) < parse_date_time(warning["since"]):
+            return f"deadline ({warning['deadline']}) is before since ({warning['since']})"
+        return None
+
+    def stranger(self, warning: dict[str, Any], held: dict[str, Any]) -> str | None:
+        if any(s["user"] == warning["user"] and s["gpu_uuid"] == warning["gpu_uuid"] for s in held["shares"]):
+            return None
+        return f"holds no share of GPU {warning['gpu_uuid']} on node {self.node!r}"
+
 
 class BoundaryHandler(GuardHandler):
     openapi_path = "/nodes/{node}/boundary"
@@ -257,6 +299,19 @@ class BoundaryHandler(GuardHandler):
     def audit(self, warnings: list[dict[str, Any]], actions: list[dict[str, Any]], dry: bool,
               now: datetime) -> tuple[list[AuditEvent], dict[str, Any]]:
         return boundary_events(self.node, warnings, actions, dry, now), {}
+
+    def warning_problem(self, warning: dict[str, Any], now: datetime) -> str | None:
+        # sent once, when found, with now plus the agent's grace: a past one claims a grace that never ran
+        if parse_date_time(warning["deadline"]) < now - CLOCK_SKEW:
+            return (f"deadline ({warning['deadline']}) is in the past: a new warning's grace runs from now "
+                    f"(clocks may differ by {int(CLOCK_SKEW.total_seconds() // 60)} minutes)")
+        return None
+
+    def stranger(self, warning: dict[str, Any], held: dict[str, Any]) -> str | None:
+        # users holding nothing on the node are what the guard is for (a CPU-only server, work beside the hub)
+        if warning["user"] in held["holders"].get(warning["gpu_uuid"], ()):
+            return f"holds GPU {warning['gpu_uuid']} on node {self.node!r}: their processes there are in bounds"
+        return None
 
 
 class AgentLeaseHandler(AgentHandler):

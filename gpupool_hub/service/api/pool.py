@@ -41,10 +41,10 @@ class QueueHandler(APIHandler):
 
     async def delete(self) -> None:
         self.require_spawner_or_admin()
-        user = self.text_arg("user")
+        user = self.name_arg("user")
         if not user:
             raise web.HTTPError(400, "'user' (the waiting server's user) is required")
-        server = self.text_arg("server", "") or ""
+        server = self.name_arg("server", "") or ""
         self.write_json({"left": await self.manager.queue.leave.off_loop(user, server)})
 
 

@@ -2,9 +2,15 @@
 
 Every string in a body (and every key) is text a log line, a CSV cell or the
 database will hold, so control characters and lone surrogates are refused here,
-once, before any handler sees the body. Its shape is stated once, in
-``openapi.json``, and checked by :func:`check_body`; handlers keep only the
-rules a schema cannot say (a known user, the largest grant, the node's own GPUs).
+once, before any handler sees the body; so is a key given twice in one object
+(``{"user": "carol", "user": "admin"}``), which JSON parsers read differently
+(Python keeps the last, others the first), so that what a proxy or log saw is
+not what the service acted on. Its shape is stated once, in ``openapi.json``,
+and checked by :func:`check_body` (``format: date-time`` too, by
+:func:`is_date_time` on both validators); handlers keep only the rules a schema
+cannot say (a known user, the largest grant, the node's own GPUs). Names in
+paths and query arguments are checked by :func:`name_problem`, the same rule as
+the ``NameCharacters`` pattern of bodies (``gpupool_hub/names.py``).
 """
 
 from __future__ import annotations
@@ -12,12 +18,15 @@ from __future__ import annotations
 import json
 import re
 import sys
+from datetime import datetime
 from functools import cache
 from importlib import resources
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tornado import web
+
+from ...names import name_problem as _name_rule
 
 if TYPE_CHECKING:
     from jsonschema.exceptions import ValidationError
@@ -44,11 +53,42 @@ def text_problem(value: str, *, max_length: int, allow_empty: bool = False) -> s
     return f"contains the control character U+{ord(bad.group()):04X}"
 
 
+def name_problem(value: str, *, allow_empty: bool = False) -> str | None:
+    """What is wrong with a name (user, server, team, node) from a path or a query argument,
+    or None: the rules of all text (:func:`text_problem`, at most 255 characters) and the
+    name rule (``gpupool_hub/names.py``: no bidirectional or zero-width controls)."""
+    return text_problem(value, max_length=255, allow_empty=allow_empty) or _name_rule(value)
+
+
+class DuplicateKey(Exception):
+    """A JSON object names one key twice (not a ValueError: ``parse_json`` says so itself)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``' ``object_pairs_hook``: each object as a dict, or DuplicateKey."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _value in pairs:
+            if key in seen:
+                raise DuplicateKey(key)
+            seen.add(key)
+    return out
+
+
 def parse_json(raw: bytes) -> Any:
-    """A request body as JSON, or 400: not UTF-8, not JSON, nested deeper than
-    ``MAX_JSON_DEPTH``, or a string (or key) that is not clean text."""
+    """A request body as JSON, or 400: not UTF-8, not JSON, a key twice in one object
+    (nested ones too), nested deeper than ``MAX_JSON_DEPTH``, or a string (or key) that
+    is not clean text."""
     try:
-        body = json.loads(raw.decode("utf-8"))
+        body = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys)
+    except DuplicateKey as e:
+        raise web.HTTPError(400, f"request body has a duplicate key {e.key[:100]!r}: each key may appear "
+                                 "only once in an object") from None
     except UnicodeDecodeError:
         raise web.HTTPError(400, "request body is not UTF-8") from None
     except RecursionError:
@@ -75,6 +115,34 @@ def parse_json(raw: bytes) -> Any:
 
 #: the API's own description: the one statement of what each request body looks like
 SPEC: dict[str, Any] = json.loads(resources.files("gpupool_hub.service").joinpath("openapi.json").read_text())
+#: the pattern of every name in a body (users, servers, groups, nodes, GPU models)
+NAME_PATTERN: str = SPEC["components"]["schemas"]["NameCharacters"]["pattern"]
+
+#: RFC 3339's date-time (section 5.6), which JSON Schema's ``format: date-time`` names
+_DATE_TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?"
+                        r"([Zz]|[+-][0-9]{2}:[0-9]{2})")
+
+
+def parse_date_time(value: str) -> datetime:
+    """An RFC 3339 date-time (``2026-11-24T10:01:00Z``) as an aware datetime, or ValueError."""
+    if not _DATE_TIME.fullmatch(value):
+        raise ValueError(f"{value[:40]!r} is not an RFC 3339 date-time such as 2026-11-24T10:01:00Z")
+    return datetime.fromisoformat(value.upper())  # ValueError for a 13th month, a 61st second, …
+
+
+def is_date_time(value: Any) -> bool:
+    """``format: date-time``, one definition for both validators: jsonschema's own check needs
+    an optional package (rfc3339-validator) and passes anything without it, and
+    fastjsonschema's regex takes what that one refuses (``+0100``, a 61st second), so
+    the two would disagree about a deadline."""
+    if not isinstance(value, str):
+        return True
+    try:
+        parse_date_time(value)
+    except ValueError:
+        return False
+    return True
+
 
 @cache
 def _validator_class() -> Any:
@@ -98,11 +166,22 @@ def _validator_class() -> Any:
 
 
 @cache
+def _format_checker() -> Any:
+    """The formats request bodies are held to: ``date-time`` alone, by :func:`is_date_time`
+    (a validator without a format checker takes any string as a date-time)."""
+    from jsonschema import FormatChecker
+
+    checker = FormatChecker(formats=())
+    checker.checks("date-time")(is_date_time)
+    return checker
+
+
+@cache
 def _validator(path: str, method: str) -> Any:
     """The validator of ``method path``'s request body (``method`` in lower case), built
     once; KeyError if it takes none."""
     body = SPEC["paths"][path][method]["requestBody"]["content"]["application/json"]["schema"]
-    return _validator_class()({**body, "components": SPEC["components"]})
+    return _validator_class()({**body, "components": SPEC["components"]}, format_checker=_format_checker())
 
 
 def warm_up() -> int:
@@ -160,8 +239,13 @@ def _problem(error: ValidationError) -> tuple[str, str]:
     if error.validator == "type":
         kinds = [error.validator_value] if isinstance(error.validator_value, str) else error.validator_value
         return _pointer(parts), f"must be {' or '.join(kinds)}, not {_json_type(error.instance)}"
+    if error.validator == "pattern" and error.validator_value == NAME_PATTERN and isinstance(error.instance, str):
+        return _pointer(parts), _name_rule(error.instance) or "is not a name"
     if error.validator == "pattern":
         return _pointer(parts), f"is not in the expected form{_described(error)}"
+    if error.validator == "format" and error.validator_value == "date-time":
+        return _pointer(parts), (f"must be an RFC 3339 date-time such as 2026-11-24T10:01:00Z, "
+                                 f"not {error.instance!r:.60}")
     why = error.message
     return _pointer(parts), why if len(why) <= 300 else why[:300] + "…"
 
@@ -175,9 +259,9 @@ def _fast_check(path: str, method: str) -> Callable[[Any], Any]:
     import fastjsonschema
 
     body = SPEC["paths"][path][method]["requestBody"]["content"]["application/json"]["schema"]
-    # draft 7 has every keyword openapi.json uses; no formats (as jsonschema here), no defaults filled in
-    return fastjsonschema.compile({**body, "components": SPEC["components"]}, use_default=False, use_formats=False,
-                                  detailed_exceptions=False)
+    # draft 7 has every keyword openapi.json uses; date-time checked as by jsonschema, no defaults filled in
+    return fastjsonschema.compile({**body, "components": SPEC["components"]}, use_default=False, use_formats=True,
+                                  formats={"date-time": is_date_time}, detailed_exceptions=False)
 
 
 def _has_float(value: Any) -> bool:

@@ -48,7 +48,7 @@ class UsersHandler(APIHandler):
     async def get(self) -> None:
         self.require_admin()
         limit = self.int_arg("limit", 100, minimum=1, maximum=MAX_PAGE)
-        after = self.text_arg("after")
+        after = self.name_arg("after")
         rows = await self.manager.records.accounts.off_loop(limit=limit, after=after)  # type: ignore[arg-type]
         self.write_json({
             "users": [{"name": a.name, "balance": format_tokens(a.balance)} for a in rows],

@@ -312,6 +312,8 @@ class Admission:
             self.pool.release(alloc_id)
             if self.queue is not None:
                 self.queue.dispatch()
+        else:  # held outside the pool (its GPUs unknown to it): never to be taken back into it now
+            self.inventory.forget(alloc_id)
         if record is not None:
             self.cache.forget(record.user)
         return record

@@ -11,7 +11,9 @@ tick, and persisting them would only add a way to serve stale hardware facts).
 With ``c.GPUPool.inventory = "agents"`` the reports *are* the pool: a report
 that adds a node or changes one rebuilds the placement pool (:meth:`accept_report`),
 and allocations on nodes not reported yet since a restart stay held in the
-ledger until their node is back (:meth:`restore`). Which node each device (GPU
+ledger until their node is back (:meth:`restore`). An allocation whose GPUs the pool
+lacks (an unmapped Slurm GRES type, a node gone from the configuration) stays held
+too, outside the pool, until the pool has them again (``unplaced.py``). Which node each device (GPU
 or MIG UUID) belongs to *is* kept in the ledger database (``claims``): without
 it, after a restart the first agent to report could claim another node's GPUs,
 lock that node out and report its utilization (issue 27.12).
@@ -37,6 +39,7 @@ from ...profiles import Profile
 from ...reasons import RefusalReason
 from .errors import Refused
 from .threads import CoreThreads, writes
+from .unplaced import UnplacedAllocations, fix_hint, missing_hardware
 
 log = logging.getLogger("gpupool.inventory")
 
@@ -76,6 +79,7 @@ class PoolInventory:
         self.expected_profiles: tuple[list[Profile], int | None] = ([], None)
         # device UUID -> node, as last reported (kept in the ledger: see the module docstring)
         self.claims: dict[str, str] = {}
+        self.unplaced = UnplacedAllocations(fix_hint(source))  # held, but their GPUs are not in the pool
         self._models: tuple[Pool, frozenset[str]] | None = None
         prices.check_models(self.models())
 
@@ -184,7 +188,8 @@ class PoolInventory:
 
         With the agents inventory, allocations on nodes no agent has reported
         since the restart stay held: they go back into the pool when their
-        node reports (:meth:`accept_report`)."""
+        node reports (:meth:`accept_report`). So does one whose GPUs the pool lacks, outside
+        it (``unplaced``), said with a node status source's first word (Slurm's unmapped GRES type)."""
         restored = 0
         waiting = 0
         self.claims = ledger.node_devices()
@@ -192,15 +197,26 @@ class PoolInventory:
             if self.follows_reports and record.node not in self.pool.by_name:
                 waiting += 1
                 continue
+            placement = self.placement_of(record)
+            missing = missing_hardware(self.pool, placement)
+            if missing:  # its server still runs on those GPUs: never release it for that
+                self.unplaced.keep(record.id, f"{record.user}/{record.server or '-'}", placement, missing)
+                continue
             try:
-                self.pool.restore(record.id, self.placement_of(record))
+                self.pool.restore(record.id, placement)
                 restored += 1
-            except Exception as e:  # the node left the inventory, or a conflict: release, loudly
+            except Exception as e:  # its GPUs are there but taken twice, or a bad record: release, loudly
                 log.error("Releasing allocation %s of %s: cannot restore it (%s)", record.id, record.user, e)
                 ledger.release_allocation(record.id, at=self.clock(), reason=f"not restorable: {e}")
         if waiting:
             log.info("%d allocation(s) on nodes not reported yet stay held until their agents report", waiting)
+        if self.source is None or not self.source.dynamic:
+            self.unplaced.say(self.problems)
         return restored
+
+    def forget(self, alloc_id: str) -> None:
+        """``alloc_id`` was released (Admission): if it was held outside the pool, it stays out."""
+        self.unplaced.forget(alloc_id)
 
     # ------------------------------------------------------ agent reports
 
@@ -210,20 +226,7 @@ class PoolInventory:
         if self.follows_reports:
             return []
         configured = self.pool.by_name.get(node.name)
-        if configured is None:
-            return [f"node {node.name!r} is not in the configured pool (c.GPUPool.nodes)"]
-        conf = {g.index: g for g in configured.node.gpus}
-        seen = {g.index: g for g in node.gpus}
-        out = []
-        for index in sorted(set(conf) | set(seen)):
-            c, s = conf.get(index), seen.get(index)
-            if c is None:
-                out.append(f"GPU {index} ({s.model}) is present but not configured")  # type: ignore[union-attr]
-            elif s is None:
-                out.append(f"GPU {index} ({c.model}) is configured but not present")
-            elif normalize_model(c.model) != normalize_model(s.model):
-                out.append(f"GPU {index} is a {s.model}, configured as {c.model}")
-        return out
+        return _differences(configured.node if configured is not None else None, node)
 
     def seen(self, name: str) -> NodeReport:
         """An agent of node ``name`` called: note when (with the agents inventory, that
@@ -309,17 +312,24 @@ class PoolInventory:
         old = self.pool
         pool = Pool(load_nodes(self.reports.inventories()), policy=old.policy, seed=old.seed)
         held = {a: entry[3] for a, entry in old._allocs.items() if not self.is_outside(a)}
-        if ledger is not None:
-            for record in ledger.active_allocations():
-                held.setdefault(record.id, self.placement_of(record))
+        who = {a: u.who for a, u in self.unplaced.items()}  # servers' allocations, not reservations
+        held.update({a: u.placement for a, u in self.unplaced.items()})  # this report may bring their GPUs
+        for record in ledger.active_allocations() if ledger is not None else ():
+            held.setdefault(record.id, self.placement_of(record))
+            who[record.id] = f"{record.user}/{record.server or '-'}"
         for alloc_id, placement in held.items():
             if placement.node not in pool.by_name:
                 continue  # its node has not reported yet
             try:
                 pool.restore(alloc_id, placement)
             except PlacementError as e:  # the node's hardware changed under it: the ledger keeps it
-                log.error("Allocation %s no longer fits its node's reported hardware (%s); it stays held "
-                          "until its server stops, outside the placement pool", alloc_id, e)
+                if alloc_id not in who:
+                    log.error("Reservation %s no longer fits its node's reported hardware (%s)", alloc_id, e)
+                    continue
+                self.unplaced.keep(alloc_id, who[alloc_id], placement, missing_hardware(pool, placement) or str(e))
+            else:
+                if alloc_id in self.unplaced:
+                    self.unplaced.adopted(alloc_id, pool.describe(placement))
         self.pool = pool
         self.expect_profiles(*self.expected_profiles)  # models that just joined may have profiles
         self.apply_node_status(self.node_status)  # the source's last word, until its next refresh
@@ -389,18 +399,11 @@ class PoolInventory:
         if outside or unavailable:
             log.info("Held outside the hub: %s; nodes taking no placements: %s", outside or "none",
                      unavailable or "none")
+        self.unplaced.say(self.problems)  # once per change of what to fix, not at every refresh
 
     def outside_note(self) -> str:
         """For a refusal: what outside the hub holds (empty when nothing)."""
-        parts = []
-        for node, idx in sorted(self.held_outside.items()):
-            models = sorted({g.model for g in self.pool.by_name[node].node.gpus if g.index in idx})
-            parts.append(f"{len(idx)} {'/'.join(models)} GPU(s) on {node}")
-        for node, why in sorted(self.unavailable.items()):
-            parts.append(f"node {node} ({why})")  # "node gpu-a (drained: maint)", "node n2 (its node agent …)"
-        if not parts:
-            return ""
-        return " Held outside the hub (jobs it did not start, or nodes it may not use): " + "; ".join(parts) + "."
+        return _outside_note(self.pool, self.held_outside, self.unavailable)
 
     @writes
     def rebind(self, ledger: Ledger, alloc_id: str, indices: list[int]) -> AllocationRecord:
@@ -451,6 +454,37 @@ class PoolInventory:
         log.info("Allocation %s rebound to GPUs %s of %s (as the scheduler bound them)", alloc_id,
                  sorted(indices), record.node)
         return ledger.allocation(alloc_id)  # type: ignore[return-value]
+
+
+def _differences(configured: Node | None, node: Node) -> list[str]:
+    """How a reported node differs from its configured entry (None: not configured)."""
+    if configured is None:
+        return [f"node {node.name!r} is not in the configured pool (c.GPUPool.nodes)"]
+    conf = {g.index: g for g in configured.gpus}
+    seen = {g.index: g for g in node.gpus}
+    out = []
+    for index in sorted(set(conf) | set(seen)):
+        c, s = conf.get(index), seen.get(index)
+        if c is None:
+            out.append(f"GPU {index} ({s.model}) is present but not configured")  # type: ignore[union-attr]
+        elif s is None:
+            out.append(f"GPU {index} ({c.model}) is configured but not present")
+        elif normalize_model(c.model) != normalize_model(s.model):
+            out.append(f"GPU {index} is a {s.model}, configured as {c.model}")
+    return out
+
+
+def _outside_note(pool: Pool, held_outside: dict[str, list[int]], unavailable: dict[str, str]) -> str:
+    """For a refusal: what outside the hub holds (empty when nothing)."""
+    parts = []
+    for node, idx in sorted(held_outside.items()):
+        models = sorted({g.model for g in pool.by_name[node].node.gpus if g.index in idx})
+        parts.append(f"{len(idx)} {'/'.join(models)} GPU(s) on {node}")
+    for node, why in sorted(unavailable.items()):
+        parts.append(f"node {node} ({why})")  # "node gpu-a (drained: maint)", "node n2 (its node agent …)"
+    if not parts:
+        return ""
+    return " Held outside the hub (jobs it did not start, or nodes it may not use): " + "; ".join(parts) + "."
 
 
 def _devices(node: Node) -> list[tuple[int, str]]:

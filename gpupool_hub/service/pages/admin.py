@@ -18,6 +18,7 @@ from typing import Any
 from tornado import web
 
 from ...ledger import SORTS, IdempotencyConflict
+from ...names import name_problem
 from ...units import AmountError, format_tokens, from_milli, parse_amount
 from ..api.httpargs import INT64_MAX
 from .base import PageHandler
@@ -63,6 +64,8 @@ def parse_grant(form: dict[str, str], max_grant: int) -> tuple[str, Decimal, str
     user = form.get("user", "").strip()
     if not user or len(user) > 255:
         raise GrantError("Name the user (their JupyterHub name).")
+    if (problem := name_problem(user)) is not None:  # the API's rule for names (gpupool_hub/names.py)
+        raise GrantError(f"The user name {problem}.")
     try:
         amount = parse_amount(form.get("amount", "").strip(), what="amount")
     except AmountError as e:

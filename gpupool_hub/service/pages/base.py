@@ -11,7 +11,12 @@ tokens, never cookies, so it needs no XSRF protection. Pages accept cookies,
 so every form carries ``_xsrf`` (``xsrf_form_html``) and every unsafe request
 is checked here, with JupyterHub's XSRF rules (``HubOAuth.check_xsrf_cookie``).
 The check lives in the page handlers rather than in the application's
-``xsrf_cookies`` setting so that it cannot reach the API routes.
+``xsrf_cookies`` setting so that it cannot reach the API routes. Unsafe requests
+sent by a browser from another site are refused before that, whatever their
+``_xsrf`` (:func:`foreign_origin`): a leaked token alone does not make a form.
+
+While the ledger database is busy or down, a page answers 503 with ``Retry-After``
+and says so in words, as the API does (``api.base.database_trouble`` decides for both).
 """
 
 from __future__ import annotations
@@ -23,16 +28,16 @@ from datetime import datetime
 from decimal import Decimal
 from importlib import resources
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 from jupyterhub.services.auth import HubOAuthCallbackHandler, HubOAuthenticated, UserNotAllowed
 from markupsafe import Markup
 from tornado import web
+from tornado.httputil import HTTPServerRequest
 
-from ...ledger import is_database_busy
 from ..context import ServiceContext
-from ..api.base import BUSY_RETRY_AFTER
+from ..api.base import BUSY_RETRY_AFTER, LogsDatabaseTrouble, database_trouble
 from ..api.httpargs import QueryArgs
 from ..hubapi import HubError
 from ..core.manager import PoolManager
@@ -47,6 +52,11 @@ CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' 
        "object-src 'none'; base-uri 'self'; form-action 'self'; frame-ancestors 'self'")
 
 MINUS = "\u2212"
+
+#: what a page says when the ledger database cannot answer (the status is 503 either way)
+DATABASE_BUSY = "The ledger database is busy; nothing was changed. Reload the page in a few seconds."
+DATABASE_AWAY = ("The ledger database cannot be reached; nothing was changed. Reload the page in a few "
+                 "seconds; if this goes on, tell the pool's admins.")
 
 
 def _static_version() -> str:
@@ -64,6 +74,56 @@ def tokens(value: Any, signed: bool = False) -> str:
     return text.replace("-", MINUS)
 
 
+def _host_port(netloc: str, scheme: str) -> tuple[str, int] | None:
+    """``(host, port)`` of ``netloc`` as a browser at ``scheme`` reaches it, or None if unreadable."""
+    try:
+        parts = urlsplit(f"//{netloc.strip()}")
+        port = parts.port
+    except ValueError:
+        return None
+    if not parts.hostname:
+        return None
+    return parts.hostname.lower(), port or (443 if scheme == "https" else 80)
+
+
+def own_hosts(request: HTTPServerRequest) -> list[str]:
+    """The ``host[:port]`` names the browser may have used for this page: the ``Host`` header,
+    and the outermost host a proxy in front of the hub reports (``X-Forwarded-Host``,
+    ``Forwarded: host=``), as Jupyter Server's ``check_origin`` and JupyterHub's former
+    ``check_referer`` (with ``forwarded_host_header``) read them. A page on another site
+    cannot set these on a form, nor on a script's request without a CORS preflight, which
+    the pages never grant."""
+    hosts = [request.headers.get("Host", "")]
+    hosts.append(request.headers.get("X-Forwarded-Host", "").split(",", 1)[0])
+    first = request.headers.get("Forwarded", "").split(",", 1)[0]
+    for pair in first.split(";"):
+        key, _, value = pair.partition("=")
+        if key.strip().lower() == "host":
+            hosts.append(value.strip().strip('"'))
+    return [h.strip() for h in hosts if h.strip()]
+
+
+def foreign_origin(request: HTTPServerRequest) -> str | None:
+    """Why an unsafe request came from a page of another origin (the header that says so), or
+    None. A browser sends ``Sec-Fetch-Site`` and ``Origin`` on every form and script request;
+    the pages' own forms are same-origin, so anything else (another site, a sibling host such
+    as a user's server on a subdomain, a sandboxed ``null`` origin) is refused. Requests with
+    neither header (command-line tools) pass on to the ``_xsrf`` check as before. Host and
+    port are compared, not the scheme, which a TLS-terminating proxy may hide."""
+    site = request.headers.get("Sec-Fetch-Site", "").strip().lower()
+    if site in ("cross-site", "same-site"):
+        return f"Sec-Fetch-Site: {site}"
+    origin = request.headers.get("Origin")
+    if origin is None:
+        return None
+    parts = urlsplit(origin.strip())
+    theirs = _host_port(parts.netloc, parts.scheme.lower()) if parts.scheme and parts.netloc else None
+    ours = {_host_port(host, parts.scheme.lower()) for host in own_hosts(request)}
+    if theirs is None or theirs not in ours:
+        return f"Origin: {origin[:200]}"
+    return None
+
+
 ENV = Environment(
     loader=PackageLoader("gpupool_hub.service.pages", "templates"),
     autoescape=select_autoescape(default=True, default_for_string=True),
@@ -76,9 +136,10 @@ ENV.filters["q"] = lambda value: quote(str(value), safe="")  # a name as one URL
 STATIC_VERSION = _static_version()
 
 
-class PageHandler(HubOAuthenticated, QueryArgs):
+class PageHandler(LogsDatabaseTrouble, HubOAuthenticated, QueryArgs):
     """A page of the service. Subclasses set ``admin_only`` and implement ``get``/``post``."""
 
+    trouble_log = log
     blank_is_missing = True  # forms submit empty fields
     #: Admin pages need the admin scope (``ServiceContext.admin_scope``) in the OAuth token.
     admin_only = False
@@ -132,6 +193,8 @@ class PageHandler(HubOAuthenticated, QueryArgs):
         share_write_deadline()  # the core writes this request awaits give up together
         if self.hub_auth is None:
             raise web.HTTPError(503, "The gpupool pages need hub OAuth: run the service as a hub service with a URL.")
+        if self.request.method not in SAFE_METHODS:
+            self.check_same_origin()
         model = await self.hub_auth.get_user(self, sync=False)
         if model:
             try:
@@ -149,6 +212,16 @@ class PageHandler(HubOAuthenticated, QueryArgs):
                                      "Reload the page and submit it again.")
         if self.request.method not in SAFE_METHODS:
             self.check_xsrf_cookie()
+
+    def check_same_origin(self) -> None:
+        """Refuse (403) an unsafe request a browser sent from a page of another origin."""
+        why = foreign_origin(self.request)
+        if why is None:
+            return
+        log.warning("Refused a cross-origin %s %s (%s; Host: %s)", self.request.method, self.request.path, why,
+                    ", ".join(own_hosts(self.request)) or "none")
+        raise web.HTTPError(403, f"This form was sent from another site ({why}); the gpupool pages take forms "
+                                 f"only from their own pages, so nothing was changed.")
 
     @property
     def user(self) -> dict[str, Any]:
@@ -196,21 +269,25 @@ class PageHandler(HubOAuthenticated, QueryArgs):
         self.finish(ENV.get_template(template).render(**{**self._namespace(True), **values}))
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
+        """An error page; database trouble (busy, down) is 503 with ``Retry-After``, never a 500."""
         message = self._reason
         exc = kwargs.get("exc_info", (None, None, None))[1]
+        trouble = database_trouble(exc)
         if isinstance(exc, web.HTTPError) and exc.log_message:
             message = exc.log_message % exc.args if exc.args else exc.log_message
-        elif exc is not None and is_database_busy(exc):  # another process holds the ledger's lock
+        elif trouble is not None:
             status_code = 503
             self.set_status(status_code)
-            self.set_header("Retry-After", str(getattr(exc, "retry_after", BUSY_RETRY_AFTER)))
-            message = "The ledger database is busy; nothing was changed. Reload the page in a few seconds."
+            message = DATABASE_BUSY if trouble.busy else DATABASE_AWAY
         elif status_code >= 500:
             message = "Internal error in the gpupool service; see its log."
+        if status_code == 503:  # the hub or the database is busy or away: worth a reload, soon
+            self.set_header("Retry-After", str(BUSY_RETRY_AFTER if trouble is None else trouble.retry_after))
         self.set_allow_header(status_code)
         self.set_header("Content-Type", "text/html; charset=utf-8")
-        self.finish(ENV.get_template("error.html").render(
-            **{**self._namespace(False), "title": str(status_code), "status": status_code, "message": message}))
+        self.finish(ENV.get_template("error.html").render(**{
+            **self._namespace(False), "title": f"{status_code} {self._reason}", "status": status_code,
+            "message": message}))
 
     async def known_user(self, name: str) -> bool:
         """Whether ``name`` has an account, or is a hub user (who may never have logged in)."""

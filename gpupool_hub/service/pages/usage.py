@@ -23,6 +23,7 @@ from urllib.parse import quote
 from tornado import web
 
 from ...ledger import Entry, GpuUse, Window, iter_user_entries
+from ...names import name_problem
 from ...timefmt import iso
 from ...units import format_tokens, from_milli
 from ..core.manager import PoolManager
@@ -226,6 +227,8 @@ class AdminUserMixin(UsageBase):
 
     async def known(self, user: str) -> str:
         """``user`` from the URL (tornado has already unquoted it: no second unquoting)."""
+        if (problem := name_problem(user)) is not None:  # the API's rule for names: no account opens
+            raise web.HTTPError(400, f"The user name {problem}.")
         if not await self.known_user(user):
             raise web.HTTPError(404, f"No such user {user!r}.")
         return user
