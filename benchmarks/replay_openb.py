@@ -73,9 +73,9 @@ from gpupool_hub.waitqueue import (BORROWER, UNDER_QUOTA, Dispatch, ExpectedRele
 USERS = 64
 TEAMS = 4
 TYPICAL_S = 4 * 3600.0  # c.GPUPool.expected_session_hours' default: today's estimator
-CHAIN_ROUNDS = 3  # as service/core/queue.py
+CHAIN_ROUNDS = 3  # as service/core/queue_eta.py
 HISTORY_REFRESH_S = 600.0  # the project's estimator reads the history every 10 simulated minutes
-RELEASES_TTL_S = 30.0  # expected releases reused this long, as the service does (core/queue.py: RELEASES_TTL)
+RELEASES_TTL_S = 30.0  # expected releases reused this long, as the service does (core/queue_eta.py: RELEASES_TTL)
 EPOCH = datetime(2026, 1, 1, tzinfo=timezone.utc)
 TARGET_IN_RANGE = 0.80
 TARGET_ERROR = 0.25

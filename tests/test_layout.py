@@ -6,7 +6,8 @@ state (``Enforcement.warn()``, not ``enforcement.warnings[user] = …``); core/
 imports no web framework and no other wing; the API keeps one module per path
 family, none past 350 lines; no class past 400 lines; only usage/ talks to
 Prometheus; the pure rules import no I/O; handlers, pages and jobs call the core's methods directly, never
-by handing a function value to the thread helpers.
+by handing a function value to the thread helpers, and await a ``@writes`` or ``@reads`` method
+(``unit.method.off_loop(…)``) instead of calling it on the event loop.
 """
 
 from __future__ import annotations
@@ -141,6 +142,75 @@ def test_api_pages_and_jobs_call_core_methods_not_function_values():
     found = [f for path in outside_core for f in function_values_for_threads(path)]
     assert found == [], ("say where a core method runs with @writes or @reads at its definition and await "
                          "unit.method.off_loop(...) (docs/architecture.md, rule 6):\n" + "\n".join(found))
+
+
+#: the markers that say where a unit's method runs (``core/threads.py``)
+PLACEMENTS = {"writes", "reads"}
+
+
+def placed_methods() -> dict[str, set[str]]:
+    """The methods each class of the service marks ``@writes`` or ``@reads``, by class name."""
+    out: dict[str, set[str]] = {}
+    for path in modules(SERVICE):
+        for cls in ast.walk(tree(path)):
+            if isinstance(cls, ast.ClassDef):
+                out[cls.name] = {fn.name for fn in cls.body if isinstance(fn, ast.FunctionDef)
+                                 and any(isinstance(d, ast.Name) and d.id in PLACEMENTS for d in fn.decorator_list)}
+    return {name: methods for name, methods in out.items() if methods}
+
+
+def held_classes() -> dict[str, set[str]]:
+    """The classes of what the service's objects hold, by attribute name (``self.queue = WaitQueue(…)``
+    in the manager, ``self.reports = QueueReports(…)`` in the queue, ``self.metrics`` in the app):
+    the names that handlers, pages and jobs reach the units by (``m.queue.reports``, a job's
+    ``self.queue``)."""
+    out: dict[str, set[str]] = {}
+    for path in modules(SERVICE):
+        for node in ast.walk(tree(path)):
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) \
+                    and isinstance(node.value.func, ast.Name):
+                for target in node.targets:
+                    if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) \
+                            and target.value.id == "self":
+                        out.setdefault(target.attr, set()).add(node.value.func.id)
+    return out
+
+
+def on_the_loop(path: Path) -> list[ast.AST]:
+    """The code of ``path`` that runs on the event loop: all of a handler's or a page's module;
+    of a job's, its coroutines (the job may hand its other functions to the job thread)."""
+    module = tree(path)
+    if "jobs" not in path.relative_to(SERVICE).parts:
+        return list(ast.walk(module))
+    found: list[ast.AST] = []
+    for coroutine in [n for n in ast.walk(module) if isinstance(n, ast.AsyncFunctionDef)]:
+        stack: list[ast.AST] = list(coroutine.body)
+        while stack:  # not into the functions it defines: they run where they are called
+            node = stack.pop()
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                found.append(node)
+                stack.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def test_handlers_pages_and_jobs_await_placed_methods_off_the_loop():
+    placed, held = placed_methods(), held_classes()
+    assert "report" in placed["QueueReports"] and "team_report" in placed["Reclaims"], placed
+    assert held["queue"] == {"WaitQueue"} and held["reports"] == {"QueueReports"}, held
+    found = []
+    for path in modules(SERVICE):
+        if path.relative_to(SERVICE).parts[0] not in ("api", "pages", "jobs"):
+            continue
+        for node in on_the_loop(path):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            receiver = node.func.value
+            name = receiver.attr if isinstance(receiver, ast.Attribute) else getattr(receiver, "id", None)
+            if any(node.func.attr in placed.get(cls, ()) for cls in held.get(name or "", ())):
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {ast.unparse(node)[:80]}")
+    assert found == [], ("a method marked @writes or @reads is awaited from the event loop as "
+                         "unit.method.off_loop(...), never called there (docs/architecture.md, rule 6):\n"
+                         + "\n".join(found))
 
 
 def test_core_imports_no_web_framework_and_no_other_wing():

@@ -251,24 +251,24 @@ def test_one_user_waits_in_at_most_two_places_and_others_are_not_pushed_back(tmp
         admit(m, "mallory", server="s2")
     assert e.value.reason is RefusalReason.QUEUE_LIMIT
     assert e.value.message.startswith("You already wait for 2 servers: 's0' (1st in the queue), 's1' (2nd in the queue)")
-    assert [w.server for w in m.queue.ordered()] == ["s0", "s1"]
+    assert [w.server for w in m.queue.order.ordered()] == ["s0", "s1"]
     # her own retries keep their places
     assert queued(m, "mallory", server="s1").details["position"] == 2
     # the next user waits 2nd, after mallory's first and before her second
     assert queued(m, "bob").details["position"] == 2
     assert queued(m, "mallory", server="s1").details["position"] == 3
-    assert [(w["user"], w["server"], w["position"]) for w in m.queue.report()["waiting"]] == [
+    assert [(w["user"], w["server"], w["position"]) for w in m.queue.reports.report()["waiting"]] == [
         ("mallory", "s0", 1), ("bob", "", 2), ("mallory", "s1", 3)]
-    assert [w["position"] for w in m.queue.waiting_of("mallory")] == [1, 3]
+    assert [w["position"] for w in m.queue.reports.waiting_of("mallory")] == [1, 3]
     # the freed GPU goes to mallory's first; the next one to bob, not to her second
     m.admission.release(held.id, "stopped")
     first = admit(m, "mallory", server="s0")
     assert queued(m, "bob").details["position"] == 1
     assert queued(m, "mallory", server="s1").details["position"] == 2
-    assert [(w["server"], w["position"]) for w in m.queue.waiting_of("mallory")] == [("s1", 2)]
+    assert [(w["server"], w["position"]) for w in m.queue.reports.waiting_of("mallory")] == [("s1", 2)]
     m.admission.release(first.id, "stopped")
     assert admit(m, "bob").user == "bob"
-    assert m.queue.waiting_of("bob") == [] and m.views.me("bob")["waiting"] == []
+    assert m.queue.reports.waiting_of("bob") == [] and m.views.me("bob")["waiting"] == []
     # with one place free again, she may queue another server
     queued(m, "mallory", server="s2")
 
@@ -373,7 +373,7 @@ def test_a_join_the_ledger_cannot_store_leaves_nobody_waiting_and_nothing_reserv
     finally:
         locker.rollback()
         locker.close()
-    assert ("dave", "") not in m.queue.entries and not m.queue.waiting_of("dave")
+    assert ("dave", "") not in m.queue.entries and not m.queue.reports.waiting_of("dave")
     assert [r["user"] for r in m.ledger.queue_entries()] == ["carol"]
     # his next try joins as if the first never happened, behind carol, with one shown estimate
     r = queued(m, "dave")
@@ -414,7 +414,7 @@ def test_an_old_waiter_closes_its_nodes_to_newcomers(tmp_path, waited, dave_star
     held = [admit(m, f"user{i}") for i in range(10)]
     queued(m, "carol", gpus=2)
     queued(m, "erin", gpus=2)
-    reserved = m.queue.reservation
+    reserved = m.queue.order.reservation
     assert reserved is not None and reserved[1] in ("node-b", "node-c")
     other = "node-c" if reserved[1] == "node-b" else "node-b"
     for _ in range(waited // 30):  # their spawners retry meanwhile
@@ -426,7 +426,7 @@ def test_an_old_waiter_closes_its_nodes_to_newcomers(tmp_path, waited, dave_star
         assert admit(m, "dave").node == other
     else:
         queued(m, "dave")
-        assert m.queue.reservation == reserved  # carol keeps her node
+        assert m.queue.order.reservation == reserved  # carol keeps her node
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -462,10 +462,10 @@ def test_positions_are_the_fair_order_through_joins_retries_releases_and_time(tm
         except Refused:
             pass
         entries = list(q.entries.values())
-        full = fair_order((e.waiter for e in entries if e.placement is None), q._head(), q._running(entries),
+        full = fair_order((e.waiter for e in entries if e.placement is None), q.order.head(), q.order.running(entries),
                           now=clock())
-        assert q.ordered() == full, step
-        assert [q.position(e) for e in entries if e.placement is None] == [
+        assert q.order.ordered() == full, step
+        assert [q.order.position(e) for e in entries if e.placement is None] == [
             full.index(e.waiter) + 1 for e in entries if e.placement is None], step
 
 

@@ -54,18 +54,18 @@ def test_history_gives_a_range_that_is_recorded_and_scored_against_the_real_star
     assert r.details["eta_text"] in ("about 4–16 min", "about 4–17 min", "about 3–16 min")
     assert r.message == f"You are 1st in the queue, {r.details['eta_text']}."
     # the admin view and the user's GET me show the same range
-    report = m.queue.report()
+    report = m.queue.reports.report()
     check("Queue", report)
-    check("Waiting", m.queue.waiting_of("bob")[0])
+    check("Waiting", m.queue.reports.waiting_of("bob")[0])
     assert report["waiting"][0]["eta_text"] == r.details["eta_text"]
-    assert m.queue.waiting_of("bob")[0]["eta_text"] == r.details["eta_text"]
+    assert m.queue.reports.waiting_of("bob")[0]["eta_text"] == r.details["eta_text"]
     assert report["accuracy"]["starts"] == 0 and "no waiting server has started" in report["accuracy"]["text"]
 
     keep_waiting(m, clock, 11 * 60)  # alice stops after 11 minutes: inside the range, 10 % off the median
     m.admission.release(held.id, "server stopped")
     queued_again = admit(m, "bob")  # his retry claims the reserved GPU
     assert queued_again.user == "bob"
-    acc = m.queue.report()["accuracy"]
+    acc = m.queue.reports.report()["accuracy"]
     assert acc["starts"] == 1 and acc["in_range"] == 1.0 and acc["median_error"] < 0.15
     assert acc["text"].startswith("last 30 days: 100 % of starts inside the range")
 
@@ -130,7 +130,7 @@ def test_the_range_is_calibrated_on_how_far_off_past_estimates_were(tmp_path):
         m.ledger.estimate_started(f"past{i}", shown_at + timedelta(seconds=300 * ratio - 15))
     admit(m, "alice")
     r = queued(m, "bob")
-    entry = m.queue.waiting_of("bob")[0]
+    entry = m.queue.reports.waiting_of("bob")[0]
     with m.ledger.engine.begin() as conn:
         model_s = conn.execute(sa.select(estimates.c.model_s).where(estimates.c.user == "bob")).scalar_one()
     assert model_s is not None and model_s > 0

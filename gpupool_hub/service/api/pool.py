@@ -24,7 +24,7 @@ class ModelsHandler(APIHandler):
 
     async def get(self) -> None:
         catalog = await self.manager.views.models.off_loop()
-        waiting = await self.manager.queue.cached_summary.off_loop()
+        waiting = await self.manager.queue.reports.cached_summary.off_loop()
         for entry in catalog["models"]:  # "full — 2 waiting, about 20 min" on the spawn form
             entry.update(waiting.get(entry["model"], {"waiting": 0, "eta": None}))
         self.write_json(catalog)
@@ -37,7 +37,7 @@ class QueueHandler(APIHandler):
 
     async def get(self) -> None:
         self.require_admin()
-        self.write_json(await self.manager.queue.report.off_loop())
+        self.write_json(await self.manager.queue.reports.report.off_loop())
 
     async def delete(self) -> None:
         self.require_spawner_or_admin()

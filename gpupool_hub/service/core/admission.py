@@ -251,7 +251,8 @@ class Admission:
         priority = self._priority(team, req, usage)
         # while others wait, a newcomer joins behind them (a team within its quota tries its
         # reclaim first, on the usual path; a request that can never fit is refused there)
-        if queue.enabled_for(req) and queue.waiting_count() and priority == waitqueue.BORROWER and queue.could_fit(req):
+        if (queue.enabled_for(req) and queue.order.waiting_count() and priority == waitqueue.BORROWER
+                and queue.could_fit(req)):
             self.enforcement.note_capacity_refusal(user, self.clock())
             return queue.join(user, server, req, requested_models, priority)
         return None

@@ -78,9 +78,9 @@ class PoolManager:
         self.accounts = Accounts(settings, ledger, self.cache, clock, threads=threads)
         self.reclaims = Reclaims(settings, ledger, self.inventory, self.cache, clock, record=self.notices.record,
                                  revoke=self.enforcement.gpus_taken, threads=threads)
-        self.queue = WaitQueue(settings, ledger, self.inventory, self.reclaims, clock, threads=threads)
         self.idle = IdleWarnings()
-        self.queue.expected_ends = self.idle.deadlines
+        self.queue = WaitQueue(settings, ledger, self.inventory, self.reclaims, clock,
+                               expected_ends=self.idle.deadlines, threads=threads)
         self.admission = Admission(settings, ledger, self.inventory, self.accounts, self.reclaims,
                                    self.enforcement, self.cache, clock, queue=self.queue, threads=threads)
         self.debits = Debits(ledger, self.inventory.prices, usage_source, interval=debit_interval,
@@ -101,7 +101,7 @@ class PoolManager:
     def activity(self, user: str, allocations: list[dict[str, Any]]) -> dict[str, Any]:
         """The parts of ``GET me`` that change without the account changing: the user's
         GPUs as measured with their idleness, and the servers waiting for GPUs."""
-        return {"gpu_servers": self.idle.activity(user, allocations), "waiting": self.queue.waiting_of(user)}
+        return {"gpu_servers": self.idle.activity(user, allocations), "waiting": self.queue.reports.waiting_of(user)}
 
     def restore(self) -> int:
         """At start-up: rebuild the placement pool from the allocations the ledger says are

@@ -18,6 +18,11 @@ round-robin order puts a user's second entry after everyone else's first.
 An entry ends when it is claimed, when its spawner stops retrying
 (``queue_poll_timeout``), when the spawn is cancelled (``leave``), and after
 ``max_wait``.
+
+The queue is the only one to change its entries, and it holds the three parts that
+answer from them, each the only one to change its own state: the fair order and each
+waiter's place (``order``, :mod:`.queue_order`), the estimates (``eta``,
+:mod:`.queue_eta`) and what the queue shows (``reports``, :mod:`.queue_reports`).
 """
 
 from __future__ import annotations
@@ -25,7 +30,6 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -36,77 +40,17 @@ from ...placement.request import Request, model_allowed, normalize_model, same_r
 from ...placement.state import Placement
 from ...reasons import RefusalReason
 from ...timefmt import iso
-from ...waitqueue import (BORROWER, Dispatch, ExpectedRelease, FairOrder, Waiter, demand, dispatch,
-                          estimate_starts, join_behind, wait_place, wait_text)
+from ...waitqueue import BORROWER, Dispatch, FairOrder, Waiter, demand, dispatch, join_behind, wait_place, wait_text
 from .errors import Refused
 from .inventory import PoolInventory
-from .queue_eta import ESTIMATE_TTL, RELEASES_TTL, QueueRanges
-from .queue_order import Kept, QueueOrder
+from .queue_entries import Entries, Entry
+from .queue_eta import QueueEstimates, range_json
+from .queue_order import FairQueueOrder
 from .queue_reports import QueueReports
 from .reclaims import Reclaims
 from .threads import CoreThreads, writes
 
 log = logging.getLogger("gpupool.queue")
-
-#: an entry not yet in the cached estimates waits this long for a recomputation (bursts of joins)
-ESTIMATE_MIN_AGE = 0.5
-#: rounds of "a waiter that starts ends a typical session later" in estimates
-CHAIN_ROUNDS = 3
-
-
-@dataclass
-class Entry:
-    """One waiting server; ``placement`` is set once dispatch reserved its GPUs."""
-
-    waiter: Waiter
-    requested_models: list[str] | None
-    last_seen: datetime
-    placement: Placement | None = None
-    expired: bool = False  # waited past max_wait: the next retry gets the final refusal
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return self.waiter.user, self.waiter.server
-
-
-class Entries(dict[tuple[str, str], Entry]):
-    """The entries by (user, server), with how many each user has: ``GET me`` asks for every
-    request whether the user waits, and must not scan thousands of entries to learn it no.
-    Only the queue's writer thread changes it; readers see a count at most one change old."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.per_user: dict[str, int] = {}
-        self.version = 0  # counts changes, after each is made: a cached order is of one version
-
-    def __setitem__(self, key: tuple[str, str], entry: Entry) -> None:
-        if key not in self:
-            self.per_user[key[0]] = self.per_user.get(key[0], 0) + 1
-        super().__setitem__(key, entry)
-        self.version += 1
-
-    def pop(self, key: tuple[str, str], *default: Any) -> Any:  # type: ignore[override]
-        if key in self:
-            left = self.per_user[key[0]] - 1
-            if left:
-                self.per_user[key[0]] = left
-            else:
-                del self.per_user[key[0]]
-        try:
-            return super().pop(key, *default)
-        finally:
-            self.version += 1
-
-    def __delitem__(self, key: tuple[str, str]) -> None:
-        self.pop(key)
-
-    def clear(self) -> None:
-        self.per_user.clear()
-        super().clear()
-        self.version += 1
-
-    def has_user(self, user: str) -> bool:
-        return user in self.per_user
 
 
 def _request_json(req: Request) -> dict[str, Any]:
@@ -122,42 +66,35 @@ def _request(data: dict[str, Any]) -> Request:
                    mig=data.get("mig"))
 
 
-class WaitQueue(QueueOrder, QueueRanges, QueueReports):
-    """Waiting servers: join, dispatch, claim, leave, expire, positions and estimates."""
+class WaitQueue:
+    """Waiting servers: join, dispatch, claim, leave, expire; their answers. It holds its
+    fair order (``order``), its estimates (``eta``) and what it shows (``reports``)."""
 
     def __init__(self, settings: GPUPool, ledger: Ledger, inventory: PoolInventory, reclaims: Reclaims,
-                 clock: Callable[[], datetime], *, threads: CoreThreads | None = None) -> None:
+                 clock: Callable[[], datetime], *, expected_ends: Callable[[], dict[str, datetime]] = dict,
+                 threads: CoreThreads | None = None) -> None:
+        """``expected_ends``: when held allocations are expected to end, beyond the defaults
+        (the idle reclaim deadlines)."""
         self.settings = settings
         self.ledger = ledger
         self.inventory = inventory
-        self.reclaims = reclaims
         self.clock = clock
         self.threads = threads
         self.entries = Entries()
+        # the fair order of the waiting entries and each one's place, kept between changes:
+        # every waiting spawner asks for its place every few seconds, and nothing changes
+        # between most of those asks
+        self.order = FairQueueOrder(self.entries, clock)
+        self.eta = QueueEstimates(settings, ledger, inventory, reclaims, self.order, clock,
+                                  expected_ends=expected_ends, threads=threads)
+        self.reports = QueueReports(self.entries, self.order, self.eta, inventory, clock, threads=threads)
         # (user, server) whose place was given up by a cancel: their spawner's next retry ends
         self.cancelled: dict[tuple[str, str], tuple[datetime, Request, list[str] | None]] = {}
-        self.reservation: tuple[str, str] | None = None  # (head entry id, node held for it)
-        # GPU servers each user holds (ledger allocations), counted at each dispatch: a user's
-        # running servers take earlier rounds of the round-robin order (waitqueue.fair_order)
-        self.held_by_user: dict[str, int] = {}
-        # when held allocations are expected to end, beyond the defaults (idle reclaim deadlines)
-        self.expected_ends: Callable[[], dict[str, datetime]] = dict
-        self._estimates: tuple[float, dict[str, datetime | None]] | None = None
-        self._summary: tuple[float, dict[str, dict[str, Any]]] | None = None
-        self._releases: tuple[float, list[ExpectedRelease]] | None = None
-        self._history: tuple[float, eta_rules.SessionHistory] | None = None
-        self._ranges: tuple[float, dict[str, eta_rules.Estimate]] | None = None
         self._shown: set[str] = set()  # entry ids whose shown estimate is recorded
-        self.served = eta_rules.Drain()  # the GPU share started from the queue lately (for the ranges)
         # after a full dispatch that left a head waiting: (the pool, its release count, the head's
         # entry, the pass); while the first three still hold and no waiter became old since (the
         # pass's ``until``), a newcomer needs no full pass (``join_behind``)
         self._settled: tuple[Any, int, Entry, Dispatch] | None = None
-        # the fair order of the waiting entries, with what it was sorted from (``_basis``) and
-        # each id's position once asked: every waiting spawner asks for its place every few
-        # seconds, and nothing changes between most of those asks
-        self._placements = 0  # counts placements given, after they are given
-        self._order: Kept | None = None
         self._expiry_due: datetime | None = None  # no entry expires before this (``expire``)
 
     @property
@@ -197,15 +134,15 @@ class WaitQueue(QueueOrder, QueueRanges, QueueReports):
         row = {"id": w.id, "user": user, "server": server, "request": _request_json(req),
                "requested_models": requested_models, "priority": priority, "since": now}
         entry = Entry(w, requested_models, now)
-        before = self._valid_order(now)
+        before = self.order.kept(now)
         self.entries[entry.key] = entry
         try:
             settled = self._settled_pass(now)
-            if settled is not None and self.reservation is not None and w.priority >= settled[0].waiter.priority:
+            if settled is not None and self.order.reservation is not None and w.priority >= settled[0].waiter.priority:
                 # what a full pass would do: start it off the head's node and those old waiters closed
                 entry.placement = join_behind(self.pool, w, settled[1].closed_to(w.priority))
                 if entry.placement is None:
-                    self._order_behind(before, w)
+                    self.order.put_behind(before, w)
             else:
                 self.dispatch()
             if entry.placement is not None:  # backfilled at once: it never waited, nothing to store
@@ -234,7 +171,7 @@ class WaitQueue(QueueOrder, QueueRanges, QueueReports):
         limit = self.settings.max_waiting_per_user
         if len(mine) < limit:
             return
-        places = [(e.waiter.server, self.position(e)) for e in mine]
+        places = [(e.waiter.server, self.order.position(e)) for e in mine]
         listed = ", ".join(f"{server or 'default'!r} ({wait_place(p)})" for server, p in places)
         noun = "server" if len(mine) == 1 else "servers"
         raise Refused(RefusalReason.QUEUE_LIMIT,
@@ -269,10 +206,9 @@ class WaitQueue(QueueOrder, QueueRanges, QueueReports):
         if stored:
             self.ledger.queue_remove(entry.waiter.id)
             self.ledger.estimate_started(entry.waiter.id, self.clock())
-            self.served.add(self.clock().timestamp(), entry.waiter.request.total_gpu_milli)
+            self.eta.started(self.clock(), entry.waiter.request.total_gpu_milli)
         self._shown.discard(entry.waiter.id)
-        user = entry.waiter.user  # admission records it now: held from here on (a new dict: readers copy)
-        self.held_by_user = {**self.held_by_user, user: self.held_by_user.get(user, 0) + 1}
+        self.order.claimed(entry.waiter.user)  # admission records it now: held from here on
         return entry.waiter.id, entry.placement
 
     def remove(self, entry: Entry, why: str) -> None:
@@ -348,15 +284,15 @@ class WaitQueue(QueueOrder, QueueRanges, QueueReports):
         self._expiry_due = None  # placements may change: the next expire looks at every entry
         waiting = [e for e in self.entries.values() if e.placement is None and not e.expired]
         if not waiting:
-            self.reservation = None
+            self.order.reserve(None)
             return []
         by_id = {e.waiter.id: e for e in waiting}
-        self.held_by_user = self.ledger.held_servers()
+        self.order.count_held(self.ledger.held_servers())
         now = self.clock()
-        head = self._head()
-        fair = FairOrder.of((e.waiter for e in waiting), head, self._running(self.entries.values()), now=now)
-        d = dispatch(self.pool, fair.waiters, lambda w: w.id, self.reservation, now=now)
-        self.reservation = d.reservation
+        head = self.order.head()
+        fair = FairOrder.of((e.waiter for e in waiting), head, self.order.running(self.entries.values()), now=now)
+        d = dispatch(self.pool, fair.waiters, lambda w: w.id, self.order.reservation, now=now)
+        self.order.reserve(d.reservation)
         placed = []
         for w, placement in d.placed:
             entry = by_id[w.id]
@@ -366,9 +302,9 @@ class WaitQueue(QueueOrder, QueueRanges, QueueReports):
         if placed:  # GPUs moved: the order changes. The held allocations and their expected
             # ends do not (they change at a claim or a release, and are reread every
             # RELEASES_TTL): rereading them here cost the next spawn 225 ms at 5,915 servers
-            self._placements += 1
-        elif self._head() == head and len(waiting) == self.waiting_count():
-            self._order = (self._basis(), now, fair, None)  # the waiters' order as it stands (none expired)
+            self.order.moved()
+        elif self.order.head() == head and len(waiting) == self.order.waiting_count():
+            self.order.keep(fair, now)  # the waiters' order as it stands (none expired)
         if d.reservation is not None:
             self._settled = (self.pool, self.pool.releases, by_id[d.reservation[0]], d)
         return placed
@@ -383,7 +319,7 @@ class WaitQueue(QueueOrder, QueueRanges, QueueReports):
         pool, releases, head, d = settled
         if pool is not self.pool or releases != pool.releases or head.placement is not None or head.expired:
             return None
-        if self.entries.get(head.key) is not head or self.reservation is None or self.reservation[0] != head.waiter.id:
+        if self.entries.get(head.key) is not head or self.order.head() != head.waiter.id:
             return None
         if d.until is not None and now >= d.until:
             return None
@@ -403,9 +339,9 @@ class WaitQueue(QueueOrder, QueueRanges, QueueReports):
         """The answer, and the estimate to record (``Ledger.estimate_shown``'s arguments)
         unless one was recorded for the entry already (kept for the published accuracy)."""
         now = self.clock()
-        position = self.position(entry)
-        eta = self.estimate_of(entry.waiter.id)
-        est = self.range_of(entry.waiter.id, eta)
+        position = self.order.position(entry)
+        eta = self.eta.estimate_of(entry.waiter.id)
+        est = self.eta.range_of(entry.waiter.id, eta)
         shown = None if entry.waiter.id in self._shown else (
             entry.waiter.id, entry.waiter.user, now,
             [None if t is None else max(0, round((t - now).total_seconds())) for t in (est.low, est.mid, est.high)],
@@ -417,8 +353,8 @@ class WaitQueue(QueueOrder, QueueRanges, QueueReports):
                           None if history else eta_rules.FALLBACK_NOTE)
                 + self.unavailable_note(entry.waiter.request))
         return Refused(RefusalReason.QUEUED, text, retry_at=retry, details={
-            "position": position, "queue_length": self.waiting_count(), "eta": iso(eta),
-            "since": iso(entry.waiter.since), **self._range_json(est, now)}), shown
+            "position": position, "queue_length": self.order.waiting_count(), "eta": iso(eta),
+            "since": iso(entry.waiter.since), **range_json(est, now)}), shown
 
     def unavailable_note(self, req: Request) -> str:
         """Why GPUs of the request's models sit unused while it waits: their nodes take no servers
@@ -431,65 +367,6 @@ class WaitQueue(QueueOrder, QueueRanges, QueueReports):
         if not parts:
             return ""
         return " Nodes with such GPUs that take no servers now: " + "; ".join(parts) + "."
-
-    def free_milli(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for ns in self.pool.nodes:
-            for s, mk in enumerate(ns.slot_model):
-                if ns.whole[s]:
-                    out[mk] = out.get(mk, 0) + ns.free[s]
-        return out
-
-    def cached_releases(self) -> list[ExpectedRelease]:
-        stamp = self.clock().timestamp()
-        if self._releases is None or stamp - self._releases[0] >= RELEASES_TTL:
-            self._releases = (stamp, self.releases())
-        return self._releases[1]
-
-    def releases(self) -> list[ExpectedRelease]:
-        """When each held allocation is expected to end: a reclaim or idle deadline, the
-        owner's balance reaching the floor, else the typical session length."""
-        now = self.clock()
-        typical = timedelta(hours=self.settings.expected_session_hours)
-        held, known = self.held_ends()
-        out = []
-        for r in held:
-            at = min(x for x in (known.get(r.id), r.created_at + typical) if x is not None)
-            for g in r.gpus:
-                out.append(ExpectedRelease(r.node, g["milli"], normalize_model(g["model"]), max(at, now)))
-        return out
-
-    def estimate_of(self, entry_id: str) -> datetime | None:
-        """One entry's expected start, recomputing for a newcomer unless estimates are very fresh."""
-        out = self.estimates()
-        if entry_id not in out and self._estimates is not None and (
-                self.clock().timestamp() - self._estimates[0] >= ESTIMATE_MIN_AGE):
-            self._estimates = None
-            out = self.estimates()
-        return out.get(entry_id)
-
-    def estimates(self, extra: Waiter | None = None) -> dict[str, datetime | None]:
-        """Expected start per waiting entry id (cached a few seconds); with ``extra``, for a
-        hypothetical newcomer at the end too (not cached)."""
-        stamp = self.clock().timestamp()
-        if extra is None and self._estimates is not None and stamp - self._estimates[0] < ESTIMATE_TTL:
-            return self._estimates[1]
-        ordered = self.ordered() + ([extra] if extra is not None else [])
-        free, releases, now = self.free_milli(), self.cached_releases(), self.clock()
-        out = estimate_starts(ordered, free, releases, now)
-        # a waiter expected to start frees its GPUs a typical session later: chain a few rounds
-        typical = timedelta(hours=self.settings.expected_session_hours)
-        for _ in range(CHAIN_ROUNDS):
-            chained = [ExpectedRelease("", w.request.total_gpu_milli, min(w.request.models), at + typical)
-                       for w in ordered if (at := out.get(w.id)) is not None and w is not extra
-                       and w.request.models]
-            again = estimate_starts(ordered, free, releases + chained, now)
-            if again == out:
-                break
-            out = again
-        if extra is None:
-            self._estimates = (stamp, out)
-        return out
 
     # ---------------------------------------------------------------- demand
 

@@ -1,11 +1,14 @@
-"""The wait queue's estimates learned from the pool's history, and their kept accuracy.
+"""The wait queue's estimates: each waiter's expected start and its range learned from
+the pool's history, and their kept accuracy.
 
-A half of :class:`~gpupool_hub.service.core.queue.WaitQueue` (its base), apart so
-that each stays readable: the rules are pure (:mod:`gpupool_hub.eta`); this
-reads their inputs (closed allocations, held ones and their known ends),
-caches the ranges, and records each shown estimate and the real start in the
-ledger (``gpupool_estimates``), whose accuracy ``GET queue`` and the admin
-pages publish.
+The queue (:class:`~gpupool_hub.service.core.queue.WaitQueue`) holds one
+:class:`QueueEstimates`, which reads the queue's fair order from the order it is
+given. The rules are pure (:mod:`gpupool_hub.eta`, ``waitqueue.estimate_starts``);
+this reads their inputs (free GPUs, closed allocations, held ones and their known
+ends), caches the answers, and keeps the rate the queue is served at. The queue
+records each shown estimate and the real start in the ledger
+(``gpupool_estimates``); their accuracy (``accuracy``) is what ``GET queue`` and
+the admin pages publish.
 """
 
 from __future__ import annotations
@@ -20,12 +23,18 @@ from ...config import GPUPool
 from ...ledger import AllocationRecord, Ledger
 from ...placement.request import normalize_model
 from ...timefmt import iso
-from ...waitqueue import Waiter
+from ...waitqueue import ExpectedRelease, Waiter, estimate_starts
+from .inventory import PoolInventory
+from .queue_order import FairQueueOrder
 from .reclaims import Reclaims
-from .threads import reads
+from .threads import CoreThreads, reads
 
 #: seconds an estimate or range is reused (they read balances; retries come every few seconds)
 ESTIMATE_TTL = 3.0
+#: an entry not yet in the cached estimates waits this long for a recomputation (bursts of joins)
+ESTIMATE_MIN_AGE = 0.5
+#: rounds of "a waiter that starts ends a typical session later" in estimates
+CHAIN_ROUNDS = 3
 #: seconds the session history (closed allocations of the last HISTORY_DAYS) is reused
 HISTORY_TTL = 600.0
 HISTORY_DAYS = 90
@@ -41,24 +50,111 @@ def _profile(request: dict[str, Any]) -> str:
                                  request.get("mig"))
 
 
+def range_json(est: eta_rules.Estimate | None, now: datetime) -> dict[str, Any]:
+    """The fields the spawn page and widget show: ``eta_low``/``eta_high``, ``eta_text``, ``eta_basis``."""
+    if est is None:
+        return {"eta_low": None, "eta_high": None, "eta_text": None, "eta_basis": None}
+    text = eta_rules.range_text(est, now) if est.basis == "history" or est.low is not None else None
+    return {"eta_low": iso(est.low), "eta_high": iso(est.high), "eta_text": text, "eta_basis": est.basis}
 
-class QueueRanges:
-    """Start ranges from history, and the record of what was shown against the real start."""
 
-    settings: GPUPool
-    ledger: Ledger
-    reclaims: Reclaims
-    clock: Callable[[], datetime]
-    expected_ends: Callable[[], dict[str, datetime]]
-    _history: tuple[float, eta_rules.SessionHistory] | None = None
-    _ranges: tuple[float, dict[str, eta_rules.Estimate]] | None = None
-    _held: tuple[float, list[AllocationRecord], dict[str, datetime]] | None = None
-    _curve_cache: tuple[list[AllocationRecord], eta_rules.SessionHistory, dict[Any, Any]] | None = None
-    _calibration: tuple[float, eta_rules.Calibration] | None = None
-    served: eta_rules.Drain
+class QueueEstimates:
+    """Expected starts (today's rule) and start ranges from history, both cached a few
+    seconds; the record of what was shown against the real start (its accuracy)."""
 
-    def ordered(self) -> list[Waiter]:  # provided by WaitQueue
-        raise NotImplementedError("Subclass must provide implementation")
+    def __init__(self, settings: GPUPool, ledger: Ledger, inventory: PoolInventory, reclaims: Reclaims,
+                 order: FairQueueOrder, clock: Callable[[], datetime], *,
+                 expected_ends: Callable[[], dict[str, datetime]] = dict,
+                 threads: CoreThreads | None = None) -> None:
+        self.settings, self.ledger, self.inventory, self.reclaims = settings, ledger, inventory, reclaims
+        self.order, self.clock, self.threads = order, clock, threads
+        # when held allocations are expected to end, beyond the defaults (idle reclaim deadlines)
+        self.expected_ends = expected_ends
+        self._estimates: tuple[float, dict[str, datetime | None]] | None = None
+        self._releases: tuple[float, list[ExpectedRelease]] | None = None
+        self._history: tuple[float, eta_rules.SessionHistory] | None = None
+        self._ranges: tuple[float, dict[str, eta_rules.Estimate]] | None = None
+        self._held: tuple[float, list[AllocationRecord], dict[str, datetime]] | None = None
+        self._curve_cache: tuple[list[AllocationRecord], eta_rules.SessionHistory, dict[Any, Any]] | None = None
+        self._calibration: tuple[float, eta_rules.Calibration] | None = None
+        self.served = eta_rules.Drain()  # the GPU share started from the queue lately (for the ranges)
+
+    def started(self, at: datetime, gpu_milli: int) -> None:
+        """A waiter's GPUs were handed over: the queue was served that share at ``at``."""
+        self.served.add(at.timestamp(), gpu_milli)
+
+    # ------------------------------------------------- expected starts (today's rule)
+
+    def free_milli(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for ns in self.inventory.pool.nodes:
+            for s, mk in enumerate(ns.slot_model):
+                if ns.whole[s]:
+                    out[mk] = out.get(mk, 0) + ns.free[s]
+        return out
+
+    def cached_releases(self) -> list[ExpectedRelease]:
+        stamp = self.clock().timestamp()
+        if self._releases is None or stamp - self._releases[0] >= RELEASES_TTL:
+            self._releases = (stamp, self.releases())
+        return self._releases[1]
+
+    def releases(self) -> list[ExpectedRelease]:
+        """When each held allocation is expected to end: a reclaim or idle deadline, the
+        owner's balance reaching the floor, else the typical session length."""
+        now = self.clock()
+        typical = timedelta(hours=self.settings.expected_session_hours)
+        held, known = self.held_ends()
+        out = []
+        for r in held:
+            at = min(x for x in (known.get(r.id), r.created_at + typical) if x is not None)
+            for g in r.gpus:
+                out.append(ExpectedRelease(r.node, g["milli"], normalize_model(g["model"]), max(at, now)))
+        return out
+
+    def estimate_of(self, entry_id: str) -> datetime | None:
+        """One entry's expected start, recomputing for a newcomer unless estimates are very fresh."""
+        out = self.estimates()
+        if entry_id not in out and self._estimates is not None and (
+                self.clock().timestamp() - self._estimates[0] >= ESTIMATE_MIN_AGE):
+            self._estimates = None
+            out = self.estimates()
+        return out.get(entry_id)
+
+    def estimates(self, extra: Waiter | None = None) -> dict[str, datetime | None]:
+        """Expected start per waiting entry id (cached a few seconds); with ``extra``, for a
+        hypothetical newcomer at the end too (not cached)."""
+        stamp = self.clock().timestamp()
+        if extra is None and self._estimates is not None and stamp - self._estimates[0] < ESTIMATE_TTL:
+            return self._estimates[1]
+        ordered = self.order.ordered() + ([extra] if extra is not None else [])
+        free, releases, now = self.free_milli(), self.cached_releases(), self.clock()
+        out = estimate_starts(ordered, free, releases, now)
+        # a waiter expected to start frees its GPUs a typical session later: chain a few rounds
+        typical = timedelta(hours=self.settings.expected_session_hours)
+        for _ in range(CHAIN_ROUNDS):
+            chained = [ExpectedRelease("", w.request.total_gpu_milli, min(w.request.models), at + typical)
+                       for w in ordered if (at := out.get(w.id)) is not None and w is not extra
+                       and w.request.models]
+            again = estimate_starts(ordered, free, releases + chained, now)
+            if again == out:
+                break
+            out = again
+        if extra is None:
+            self._estimates = (stamp, out)
+        return out
+
+    def last_estimates(self) -> dict[str, datetime | None]:
+        """The estimates last computed, never recomputed (for readers off the writer thread)."""
+        cached = self._estimates  # one read: the writer thread may replace it
+        return cached[1] if cached is not None else {}
+
+    def last_ranges(self) -> dict[str, eta_rules.Estimate]:
+        """The ranges last computed, never recomputed (as ``last_estimates``)."""
+        cached = self._ranges
+        return cached[1] if cached is not None else {}
+
+    # ------------------------------------------------------- ranges from history
 
     def history(self) -> eta_rules.SessionHistory:
         """Closed sessions of the last ``HISTORY_DAYS`` (reread every ``HISTORY_TTL`` seconds)."""
@@ -90,7 +186,7 @@ class QueueRanges:
         if extra is not None or only is not None or self._ranges is None or stamp - self._ranges[0] >= ESTIMATE_TTL:
             now = self.clock()
             history = self.history()
-            out = eta_rules.estimate_ranges(self.ordered() + ([extra] if extra else []), {},
+            out = eta_rules.estimate_ranges(self.order.ordered() + ([extra] if extra else []), {},
                                             self._held_for_estimates(now), history, now, curves=self._curves(history),
                                             only=extra.id if extra else only, calibration=self.calibration(),
                                             drain=self.served.rate(stamp))
@@ -124,14 +220,6 @@ class QueueRanges:
         if got is None and self.history().enough:  # a newcomer: not in the cached ranges yet
             got = self.ranges(only=entry_id).get(entry_id)
         return got if got is not None else eta_rules.Estimate(eta, eta, eta, "fallback")
-
-    @staticmethod
-    def _range_json(est: eta_rules.Estimate | None, now: datetime) -> dict[str, Any]:
-        """The fields the spawn page and widget show: ``eta_low``/``eta_high``, ``eta_text``, ``eta_basis``."""
-        if est is None:
-            return {"eta_low": None, "eta_high": None, "eta_text": None, "eta_basis": None}
-        text = eta_rules.range_text(est, now) if est.basis == "history" or est.low is not None else None
-        return {"eta_low": iso(est.low), "eta_high": iso(est.high), "eta_text": text, "eta_basis": est.basis}
 
     @reads
     def accuracy(self) -> dict[str, Any]:

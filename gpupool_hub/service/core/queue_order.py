@@ -1,25 +1,25 @@
 """The wait queue's fair order and each waiter's place, kept between changes.
 
-A base of :class:`~gpupool_hub.service.core.queue.WaitQueue`, apart so that each
-stays readable. The order's rules are pure (:class:`~gpupool_hub.waitqueue.FairOrder`);
-this keeps the last order with what it was sorted from, because every waiting
-spawner asks for its place every few seconds (about 200 asks a second at 2,000
-waiters) and between most asks nothing changed. It is valid while the entries,
-the placements given, the held servers and the head are those it was sorted
-from, and until the first young waiter turns old; a newcomer joining behind
-everyone is put into it (``FairOrder.behind``) instead of sorting again.
+The queue (:class:`~gpupool_hub.service.core.queue.WaitQueue`) holds one
+:class:`FairQueueOrder`. The order's rules are pure
+(:class:`~gpupool_hub.waitqueue.FairOrder`); this keeps what they are sorted
+from besides the entries (the reserved head, each user's held servers, the
+placements given) and the last order with what it was sorted from, because
+every waiting spawner asks for its place every few seconds (about 200 asks a
+second at 2,000 waiters) and between most asks nothing changed. It is valid
+while the entries, the placements given, the held servers and the head are
+those it was sorted from, and until the first young waiter turns old; a
+newcomer joining behind everyone is put into it (``FairOrder.behind``) instead
+of sorting again.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 from ...waitqueue import FairOrder, Waiter
-
-if TYPE_CHECKING:
-    from .queue import Entries, Entry
+from .queue_entries import Entries, Entry
 
 #: what an order was sorted from: (entries' version, placements given, held servers, head)
 Basis = tuple[int, int, dict[str, int], "str | None"]
@@ -27,22 +27,51 @@ Basis = tuple[int, int, dict[str, int], "str | None"]
 Kept = tuple[Basis, datetime, FairOrder, "dict[str, int] | None"]
 
 
-class QueueOrder:
-    """The fair order and positions (see the module docstring)."""
+class FairQueueOrder:
+    """The fair order of the queue's entries and their positions (see the module docstring).
+    It reads the entries; the queue tells it of the rest (``reserve``, ``count_held``,
+    ``claimed``, ``moved``, ``keep``), on its writer thread."""
 
-    entries: Entries
-    clock: Callable[[], datetime]
-    reservation: tuple[str, str] | None
-    held_by_user: dict[str, int]
-    _placements: int
-    _order: Kept | None
+    def __init__(self, entries: Entries, clock: Callable[[], datetime]) -> None:
+        self.entries = entries
+        self.clock = clock
+        self.reservation: tuple[str, str] | None = None  # (head entry id, node held for it)
+        # GPU servers each user holds (ledger allocations), counted at each dispatch: a user's
+        # running servers take earlier rounds of the round-robin order (waitqueue.fair_order)
+        self.held_by_user: dict[str, int] = {}
+        self._placements = 0  # counts placements given, after they are given
+        self._kept: Kept | None = None
 
-    def _head(self) -> str | None:
+    # ------------------------------------------------ what the queue tells it
+
+    def reserve(self, reservation: tuple[str, str] | None) -> None:
+        """Dispatch's reservation: its entry is the head, first in the order."""
+        self.reservation = reservation
+
+    def count_held(self, held_by_user: dict[str, int]) -> None:
+        """The GPU servers each user holds, as the ledger counts them (at each dispatch)."""
+        self.held_by_user = held_by_user
+
+    def claimed(self, user: str) -> None:
+        """A waiter of ``user`` took its GPUs: held from here on (a new dict: readers copy it)."""
+        self.held_by_user = {**self.held_by_user, user: self.held_by_user.get(user, 0) + 1}
+
+    def moved(self) -> None:
+        """Dispatch placed waiters: GPUs moved, the order changes."""
+        self._placements += 1
+
+    def keep(self, order: FairOrder, at: datetime) -> None:
+        """A full pass sorted the waiters as they stand (none placed, none expired): keep it."""
+        self._kept = (self._basis(), at, order, None)
+
+    # --------------------------------------------------------------- answers
+
+    def head(self) -> str | None:
         """The entry id holding the reserved node (it stays first, see ``fair_order``)."""
         held = self.reservation  # one read: the writer thread may replace it
         return held[0] if held is not None else None
 
-    def _running(self, entries: Iterable[Entry], only: str | None = None) -> dict[str, int]:
+    def running(self, entries: Iterable[Entry], only: str | None = None) -> dict[str, int]:
         """GPU servers per user ahead of their waiters: held ones and those with reserved GPUs.
         With ``only``, that user's alone (a newcomer's: no copy of 5,000 holders per join)."""
         out = dict(self.held_by_user) if only is None else {only: self.held_by_user.get(only, 0)}
@@ -53,7 +82,7 @@ class QueueOrder:
 
     def waiting_count(self) -> int:
         """How many wait (not yet placed): ``len(ordered())`` without sorting them."""
-        kept = self._valid_order(self.clock())  # every spawn asks: 2,000 waiters need not be counted
+        kept = self.kept(self.clock())  # every spawn asks: 2,000 waiters need not be counted
         if kept is not None:
             return len(kept[2].waiters)
         return sum(1 for e in self.entries.values() if e.placement is None)
@@ -67,17 +96,17 @@ class QueueOrder:
         basis, at, order, places = self._fair_order()
         if places is None:
             places = {w.id: i for i, w in enumerate(order.waiters, 1)}
-            self._order = (basis, at, order, places)
+            self._kept = (basis, at, order, places)
         return places[entry.waiter.id]
 
     def _basis(self) -> Basis:
         """What the fair order is sorted from, read before sorting: the entries' version, the
         placements given, the held servers (a new dict at each change) and the head."""
-        return self.entries.version, self._placements, self.held_by_user, self._head()
+        return self.entries.version, self._placements, self.held_by_user, self.head()
 
-    def _valid_order(self, now: datetime) -> Kept | None:
-        """The cached order if nothing it was sorted from changed and no waiter turned old since."""
-        cached = self._order
+    def kept(self, now: datetime) -> Kept | None:
+        """The kept order if nothing it was sorted from changed and no waiter turned old since."""
+        cached = self._kept
         if cached is None:
             return None
         (version, placements, held, head), at, order, _ = cached
@@ -90,19 +119,20 @@ class QueueOrder:
 
     def _fair_order(self) -> Kept:
         now = self.clock()
-        cached = self._valid_order(now)
+        cached = self.kept(now)
         if cached is None:
             basis = self._basis()  # before the entries are read: a change meanwhile outdates it
             entries = list(self.entries.values())
             order = FairOrder.of((e.waiter for e in entries if e.placement is None), basis[3],
-                                 self._running(entries), now=now)
-            cached = self._order = (basis, now, order, None)
+                                 self.running(entries), now=now)
+            cached = self._kept = (basis, now, order, None)
         return cached
 
-    def _order_behind(self, before: Kept | None, w: Waiter) -> None:
-        """Put a newcomer that joined behind everyone into the cached order (no re-sort)."""
+    def put_behind(self, before: Kept | None, w: Waiter) -> None:
+        """Put a newcomer that joined behind everyone into ``before``, the order kept before it
+        joined (no re-sort); without one, the next ask sorts."""
         if before is None:
             return
-        order = before[2].behind(w, self._running(self.entries.values(), only=w.user))
+        order = before[2].behind(w, self.running(self.entries.values(), only=w.user))
         if order is not None:
-            self._order = (self._basis(), before[1], order, None)
+            self._kept = (self._basis(), before[1], order, None)

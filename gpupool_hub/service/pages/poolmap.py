@@ -113,8 +113,9 @@ class PoolMapHandler(AdminPage):
                      for name in sorted({*inventory.unavailable, *inventory.problems})]
         self.render_page(
             "admin/pool.html", nodes=nodes, legend=legend, free=free.per_model,
-            eta_accuracy=await m.queue.accuracy.off_loop(),  # the wait estimates' record: a read-only query
-            outside=self.context.reconcile_report(), reclaims=m.reclaims.team_report()["reclaims"],
+            eta_accuracy=await m.queue.eta.accuracy.off_loop(),  # the wait estimates' record: a read-only query
+            outside=self.context.reconcile_report(),
+            reclaims=(await m.reclaims.team_report.off_loop())["reclaims"],  # the writer changes them
             allocations=allocations[:ALLOCATIONS_SHOWN], allocations_total=allocations_total,
             summary=summary, models=model_rows(per_model), model=model, search=search,
             page=page, pages=max(1, -(-matched // NODES_PER_PAGE)), matched=matched,
