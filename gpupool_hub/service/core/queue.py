@@ -172,7 +172,7 @@ class WaitQueue(QueueOrder, QueueRanges, QueueReports):
     def restore(self) -> int:
         """At start-up: the stored entries, as if each had just retried; then a dispatch."""
         now = self.clock()
-        for row in self.ledger.queue_entries():
+        for row in self.ledger.queue.rows():
             w = Waiter(id=row["id"], user=row["user"], server=row["server"], request=_request(row["request"]),
                        since=row["since"], priority=row["priority"])
             self.entries[(w.user, w.server)] = Entry(w, row["requested_models"], now)
@@ -212,7 +212,7 @@ class WaitQueue(QueueOrder, QueueRanges, QueueReports):
                 return self.claim(entry, stored=False)
             refused, shown = self._refusal(entry)
             # the entry and the estimate it was shown, in one transaction (one commit per join)
-            self.ledger.queue_add(row, shown=shown)
+            self.ledger.queue.add(row, shown=shown)
             self._shown.add(w.id)
         except BaseException:  # nothing stored: the queue in memory forgets it too
             if self.entries.get(entry.key) is entry:
@@ -267,8 +267,8 @@ class WaitQueue(QueueOrder, QueueRanges, QueueReports):
         assert entry.placement is not None
         self.entries.pop(entry.key, None)
         if stored:
-            self.ledger.queue_remove(entry.waiter.id)
-            self.ledger.estimate_started(entry.waiter.id, self.clock())
+            self.ledger.queue.remove(entry.waiter.id)
+            self.ledger.queue.estimate_started(entry.waiter.id, self.clock())
             self.served.add(self.clock().timestamp(), entry.waiter.request.total_gpu_milli)
         self._shown.discard(entry.waiter.id)
         user = entry.waiter.user  # admission records it now: held from here on (a new dict: readers copy)
@@ -279,7 +279,7 @@ class WaitQueue(QueueOrder, QueueRanges, QueueReports):
         """Drop an entry, giving its reserved GPUs back (and to the next waiters)."""
         self.entries.pop(entry.key, None)
         self._settled = None  # it may have been the head
-        self.ledger.queue_remove(entry.waiter.id)
+        self.ledger.queue.remove(entry.waiter.id)
         log.info("%s/%s left the queue: %s", entry.waiter.user, entry.waiter.server or "-", why)
         if entry.placement is not None:
             if entry.waiter.id in self.pool:
@@ -351,7 +351,7 @@ class WaitQueue(QueueOrder, QueueRanges, QueueReports):
             self.reservation = None
             return []
         by_id = {e.waiter.id: e for e in waiting}
-        self.held_by_user = self.ledger.held_servers()
+        self.held_by_user = self.ledger.allocations.held_per_user()
         now = self.clock()
         head = self._head()
         fair = FairOrder.of((e.waiter for e in waiting), head, self._running(self.entries.values()), now=now)
@@ -395,12 +395,12 @@ class WaitQueue(QueueOrder, QueueRanges, QueueReports):
         """A waiting entry's answer: its position and estimate (the first shown is recorded)."""
         refused, shown = self._refusal(entry)
         if shown is not None and entry.waiter.id not in self._shown:
-            self.ledger.estimate_shown(*shown)
+            self.ledger.queue.estimate_shown(*shown)
             self._shown.add(entry.waiter.id)
         return refused
 
     def _refusal(self, entry: Entry) -> tuple[Refused, tuple[Any, ...] | None]:
-        """The answer, and the estimate to record (``Ledger.estimate_shown``'s arguments)
+        """The answer, and the estimate to record (``ledger.queue.estimate_shown``'s arguments)
         unless one was recorded for the entry already (kept for the published accuracy)."""
         now = self.clock()
         position = self.position(entry)
