@@ -25,7 +25,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpupool_hub.keys import entry_key  # noqa: E402
-from gpupool_hub.ledger import Ledger, Posting, accounts, entries  # noqa: E402
+from gpupool_hub.ledger import Ledger, Posting  # noqa: E402
+from gpupool_hub.ledger.schema import accounts, entries  # noqa: E402
 
 USERS = 10_000
 RUNS = 5
@@ -41,7 +42,7 @@ def fill(ledger: Ledger, users: list[str], total: int) -> None:
     """Bulk-load ``total`` historic debit entries spread over ``users`` (setup, not measured)."""
     per_user = max(1, total // len(users))
     created = START.replace(tzinfo=None)
-    with ledger.engine.begin() as conn:
+    with ledger.db.engine.begin() as conn:
         conn.execute(
             accounts.insert(),
             [dict(name=u, balance_milli=-500 * per_user, created_at=created, credits_through=None) for u in users],
@@ -100,7 +101,7 @@ def bench(url: str, n_entries: int) -> dict[str, object]:
         history_p99.append(p99(samples))
     report = ledger.verify()
     assert report.ok, report.mismatches[:3]
-    db = ledger.engine.dialect.name
+    db = ledger.db.engine.dialect.name
     ledger.close()
     return {
         "debit_batch_10k_s": round(statistics.median(batch_s), 4),

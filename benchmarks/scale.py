@@ -54,7 +54,7 @@ Timed, in this process against the real service core and app (``make_app``):
 - this process's resident memory (psutil) after set-up and after the runs.
 
 The service's ``checkpoint`` job runs beside them, as in the service (see
-ledger.py: writes leave the SQLite WAL to it).
+ledger/engine.py: writes leave the SQLite WAL to it).
 
     .venv/bin/python benchmarks/scale.py --users 1000 --nodes 10 [--sqlite-only] [--seed 26]
     .venv/bin/python benchmarks/scale.py --curve [--sqlite-only] [--largest]
@@ -200,7 +200,8 @@ def build(path: Path, users: int, n_nodes: int, seed: int, quick: bool) -> dict[
     """The ledger file: accounts and history in bulk, then servers and waiters through admission."""
     import sqlalchemy as sa
 
-    from gpupool_hub.ledger import Ledger, accounts, audit, entries
+    from gpupool_hub.ledger import Ledger
+    from gpupool_hub.ledger.schema import accounts, audit, entries
     from gpupool_hub.placement import Request
     from gpupool_hub.service.core.errors import Refused
     from tests.fixtures.manager import Clock
@@ -211,7 +212,7 @@ def build(path: Path, users: int, n_nodes: int, seed: int, quick: bool) -> dict[
     ledger.epoch(BASE - timedelta(hours=1))
     names = [f"u{i:06d}" for i in range(users)]
     n_entries = 0
-    with ledger.engine.begin() as conn:
+    with ledger.db.engine.begin() as conn:
         balances: list[dict[str, Any]] = []
         batch: list[dict[str, Any]] = []
         for i, name in enumerate(names):
@@ -233,7 +234,7 @@ def build(path: Path, users: int, n_nodes: int, seed: int, quick: bool) -> dict[
              "reason": "balance below the floor while others wait", "dry_run": False, "detail": None}
             for _ in range(max(100, users // 10))])
     # the negative balances above are not the sum of the entries: make them so (verify stays true)
-    with ledger.engine.begin() as conn:
+    with ledger.db.engine.begin() as conn:
         sums = sa.select(entries.c.account, sa.func.sum(entries.c.amount_milli)).group_by(entries.c.account)
         owing = {r.name for r in conn.execute(sa.select(accounts.c.name).where(accounts.c.balance_milli < 0))}
         fix = [{"account": n, "kind": "grant", "amount_milli": 0, "idempotency_key": f"s:{n}:owe",
@@ -287,7 +288,8 @@ def copy_to_postgres(sqlite_path: Path, pg_url: str) -> float:
     """The same rows in PostgreSQL (COPY), sequences moved past the copied ids."""
     import sqlalchemy as sa
 
-    from gpupool_hub.ledger import Ledger, metadata
+    from gpupool_hub.ledger import Ledger
+    from gpupool_hub.ledger.schema import metadata
 
     t0 = time.perf_counter()
     Ledger(pg_url).close()  # the schema, by the ledger's own migrations
@@ -335,7 +337,7 @@ def scontrol_text(manager: Any) -> str:
     holds in use, every 50th node drained."""
     lines = []
     held: dict[str, set[int]] = {}
-    for r in manager.ledger.active_allocations():
+    for r in manager.ledger.allocations.active():
         held.setdefault(r.node, set()).update(int(g["index"]) for g in r.gpus)
     for i, ns in enumerate(manager.pool.nodes):
         name = ns.node.name
@@ -422,7 +424,7 @@ async def time_jobs(manager: Any, clock: Any, quick: bool) -> dict[str, float]:
 
     # debit: each run charges the next closed hour (the first also the hour before BASE, the
     # ledger's epoch), holding every running server; checked afterwards, untimed
-    records = m.ledger.active_allocations()
+    records = m.ledger.allocations.active()
     posted: list[Any] = []
     m.debits.report_to(posted.extend)
     first = m.debits.next_interval_start()
@@ -582,7 +584,7 @@ async def time_requests(manager: Any, quick: bool) -> dict[str, float]:
     from tests.pages.inprocess import ADMIN_SCOPE, PREFIX, Browser, StubOAuth, user_model
 
     m = manager
-    holders = sorted({r.user for r in m.ledger.active_allocations()})[:50]
+    holders = sorted({r.user for r in m.ledger.allocations.active()})[:50]
     api_models = {f"t-{u}": {"kind": "user", "name": u, "scopes": []} for u in holders}
     api_models["t-admin"] = {"kind": "user", "name": ADMIN, "scopes": [ADMIN_SCOPE]}
     pages = StubOAuth({"p-heavy": user_model(HEAVY), "p-admin": user_model(ADMIN, admin=True)})
@@ -721,7 +723,7 @@ async def profile_job(manager: Any, clock: Any, name: str) -> dict[str, float]:
 
             source = ReportedUtilization(manager.settings.idle_threshold)
             now, rng = datetime.now(timezone.utc), random.Random(1)
-            held = manager.ledger.active_allocations()
+            held = manager.ledger.allocations.active()
             for at in (now - timedelta(minutes=40), now - timedelta(minutes=20), now):
                 source.report({g["uuid"]: (0.0 if rng.random() < 0.2 else 0.9) for r in held for g in r.gpus}, at)
             job = IdleJob(None, source, **units_for(IdleJob, manager))  # type: ignore[arg-type]

@@ -102,7 +102,7 @@ def backfill(ledger_path: Path, blocks: Path, end: datetime, step: int, workdir:
 
     ledger = Ledger(f"sqlite:///{ledger_path}")
     try:
-        records = ledger.active_allocations()
+        records = ledger.allocations.active()
     finally:
         ledger.close()
     text = history(records, end, step).text()

@@ -128,7 +128,7 @@ async def time_debit(manager: Any, clock: Any, models: Mapping[str, str], hours:
     m = manager
     first = m.debits.next_interval_start()
     step = timedelta(seconds=m.debits.interval)
-    runner = RecordedSlurm(m.ledger.active_allocations(), models,
+    runner = RecordedSlurm(m.ledger.allocations.active(), models,
                            [(first + step * k, first + step * (k + 1)) for k in range(hours)])
     debits = Debits(m.ledger, m.inventory.prices, usage_source(m.ledger, models, runner, clock),
                     interval=m.debits.interval, delay_tolerance=m.debits.delay_tolerance, clock=clock,

@@ -40,7 +40,8 @@ sys.path.insert(0, str(REPO))
 from traitlets.config import Config  # noqa: E402
 
 from gpupool_hub.config import GPUPool  # noqa: E402
-from gpupool_hub.ledger import Ledger, accounts  # noqa: E402
+from gpupool_hub.ledger import Ledger  # noqa: E402
+from gpupool_hub.ledger.schema import accounts  # noqa: E402
 from gpupool_hub.service.core.manager import PoolManager  # noqa: E402
 from gpupool_hub.usage.prometheus import PrometheusUsageSource  # noqa: E402
 
@@ -83,7 +84,7 @@ def bench_debit(tmp: Path, runs: int) -> float:
     try:
         for run in range(runs):
             ledger = Ledger(f"sqlite:///{tmp}/ledger{run}.sqlite")
-            with ledger.engine.begin() as conn:
+            with ledger.db.engine.begin() as conn:
                 conn.execute(accounts.insert(), [
                     dict(name=f"user{i:05d}", balance_milli=100_000, created_at=base.replace(tzinfo=None),
                          credits_through=None) for i in range(USERS)])

@@ -7,7 +7,8 @@ imports no web framework and no other wing; the API keeps one module per path
 family, none past 350 lines; no class past 400 lines; only usage/ talks to
 Prometheus; the pure rules import no I/O; handlers, pages and jobs call the core's methods directly, never
 by handing a function value to the thread helpers, and await a ``@writes`` or ``@reads`` method
-(``unit.method.off_loop(…)``) instead of calling it on the event loop.
+(``unit.method.off_loop(…)``) instead of calling it on the event loop; only ledger/ imports sqlalchemy,
+its modules stay under 450 lines, and its stores share only engine.py, schema.py and records.py.
 """
 
 from __future__ import annotations
@@ -253,7 +254,41 @@ def test_only_usage_queries_prometheus():
 def test_pages_have_no_sql_of_their_own():
     found = [f"{p.name}: {line.strip()}" for p in modules(SERVICE / "pages")
              for line in p.read_text().splitlines() if "sqlalchemy" in line or ".execute(" in line]
-    assert found == [], "pages read the database through ledger.py's query functions:\n" + "\n".join(found)
+    assert found == [], "pages read the database through the ledger's stores (ledger.reports):\n" + "\n".join(found)
+
+
+LEDGER = PACKAGE / "ledger"
+#: what every store of the ledger may import from the package; the book and postings build on them
+LEDGER_SHARED = {"engine", "schema", "records"}
+LEDGER_NOT_STORES = LEDGER_SHARED | {"__init__", "book", "postings", "migrations"}
+
+
+def imported_modules(path: Path) -> set[str]:
+    """The absolute and relative module names ``path`` imports (``..units``, ``.engine``, ``sqlalchemy.engine``)."""
+    names = set()
+    for node in ast.walk(tree(path)):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = "." * node.level + (node.module or "")
+            names |= {base} if node.module else {base + a.name for a in node.names}
+    return names
+
+
+def test_only_the_ledger_imports_sqlalchemy():
+    found = [str(p.relative_to(PACKAGE)) for p in modules()
+             if any(n == "sqlalchemy" or n.startswith("sqlalchemy.") for n in imported_modules(p))]
+    assert found and all(f.startswith("ledger/") for f in found), found
+
+
+def test_the_ledger_modules_are_small_and_its_stores_import_no_other_store_nor_the_book():
+    long = [f"{p.name}: {n}" for p in modules(LEDGER) if (n := len(p.read_text().splitlines())) > 450]
+    assert long == [], "a module of ledger/ passed 450 lines: " + ", ".join(long)
+    stores = [p for p in modules(LEDGER) if p.stem not in LEDGER_NOT_STORES]
+    assert {"allocations", "queue", "audit", "reports"} <= {p.stem for p in stores}
+    found = [f"{p.name} imports {n}" for p in stores for n in imported_modules(p)
+             if n.startswith(".") and not n.startswith("..") and n.lstrip(".") not in LEDGER_SHARED]
+    assert found == [], "a store shares only engine.py, schema.py and records.py:\n" + "\n".join(found)
 
 
 #: the pure rules (rule 5): they decide, others do the I/O

@@ -20,16 +20,14 @@ from gpupool_hub.keys import entry_key
 from gpupool_hub.ledger import (
     SCHEMA_VERSION,
     GpuUse,
-    gpu_use_of,
     AuditEvent,
     IdempotencyConflict,
     Ledger,
     LedgerError,
     Posting,
     UnknownAccount,
-    accounts,
-    meta_table,
 )
+from gpupool_hub.ledger.schema import accounts, meta_table
 from gpupool_hub.pricing import PriceTable
 from gpupool_hub.units import round_milli
 
@@ -66,10 +64,10 @@ def test_worked_example_84_and_46(ledger):
     table = PriceTable.from_config({"RTX 2080": 0.5, "RTX 3090": 1, "RTX A6000": 4})
     tz = UTC
     rules = CreditRules(daily=Decimal(0))  # the example counts the grant and one monthly credit
-    ledger.apply_credits("alice", due_credits("alice", rules, None, datetime(2026, 11, 30, tzinfo=UTC), tz),
-                         through=date(2026, 11, 30))
-    ledger.apply_credits("alice", due_credits("alice", rules, date(2026, 11, 30), datetime(2026, 12, 1, 9, tzinfo=UTC), tz),
-                         through=date(2026, 12, 1))
+    ledger.post_credits("alice", due_credits("alice", rules, None, datetime(2026, 11, 30, tzinfo=UTC), tz),
+                        through=date(2026, 11, 30))
+    ledger.post_credits("alice", due_credits("alice", rules, date(2026, 11, 30), datetime(2026, 12, 1, 9, tzinfo=UTC), tz),
+                        through=date(2026, 12, 1))
     start = datetime(2026, 12, 1, 10, tzinfo=UTC)
     charges = [
         debit("alice", "NVIDIA GeForce RTX 2080", 8, 5, table, start),
@@ -106,15 +104,15 @@ def test_key_reused_for_other_content_is_refused_and_batch_rolls_back(ledger):
 
 def test_downtime_catch_up_credits_exactly_once(ledger):
     rules = CreditRules()
-    ledger.apply_credits("alice", due_credits("alice", rules, None, NOW - timedelta(days=40), UTC),
-                         through=(NOW - timedelta(days=40)).date())
+    ledger.post_credits("alice", due_credits("alice", rules, None, NOW - timedelta(days=40), UTC),
+                        through=(NOW - timedelta(days=40)).date())
     acct = ledger.account("alice")
     due = due_credits("alice", rules, acct.credits_through, NOW, UTC)
-    ledger.apply_credits("alice", due, through=NOW.date())
-    ledger.apply_credits("alice", due, through=NOW.date())  # a restarted job replays it
+    ledger.post_credits("alice", due, through=NOW.date())
+    ledger.post_credits("alice", due, through=NOW.date())  # a restarted job replays it
     # an old, stale computation replayed later changes nothing either
-    ledger.apply_credits("alice", due_credits("alice", rules, (NOW - timedelta(days=40)).date(), NOW, UTC),
-                         through=NOW.date())
+    ledger.post_credits("alice", due_credits("alice", rules, (NOW - timedelta(days=40)).date(), NOW, UTC),
+                        through=NOW.date())
     kinds = [e.kind for e in ledger.history("alice", limit=100)]
     assert kinds.count("daily") == 40 and kinds.count("monthly") == 1 and kinds.count("grant") == 1
     assert ledger.balance("alice") == 100 + 40 + 30
@@ -123,10 +121,10 @@ def test_downtime_catch_up_credits_exactly_once(ledger):
 
 def test_max_balance_caps_scheduled_credits(ledger):
     rules = CreditRules(max_balance=Decimal(105))
-    ledger.apply_credits("alice", due_credits("alice", rules, None, NOW, UTC), through=NOW.date(),
-                         max_balance=rules.max_balance)
+    ledger.post_credits("alice", due_credits("alice", rules, None, NOW, UTC), through=NOW.date(),
+                        max_balance=rules.max_balance)
     due = due_credits("alice", rules, NOW.date(), NOW + timedelta(days=10), UTC)
-    ledger.apply_credits("alice", due, through=(NOW + timedelta(days=10)).date(), max_balance=rules.max_balance)
+    ledger.post_credits("alice", due, through=(NOW + timedelta(days=10)).date(), max_balance=rules.max_balance)
     assert ledger.balance("alice") == 105
 
 
@@ -165,7 +163,7 @@ def test_a_batch_opens_the_accounts_it_names_whatever_their_names(ledger):
 
 def test_verify_finds_a_tampered_balance(ledger):
     ledger.post(Posting("alice", "grant", Decimal(10), "g"))
-    with ledger.engine.begin() as conn:
+    with ledger.db.engine.begin() as conn:
         conn.execute(accounts.update().where(accounts.c.name == "alice").values(balance_milli=99))
     report = ledger.verify()
     assert not report.ok
@@ -176,14 +174,14 @@ def test_verify_finds_a_tampered_balance(ledger):
 def test_interval_marked_with_its_entries(ledger):
     start, end = NOW, NOW + timedelta(hours=1)
     ledger.post_many([Posting("alice", "debit", Decimal(-1), "d")], complete_interval=("debit", start, end))
-    assert ledger.interval_done("debit", start)
-    assert not ledger.interval_done("debit", end)
-    assert ledger.last_interval("debit") == (start, end)
+    assert ledger.intervals.done("debit", start)
+    assert not ledger.intervals.done("debit", end)
+    assert ledger.intervals.last("debit") == (start, end)
 
 
 def test_schema_version_is_stored_and_a_newer_database_is_refused(db_url):
     ledger = Ledger(db_url)
-    with ledger.engine.begin() as conn:
+    with ledger.db.engine.begin() as conn:
         assert conn.execute(sa.select(meta_table.c.value)).scalar_one() == str(SCHEMA_VERSION)
         conn.execute(meta_table.update().values(value=str(SCHEMA_VERSION + 1)))
     ledger.close()
@@ -194,17 +192,17 @@ def test_schema_version_is_stored_and_a_newer_database_is_refused(db_url):
 def test_a_version_4_database_is_upgraded_in_place_and_keeps_its_audit_log(db_url):
     """Schema 5 adds the index that one user's audit events (their notices) are read by."""
     ledger = Ledger(db_url)
-    event = ledger.add_audit(AuditEvent(NOW, "alice", "", "preempt", "reclaimed for team nlp", False, None))
-    with ledger.engine.begin() as conn:  # back to what a version-4 service left behind
+    event = ledger.audit.add(AuditEvent(NOW, "alice", "", "preempt", "reclaimed for team nlp", False, None))
+    with ledger.db.engine.begin() as conn:  # back to what a version-4 service left behind
         conn.execute(sa.text("DROP INDEX ix_gpupool_audit_user"))
         conn.execute(meta_table.update().values(value="4"))
     ledger.close()
     ledger = Ledger(db_url)
     try:
-        assert "ix_gpupool_audit_user" in {i["name"] for i in sa.inspect(ledger.engine).get_indexes("gpupool_audit")}
-        with ledger.engine.begin() as conn:
+        assert "ix_gpupool_audit_user" in {i["name"] for i in sa.inspect(ledger.db.engine).get_indexes("gpupool_audit")}
+        with ledger.db.engine.begin() as conn:
             assert conn.execute(sa.select(meta_table.c.value)).scalar_one() == str(SCHEMA_VERSION)
-        assert [e.id for e in ledger.audit_log(user="alice")] == [event.id]
+        assert [e.id for e in ledger.audit.page(user="alice")] == [event.id]
     finally:
         ledger.close()
 
@@ -217,7 +215,7 @@ def test_long_keys_are_stored_hashed_and_replays_stay_idempotent(ledger):
     rules = CreditRules(initial=Decimal(100), daily=Decimal(1))
     due = due_credits(LONG_NAME, rules, None, NOW, UTC)
     for _ in range(2):  # a replay posts nothing
-        ledger.apply_credits(LONG_NAME, due, through=NOW.date())
+        ledger.post_credits(LONG_NAME, due, through=NOW.date())
     key = entry_key("api-grant", LONG_NAME, "é" * 200)
     assert len(key.encode()) > 2000
     first = ledger.post(Posting(LONG_NAME, "grant", Decimal(5), key, reason="long"))
@@ -237,7 +235,7 @@ def test_a_version_5_database_is_upgraded_and_its_long_keys_still_match(db_url):
     there: 600 × "é", 1200 bytes) is moved to its hash, so a replay still finds it."""
     long_key = "grant:" + ("x" * 1500 if db_url.startswith("sqlite") else "é" * 600)
     ledger = Ledger(db_url)
-    with ledger.engine.begin() as conn:  # back to what a version-5 service left behind
+    with ledger.db.engine.begin() as conn:  # back to what a version-5 service left behind
         conn.execute(sa.text("DROP TABLE gpupool_node_devices"))
         conn.execute(sa.text("ALTER TABLE gpupool_entries DROP COLUMN key_text"))
         conn.execute(meta_table.update().values(value="5"))
@@ -248,18 +246,18 @@ def test_a_version_5_database_is_upgraded_and_its_long_keys_still_match(db_url):
     ledger.close()
     ledger = Ledger(db_url)
     try:
-        with ledger.engine.begin() as conn:
+        with ledger.db.engine.begin() as conn:
             assert conn.execute(sa.select(meta_table.c.value)).scalar_one() == str(SCHEMA_VERSION) == "9"
         replay = ledger.post(Posting("alice", "grant", Decimal(7), long_key))
         assert not replay.created and replay.entry.key == long_key and replay.entry.reason == "old"
         assert ledger.balance("alice") == Decimal(7) and ledger.verify().ok
-        ledger.set_node_devices("n1", ["GPU-1", "MIG-1"], NOW)
-        assert ledger.node_devices() == {"GPU-1": "n1", "MIG-1": "n1"}
+        ledger.nodes.set_devices("n1", ["GPU-1", "MIG-1"], NOW)
+        assert ledger.nodes.devices() == {"GPU-1": "n1", "MIG-1": "n1"}
         # version 7: the GPU-use record, written once per interval
         use = [GpuUse(NOW.date(), "alice", "", 60_000, 30_000, 0)]
         interval = ("gpu-use", NOW, NOW + timedelta(minutes=1))
-        assert ledger.record_gpu_use(use, interval) and not ledger.record_gpu_use(use, interval)
-        assert gpu_use_of(ledger, "alice", NOW.date(), NOW.date())[NOW.date()].idle_milli == 30_000
+        assert ledger.gpu_use.record(use, interval) and not ledger.gpu_use.record(use, interval)
+        assert ledger.reports.gpu_use_of("alice", NOW.date(), NOW.date())[NOW.date()].idle_milli == 30_000
     finally:
         ledger.close()
 
@@ -268,7 +266,7 @@ def test_a_version_8_database_keeps_its_shown_estimates_and_calibrates_on_new_on
     """Schema 9 keeps the model's own estimate beside each shown one; the estimates a
     version-8 service recorded still count for the published accuracy."""
     ledger = Ledger(db_url)
-    with ledger.engine.begin() as conn:  # back to what a version-8 service left behind
+    with ledger.db.engine.begin() as conn:  # back to what a version-8 service left behind
         conn.execute(sa.text("ALTER TABLE gpupool_estimates DROP COLUMN model_s"))
         conn.execute(meta_table.update().values(value="8"))
         conn.execute(sa.text("INSERT INTO gpupool_estimates (id, \"user\", shown_at, low_s, mid_s, high_s, basis, "
@@ -278,12 +276,12 @@ def test_a_version_8_database_keeps_its_shown_estimates_and_calibrates_on_new_on
     ledger = Ledger(db_url)
     try:
         since = NOW - timedelta(days=1)
-        assert ledger.estimates_started(since) == [(60, 120, 300, 180.0)]
-        assert ledger.calibration_pairs(since, 10) == []  # nothing to calibrate on from before
+        assert ledger.queue.started_estimates(since) == [(60, 120, 300, 180.0)]
+        assert ledger.queue.calibration_pairs(since, 10) == []  # nothing to calibrate on from before
         for i, model_s in enumerate((100, 200, 300)):
-            ledger.estimate_shown(f"e{i}", "bob", NOW + timedelta(minutes=i), [60, 120, 300], "history", model_s)
-            ledger.estimate_started(f"e{i}", NOW + timedelta(minutes=i + 5))
-        assert ledger.calibration_pairs(since, 2) == [(200, 300.0), (300, 300.0)]  # the latest, oldest first
+            ledger.queue.estimate_shown(f"e{i}", "bob", NOW + timedelta(minutes=i), [60, 120, 300], "history", model_s)
+            ledger.queue.estimate_started(f"e{i}", NOW + timedelta(minutes=i + 5))
+        assert ledger.queue.calibration_pairs(since, 2) == [(200, 300.0), (300, 300.0)]  # the latest, oldest first
     finally:
         ledger.close()
 
@@ -393,9 +391,9 @@ def test_12_3_writes_give_up_within_the_bound_and_reads_do_not_wait(tmp_path):
     db = tmp_path / "ledger.sqlite"
     ledger = Ledger(f"sqlite:///{db}", busy_timeout=0.5)
     ledger.post(Posting("alice", "grant", Decimal(1), "before"))
-    with ledger.engine.connect() as conn:
+    with ledger.db.engine.connect() as conn:
         assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
-    assert ledger.reader is not ledger.engine  # reads on connections of their own
+    assert ledger.db.reader is not ledger.db.engine  # reads on connections of their own
     holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(db)], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)
     try:
@@ -423,17 +421,17 @@ def test_12_3_writes_give_up_within_the_bound_and_reads_do_not_wait(tmp_path):
 
 def test_a_lease_has_one_holder_until_it_expires_or_its_holder_is_gone(ledger):
     now = datetime(2026, 11, 24, 12, 0, tzinfo=timezone.utc)
-    assert ledger.claim_lease("jobs", "a", 30, now=now) == "a"
-    assert ledger.claim_lease("jobs", "b", 30, now=now + timedelta(seconds=10)) == "a"
-    assert ledger.claim_lease("jobs", "a", 30, now=now + timedelta(seconds=20)) == "a"  # renewed to 12:00:50
-    assert ledger.claim_lease("jobs", "b", 30, now=now + timedelta(seconds=45)) == "a"
-    assert ledger.claim_lease("jobs", "b", 30, now=now + timedelta(seconds=51)) == "b"  # expired
-    assert ledger.claim_lease("jobs", "a", 30, now=now + timedelta(seconds=52),
-                              holder_gone=lambda h: h == "b") == "a"  # b died
-    ledger.release_lease("jobs", "b")  # not b's any more: nothing happens
-    assert ledger.claim_lease("jobs", "b", 30, now=now + timedelta(seconds=53)) == "a"
-    ledger.release_lease("jobs", "a")
-    assert ledger.claim_lease("jobs", "b", 30, now=now + timedelta(seconds=54)) == "b"
+    assert ledger.leases.claim("jobs", "a", 30, now=now) == "a"
+    assert ledger.leases.claim("jobs", "b", 30, now=now + timedelta(seconds=10)) == "a"
+    assert ledger.leases.claim("jobs", "a", 30, now=now + timedelta(seconds=20)) == "a"  # renewed to 12:00:50
+    assert ledger.leases.claim("jobs", "b", 30, now=now + timedelta(seconds=45)) == "a"
+    assert ledger.leases.claim("jobs", "b", 30, now=now + timedelta(seconds=51)) == "b"  # expired
+    assert ledger.leases.claim("jobs", "a", 30, now=now + timedelta(seconds=52),
+                               holder_gone=lambda h: h == "b") == "a"  # b died
+    ledger.leases.release("jobs", "b")  # not b's any more: nothing happens
+    assert ledger.leases.claim("jobs", "b", 30, now=now + timedelta(seconds=53)) == "a"
+    ledger.leases.release("jobs", "a")
+    assert ledger.leases.claim("jobs", "b", 30, now=now + timedelta(seconds=54)) == "b"
 
 
 def test_balances_of_many_users_in_one_read(ledger):
@@ -464,7 +462,7 @@ def test_with_background_checkpoints_writes_leave_the_wal_to_the_checkpoint(tmp_
     ledger = Ledger(f"sqlite:///{db}", background_checkpoints=background)
     try:
         ledger.open_account("alice", now=NOW)
-        assert ledger.checkpoint() == 0  # the schema and the account are in the file now
+        assert ledger.db.checkpoint() == 0  # the schema and the account are in the file now
         for i in range(600):  # a few thousand pages of WAL: past SQLite's own 1,000-page checkpoint
             ledger.post(Posting("alice", "grant", Decimal(1), f"grant-{i}", reason="x" * 2000), now=NOW)
         in_file = _entries_in_file_alone(db, tmp_path)
@@ -472,7 +470,7 @@ def test_with_background_checkpoints_writes_leave_the_wal_to_the_checkpoint(tmp_
             assert in_file == 0  # no write paid for copying the log into the file
         else:
             assert in_file > 0  # some write did
-        assert ledger.checkpoint() == 0
+        assert ledger.db.checkpoint() == 0
         assert _entries_in_file_alone(db, tmp_path) == 600
         assert ledger.balance("alice") == Decimal(600)
     finally:
@@ -482,7 +480,7 @@ def test_with_background_checkpoints_writes_leave_the_wal_to_the_checkpoint(tmp_
 def test_checkpoint_is_a_no_op_without_a_write_ahead_log(postgres_url):
     ledger = Ledger(postgres_url, background_checkpoints=True)
     try:
-        assert ledger.checkpoint() == 0
+        assert ledger.db.checkpoint() == 0
     finally:
         ledger.close()
 

@@ -246,7 +246,7 @@ class GPUPoolService(Application):
         except DbUrlFileError as e:
             self.log.critical("%s", e)
             raise SystemExit(f"gpupool: {e}") from None
-        # writes leave the WAL's checkpoints to the "checkpoint" job (a reader thread; see ledger.py)
+        # writes leave the WAL's checkpoints to the "checkpoint" job (a reader thread; see ledger/engine.py)
         self.ledger = Ledger(db_url, busy_timeout=self.db_write_timeout, background_checkpoints=True)
         self.inventory_source = self.settings_.make_inventory_source()
         self.manager = PoolManager(
@@ -263,7 +263,7 @@ class GPUPoolService(Application):
         if self.inventory_source.dynamic:  # before the first request: nodes down, GPUs held outside the hub
             self.manager.inventory.apply_node_status(self.inventory_source.node_status())
         self.log.info("gpupool %s: %d node(s), %d allocation(s) restored, ledger %s",
-                      __version__, len(self.manager.pool.nodes), restored, self.ledger.engine.url.render_as_string())
+                      __version__, len(self.manager.pool.nodes), restored, self.ledger.db.engine.url.render_as_string())
         self.metrics = ServiceMetrics(self.manager)
         self.hub = HubClient(self.hub_api_url, self.api_token)
         self.groups = GroupCache(self.hub)

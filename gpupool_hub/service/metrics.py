@@ -55,7 +55,7 @@ class PoolCollector(Collector):
             labels=["user", "server", "model", "node", "allocation"],
         )
         per_model: dict[str, float] = {}
-        for record in self.manager.ledger.active_allocations():
+        for record in self.manager.ledger.allocations.active():
             for model, share in held_gpus(record).items():
                 held.add_metric([record.user, record.server, model, record.node, record.id], share)
                 per_model[model] = per_model.get(model, 0.0) + share

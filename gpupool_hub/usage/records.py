@@ -25,7 +25,7 @@ class AllocationRecordsSource:
 
     def usage(self, start: datetime, end: datetime) -> list[Usage]:
         totals: dict[tuple[str, str, str, str], Decimal] = defaultdict(Decimal)
-        for record in self.ledger.allocations_overlapping(start, end):
+        for record in self.ledger.allocations.overlapping(start, end):
             held_from = max(start, record.created_at)
             held_to = min(end, record.released_at or end)
             if held_to <= held_from:

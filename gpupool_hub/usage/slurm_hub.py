@@ -80,7 +80,7 @@ class HubJobOwners(JobOwners):
         ``charge_batch_jobs`` one per 500 Slurm user names; the answers and warnings per job
         are those of ``__call__``, in the order the jobs are asked about."""
         ids = {alloc_id for alloc_id in (allocation_of(j.comment) for j in jobs) if alloc_id is not None}
-        owners = self.ledger.allocation_owners(ids) if ids else {}
+        owners = self.ledger.allocations.owners(ids) if ids else {}
         names = {j.user for j in jobs} if self.charge_batch_jobs else set()
         hub_users = set(self.ledger.balances(names)) if names else set()  # the names with an account
         return lambda job: self._owner(job, owners.get, hub_users.__contains__)
@@ -99,7 +99,7 @@ class HubJobOwners(JobOwners):
         return None
 
     def _allocation_user(self, alloc_id: str) -> str | None:
-        record = self.ledger.allocation(alloc_id)
+        record = self.ledger.allocations.get(alloc_id)
         return None if record is None else record.user
 
     def _is_hub_user(self, name: str) -> bool:

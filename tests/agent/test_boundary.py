@@ -28,7 +28,7 @@ def layout(**on_gpu):
 
 
 def audit(svc, user):
-    return [(e.action, e.detail.get("pid")) for e in reversed(svc.manager.ledger.audit_log(user=user))]
+    return [(e.action, e.detail.get("pid")) for e in reversed(svc.manager.ledger.audit.page(user=user))]
 
 
 async def test_a_kernel_on_a_gpu_its_user_does_not_hold_is_warned_then_stopped(tmp_path, procs, test_users, make_nvml):
@@ -52,11 +52,11 @@ async def test_a_kernel_on_a_gpu_its_user_does_not_hold_is_warned_then_stopped(t
                  for w in result.boundary_warnings}
         assert found == {(BOB, mine): [kernel], (BOB, other): [stubborn.pid], ("root", other): [root.pid]}
         assert result.boundary_actions == [] and result.actions == []  # warned, nothing stopped yet
-        warned = svc.manager.ledger.audit_log(user=BOB)
+        warned = svc.manager.ledger.audit.page(user=BOB)
         assert {e.action for e in warned} == {AuditAction.GPU_OUT_OF_BOUNDS.value}
         assert any(f"process(es) {kernel} on GPU {mine}" in e.reason for e in warned)
         assert (await agent.tick()).boundary_actions == []  # the grace is not over, and no second warning
-        assert len(svc.manager.ledger.audit_log(user=BOB)) == 2
+        assert len(svc.manager.ledger.audit.page(user=BOB)) == 2
 
         result = await tick_until(agent, lambda r: r.boundary_actions)
         assert {a.pid: a.action for a in result.boundary_actions} == {
@@ -104,7 +104,7 @@ async def test_dry_run_and_the_switch(tmp_path, procs, test_users, make_nvml):
         assert [a.action for a in result.boundary_actions] == [WOULD_TERMINATE]
         assert (await agent.tick()).boundary_actions == []  # logged once per warning
         assert alive(stray.pid)
-        assert all(e.dry_run for e in svc.manager.ledger.audit_log(user=BOB))
+        assert all(e.dry_run for e in svc.manager.ledger.audit.page(user=BOB))
         off = make_agent(nv, svc.url, boundary_guard=False)
         assert (await off.tick()).boundary_warnings == []
     finally:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 
-from gpupool_hub.ledger import Posting, gpu_use_of, idle_gpu_time
+from gpupool_hub.ledger import Posting
 from gpupool_hub.placement import Request
 from gpupool_hub.service.jobs.gpuuse import GpuUseJob
 from gpupool_hub.service.metrics import ServiceMetrics
@@ -68,11 +68,11 @@ async def test_my_gpu_usage_shows_busy_per_day_and_admins_see_idle_gpu_hours(pro
                                   interval_end=start + timedelta(minutes=10), model=A100))
 
         today = start.astimezone(m.settings.tz).date()
-        use = {u: gpu_use_of(m.ledger, u, today, today)[today] for u in (T1, T2)}
+        use = {u: m.ledger.reports.gpu_use_of(u, today, today)[today] for u in (T1, T2)}
         # 10 minutes of half a GPU: 300 GPU-seconds; t1 busy at 0.9 of the GPU fills its 0.5 share
         assert (use[T1].held_milli, use[T1].busy_milli, use[T1].unknown_milli) == (300_000, 300_000, 0)
         assert (use[T2].held_milli, use[T2].busy_milli, use[T2].idle_milli) == (300_000, 0, 300_000)
-        assert idle_gpu_time(m.ledger, "team", today) == [("biology", 300_000, 300_000), ("physics", 0, 300_000)]
+        assert m.ledger.reports.idle_gpu_time("team", today) == [("biology", 300_000, 300_000), ("physics", 0, 300_000)]
         # /metrics counts each recorded minute once, the rerun not again (the Grafana panels' source)
         for user, team, busy_seconds in ((T1, "physics", 300), (T2, "biology", 0)):
             counted = [metrics.registry.get_sample_value(f"gpupool_gpu_{name}_seconds_total", {"user": user, "team": team})

@@ -105,11 +105,11 @@ async def test_a_share_over_its_memory_is_warned_then_its_biggest_process_stoppe
         assert result.memory_actions == []  # root's refusal is not tried (and audited) again every tick
         assert (await svc.call("GET", "me", "alice-token"))[1]["memory_warnings"] == []
 
-        events = svc.manager.ledger.audit_log(user=ALICE)
+        events = svc.manager.ledger.audit.page(user=ALICE)
         assert [e.action for e in reversed(events)] == [AuditAction.MEMORY_WARN.value, AuditAction.MEMORY_STOP.value]
         assert f"pid {big.pid} (30720 MiB on GPU {shared}): terminated" in events[0].reason
         assert not any(e.dry_run for e in events)
-        assert svc.manager.ledger.audit_log(user=BOB) == []
+        assert svc.manager.ledger.audit.page(user=BOB) == []
     finally:
         svc.stop()
 
@@ -126,7 +126,7 @@ async def test_dry_run_warns_nobody_and_stops_nothing(tmp_path, procs, test_user
         assert (await agent.tick()).memory_actions == []  # logged once per warning, not every tick
         assert alive(hog.pid)
         assert (await svc.call("GET", "me", "alice-token"))[1]["memory_warnings"] == []
-        events = svc.manager.ledger.audit_log(user=ALICE)
+        events = svc.manager.ledger.audit.page(user=ALICE)
         assert {e.action for e in events} == {"memory_warn", "memory_stop"} and all(e.dry_run for e in events)
     finally:
         svc.stop()

@@ -146,8 +146,8 @@ async def test_a_timeslice_overrun_gets_a_notice_then_a_stop_within_20_s_by_defa
         hog.wait(5)
         assert hog.returncode == -signal.SIGTERM
         assert alive(neighbour.pid)  # the neighbour, within its share, is untouched
-        stops = [e for e in m.ledger.audit_log(user=ALICE) if e.action == "memory_stop"]
+        stops = [e for e in m.ledger.audit.page(user=ALICE) if e.action == "memory_stop"]
         assert len(stops) == 1 and TERMINATED in stops[0].reason
-        assert [e for e in m.ledger.audit_log(user=BOB)] == []
+        assert [e for e in m.ledger.audit.page(user=BOB)] == []
     finally:
         svc.stop()

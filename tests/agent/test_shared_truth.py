@@ -148,7 +148,7 @@ async def test_the_idle_user_next_to_a_busy_one_is_reclaimed_and_the_busy_one_is
         assert all(f"for {T2}/-:" in line for line in said("idle_warn"))  # t1 busy: both its servers are kept
 
         # GET pool and the pool map show each server's own figure, not the GPU's 90 %
-        pool = m.views.pool_report(m.ledger.active_holders(), m.idle.idle_since(), m.idle.own_utilization())
+        pool = m.views.pool_report(m.ledger.allocations.active_holders(), m.idle.idle_since(), m.idle.own_utilization())
         holders = {h["user"]: h for g in pool["nodes"][0]["gpus"] if g["index"] == 0 for h in g["holders"]}
         assert (holders[T1]["utilization"], holders[T2]["utilization"]) == (0.9, 0.0)
         assert "idle_since" in holders[T2] and "idle_since" not in holders[T1]

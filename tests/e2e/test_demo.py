@@ -160,7 +160,7 @@ def test_12_10_demo_stops_within_10_s_and_leaves_no_process(demo, sig):
     # alice's GPUs were given back while the service still ran, at the stop
     ledger = Ledger(f"sqlite:///{demo.state}/gpupool.sqlite")
     try:
-        [alloc] = [a for a in ledger.allocations_overlapping(stopped_at - timedelta(hours=1),
+        [alloc] = [a for a in ledger.allocations.overlapping(stopped_at - timedelta(hours=1),
                                                              stopped_at + timedelta(hours=1)) if a.user == "alice"]
     finally:
         ledger.close()

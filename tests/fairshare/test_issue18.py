@@ -53,7 +53,7 @@ def test_18_2_cancelled_spawn_cancels_its_reclaim(tmp_path):
     # at the deadline the executor stops nobody, and nobody is preempted or cooled down
     m.clock.advance(31)
     assert run_executor(m, rc).stopped == []
-    assert m.ledger.allocation(victim.id).released_at is None
+    assert m.ledger.allocations.get(victim.id).released_at is None
     assert m.reclaims.team_report()["teams"][1]["cooldown_until"] is None  # vision
     # the GPUs are not reserved for nobody: another nlp user gets its own reclaim, not "0 GPUs free"
     assert refused(m, "b1", ["nlp"], 8).reason == "reclaiming"
@@ -99,13 +99,13 @@ def test_18_3_ping_pong_victim_cooldown_per_server(tmp_path):
     vision_borrows(m)
     ask(m, "b0", "nlp", 8)  # a3's server preempted
     m.clock.advance(10)
-    m.admission.release(m.ledger.active_allocations("b0")[0].id, "server stopped")
+    m.admission.release(m.ledger.allocations.active("b0")[0].id, "server stopped")
     again = ask(m, "a3", "vision", 8)  # a3 restarts at once, borrowed again
     assert again.borrowed
     # another nlp spawn takes a2's (older) borrowed server, never a3's fresh restart
     ask(m, "b1", "nlp", 8)
-    assert m.ledger.allocation(again.id).released_at is None
-    assert [e.user for e in m.ledger.audit_log(limit=10)] == ["a2", "a3"]
+    assert m.ledger.allocations.get(again.id).released_at is None
+    assert [e.user for e in m.ledger.audit.page(limit=10)] == ["a2", "a3"]
 
 
 def test_18_3_and_18_8_cooldowns_and_counters_survive_a_restart(tmp_path):
@@ -133,10 +133,10 @@ def test_18_8_lowered_quota_reclassifies_held_servers_at_restart(tmp_path):
     # the admin lowers vision's quota to 8 and raises nlp's to 32, then restarts
     m2 = make_manager(db, teams={"vision": {"gpus": 8}, "nlp": {"gpus": 32}}, clock=m.clock)
     m2.restore()
-    assert [m2.ledger.allocation(r.id).borrowed for r in held] == [False, True]  # oldest stays guaranteed
+    assert [m2.ledger.allocations.get(r.id).borrowed for r in held] == [False, True]  # oldest stays guaranteed
     assert m2.views.me("a1", ["vision"])["allocations"][0]["borrowed"] is True
     # nlp is owed GPUs: once the free ones are gone, its third server reclaims a1's, now borrowed
     for i in range(3):
         ask(m2, f"b{i}", "nlp", 8)
-    assert m2.ledger.allocation(held[1].id).released_at is not None
-    assert m2.ledger.allocation(held[0].id).released_at is None
+    assert m2.ledger.allocations.get(held[1].id).released_at is not None
+    assert m2.ledger.allocations.get(held[0].id).released_at is None

@@ -28,9 +28,9 @@ def test_greedy_team_cannot_keep_the_other_teams_quota(manager):
     assert not any(r.borrowed for r in got)
     assert teams(m)["nlp"]["used_gpus"] == 20 and teams(m)["vision"]["used_gpus"] == 20
     # vision's guaranteed servers were never touched; its borrowed ones were, newest first
-    active = {r.id for r in m.ledger.active_allocations()}
+    active = {r.id for r in m.ledger.allocations.active()}
     assert all(r.id in active for r in held[:4]) and not any(r.id in active for r in held[4:])
-    events = m.ledger.audit_log(limit=10)
+    events = m.ledger.audit.page(limit=10)
     assert [e.action for e in events] == ["preempt", "preempt"]
     assert [e.user for e in events] == ["v4", "v5"]  # newest first: v5 first, listed newest event first
     # nlp is now at its quota: any more is borrowed or refused, never a preemption
@@ -67,7 +67,7 @@ def test_idle_gpus_are_borrowed_and_reclaimed(manager):
     assert record.node == rc.placement.node and not record.borrowed
     assert m.views.me("a3", ["vision"])["cull_warning"] is None
     assert m.views.me("a3", ["vision"])["allocations"] == []
-    assert m.ledger.allocation(rc.victims[0].id).release_reason.startswith("preempted")
+    assert m.ledger.allocations.get(rc.victims[0].id).release_reason.startswith("preempted")
 
 
 def test_fragmentation_large_request_still_fits_one_node(manager):
@@ -78,7 +78,7 @@ def test_fragmentation_large_request_still_fits_one_node(manager):
     assert full_nodes >= 1  # placement packed A's servers, keeping whole nodes free
     b = m.admission.admit("b0", ["nlp"], "", parse_request({"gpus": 8}))
     assert len(b.gpus) == 8 and not b.borrowed
-    assert m.ledger.audit_log(limit=5) == []  # nothing was preempted
+    assert m.ledger.audit.page(limit=5) == []  # nothing was preempted
 
 
 def test_fragmented_borrowers_are_reclaimed_on_one_node(tmp_path):
@@ -94,7 +94,7 @@ def test_fragmented_borrowers_are_reclaimed_on_one_node(tmp_path):
     assert {r.node for r in b2} == {"node-2"} and {r.node for r in b3} == {"node-3"}
     rec = ask(m, "n9", "nlp", 4)  # 1 GPU free in the whole pool; nlp at 9 of 20
     assert len(rec.gpus) == 4 and not rec.borrowed
-    gone = [e for e in m.ledger.audit_log(limit=10) if e.action == "preempt"]
+    gone = [e for e in m.ledger.audit.page(limit=10) if e.action == "preempt"]
     # two 2-GPU servers on the request's node, the newest borrowed ones: w2 and w1
     assert sorted(e.user for e in gone) == ["w1", "w2"]
     assert {e.detail["node"] for e in gone} == {rec.node} == {"node-3"}
@@ -110,7 +110,7 @@ def test_preempted_team_pays_only_for_the_time_used(manager):
     assert all(r.borrowed for r in borrowed)
     m.clock.advance(600)
     ask(m, "b0", "nlp", 10)  # preempts a3 (newest), after the 1 s grace
-    record = m.ledger.allocation(borrowed[1].id)
+    record = m.ledger.allocations.get(borrowed[1].id)
     assert record.released_at == m.clock()  # released when stopped, after the grace
     ran = (record.released_at - record.created_at).total_seconds()
     assert 600 < ran < 610

@@ -52,7 +52,7 @@ def test_reclaim_never_thrashes(sequence):
                     n += 1
             continue
         if op[0] == "stop":
-            active = m.ledger.active_allocations()
+            active = m.ledger.allocations.active()
             if active:
                 m.admission.release(active[op[1] % len(active)].id, "server stopped")
             continue
@@ -102,8 +102,8 @@ def test_reclaim_never_thrashes(sequence):
                     break
             break
         # the pool and the ledger agree
-        held = sum(sum(gg["milli"] for gg in r.gpus) for r in m.ledger.active_allocations())
+        held = sum(sum(gg["milli"] for gg in r.gpus) for r in m.ledger.allocations.active())
         assert m.pool.allocated_gpu_milli == held
     # guaranteed servers are never preempted
-    for e in m.ledger.audit_log(limit=500):
-        assert m.ledger.allocation(e.detail["allocation"]).borrowed
+    for e in m.ledger.audit.page(limit=500):
+        assert m.ledger.allocations.get(e.detail["allocation"]).borrowed

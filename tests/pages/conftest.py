@@ -79,7 +79,7 @@ def seed_history(db_url: str, user: str, now: datetime) -> list[dict[str, Any]]:
     for at, posting in posts:
         ledger.post(posting, now=at)
         posted.append({"at": at, "amount": posting.amount})
-    ledger.apply_credits(user, [], through=now.date(), now=now)
+    ledger.post_credits(user, [], through=now.date(), now=now)
     ledger.close()
     return posted
 

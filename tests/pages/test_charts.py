@@ -18,7 +18,6 @@ from gpupool_hub.service.pages.charts import (
     nice_ticks,
     stacked_bars,
 )
-from gpupool_hub.ledger import daily_totals
 from gpupool_hub.service.pages.usage import daily_series, forecast_text, local_days
 from tests.fixtures.manager import Clock, make_manager
 
@@ -98,7 +97,7 @@ def series(m, user, days, now):
     """What the usage page computes: the local days, their totals read from the ledger, the series."""
     day_list = local_days(now, m.settings.tz, days)
     starts = [datetime.combine(d, time.min, m.settings.tz) for d in day_list]
-    return (*daily_series(daily_totals(m.ledger, user, starts), day_list), day_list)
+    return (*daily_series(m.ledger.reports.daily_totals(user, starts), day_list), day_list)
 
 
 def test_daily_series_adds_up_to_the_real_balance_and_buckets_spend_by_usage_day(db_url):

@@ -239,7 +239,7 @@ async def test_pool_map_audit_teams_and_verify(service):
     m = service.manager
     m.admission.admit("bob", [], "", parse_request({"gpus": 1, "models": ["RTX A6000"]}), ["RTX A6000"])
     m.admission.admit("carol", [], "x", parse_request({"gpu_fraction": 0.5, "models": ["RTX A6000"]}), ["RTX A6000"])
-    m.ledger.add_audit(AuditEvent(at=m.clock(), user="bob", server="", action="warn", reason="negative <b>"))
+    m.ledger.audit.add(AuditEvent(at=m.clock(), user="bob", server="", action="warn", reason="negative <b>"))
     admin = service.client("admin-token")
     pool = (await admin.get("admin/pool")).body.decode()
     cells = {(c["data-node"], c["data-index"]): c["data-state"] for c in attrs(pool, 'data-gpupool="gpu"')}
@@ -254,7 +254,7 @@ async def test_pool_map_audit_teams_and_verify(service):
     [result] = attrs(r.body.decode(), 'data-gpupool="verify-result"')
     assert result["data-ok"] == "true" and int(result["data-accounts"]) == 2
     # a broken balance is reported
-    with m.ledger.engine.begin() as conn:
+    with m.ledger.db.engine.begin() as conn:
         conn.exec_driver_sql("UPDATE gpupool_accounts SET balance_milli = balance_milli + 1 WHERE name = 'bob'")
     r = await admin.post("admin/ledger", {"_xsrf": field(ledger_page, "_xsrf")})
     [result] = attrs(r.body.decode(), 'data-gpupool="verify-result"')
@@ -320,8 +320,8 @@ async def test_pool_map_shows_the_live_accuracy_of_wait_estimates(service):
     # three waiting servers started: two inside the range they were shown, one late
     for i, (low, mid, high, waited) in enumerate([(600, 900, 1200, 1000), (600, 900, 1200, 750),
                                                   (60, 120, 180, 600)]):
-        m.ledger.estimate_shown(f"e{i}", "bob", now - timedelta(seconds=waited), [low, mid, high], "history")
-        m.ledger.estimate_started(f"e{i}", now)
+        m.ledger.queue.estimate_shown(f"e{i}", "bob", now - timedelta(seconds=waited), [low, mid, high], "history")
+        m.ledger.queue.estimate_started(f"e{i}", now)
     page = (await admin.get("admin/pool")).body.decode()
     [line] = attrs(page, 'data-gpupool="eta-accuracy"')
     assert line["data-starts"] == "3" and line["data-in-range"] == "0.667"

@@ -94,10 +94,10 @@ def test_debits_charge_instances_exactly_with_carried_remainders(tmp_path):
         assert [p.amount for p in mig] in ([Decimal("-0.286")], [Decimal("-0.285")])
         total += sum(p.amount for p in mig)
         if hour < 6:  # only the MIG instance leaves a remainder: the whole-token debit carries none
-            assert set(ledger.carries()) == {("ann", f"{A100} MIG 1g.10gb")}
+            assert set(ledger.carries.remainders()) == {("ann", f"{A100} MIG 1g.10gb")}
     assert total == Decimal(-2)  # exactly 7 × 2/7
     # the remainder came back to (Decimal's 28 digits of) zero
-    assert all(abs(v) < Decimal("1e-20") for v in ledger.carries().values())
+    assert all(abs(v) < Decimal("1e-20") for v in ledger.carries.remainders().values())
     entries = [e for e in ledger.history("ann") if e.kind == "debit"]
     assert {e.model for e in entries} == {A100, f"{A100} MIG 1g.10gb"}
     assert sum(e.amount for e in entries if e.model == A100) == Decimal(-7)  # plain GPU time: half a GPU-hour × 2/h

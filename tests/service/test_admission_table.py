@@ -78,12 +78,12 @@ def test_admission(case: Case) -> None:
         return
     record = m.admission.admit("alice", [], case.server, case.ask, case.models)
     if case.same_as_held:
-        assert record.id == held[0].id and len(m.ledger.active_allocations("alice")) == 1
+        assert record.id == held[0].id and len(m.ledger.allocations.active("alice")) == 1
         return
     assert record.node == case.node
     if case.gpus is not None:
         assert tuple(g["index"] for g in record.gpus) == case.gpus
-    assert record.id in m.pool and m.ledger.allocation(record.id) is not None
+    assert record.id in m.pool and m.ledger.allocations.get(record.id) is not None
 
 
 # Issue 12, item 2: a new server must be affordable together with those already held.

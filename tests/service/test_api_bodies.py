@@ -70,8 +70,8 @@ CASES = [
 def written(service: Service, utilization: ReportedUtilization) -> Any:
     """Everything a request could have changed, as plain values."""
     m = service.manager
-    return (m.ledger.verify().entries, [e.id for e in m.ledger.audit_log(limit=500)],
-            [(r.id, r.node, r.gpus, r.released_at) for r in m.ledger.active_allocations()],
+    return (m.ledger.verify().entries, [e.id for e in m.ledger.audit.page(limit=500)],
+            [(r.id, r.node, r.gpus, r.released_at) for r in m.ledger.allocations.active()],
             {n: (m.inventory.reports[n].inventory, m.inventory.reports[n].last_seen) for n in m.inventory.reports},
             {n: (w, dry) for n, (_at, w, dry) in m.memory.reports.items()},
             dict(utilization._gpus), dict(utilization._memory))

@@ -66,7 +66,7 @@ async def test_a_repeated_user_key_is_refused_and_nobody_gets_gpus(service):
     body = '{"user": "carol", "user": "admin", "request": {"gpus": 1}}'
     message = await refused(service, "POST", "allocations", SPAWNER, body)
     assert "duplicate key 'user'" in message
-    assert [r.user for r in service.manager.ledger.active_allocations()] == []
+    assert [r.user for r in service.manager.ledger.allocations.active()] == []
 
 
 @pytest.mark.parametrize("method, path, token, body, key", [
@@ -120,7 +120,7 @@ async def test_a_new_boundary_warning_cannot_have_a_past_deadline(service):
     message = await refused(service, "PUT", "nodes/n1/boundary", N1,
                             {"warnings": [{**BOUNDARY_WARNING, "deadline": yesterday}]})
     assert f"/warnings/0/deadline ({yesterday}) is in the past" in message
-    assert service.manager.ledger.audit_log(user="bob") == []
+    assert service.manager.ledger.audit.page(user="bob") == []
 
 
 async def test_a_memory_warning_names_a_holder_of_a_share_of_that_gpu(service):
@@ -151,7 +151,7 @@ async def test_a_boundary_warning_names_a_user_out_of_bounds(service):
     # bob holds nothing on n1, which is what the boundary guard is for (docs: agent/boundary.py)
     code, answer = await service.call("PUT", "nodes/n1/boundary", N1, {"warnings": [warning]})
     assert code == 200 and answer["audited"] == 1, answer
-    assert [e.action for e in service.manager.ledger.audit_log(user="bob")] == ["gpu_out_of_bounds"]
+    assert [e.action for e in service.manager.ledger.audit.page(user="bob")] == ["gpu_out_of_bounds"]
 
 
 # ---- 5. names without bidirectional or zero-width controls

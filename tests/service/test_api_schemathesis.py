@@ -61,11 +61,11 @@ def seed_audit(hub) -> None:
     ledger = Ledger(f"sqlite:///{hub.workdir}/gpupool.sqlite")
     try:
         now = datetime.now(timezone.utc)
-        written = {(action, dry_run): ledger.add_audit(AuditEvent(
+        written = {(action, dry_run): ledger.audit.add(AuditEvent(
             now, "alice", "fuzz", action.value, f"seeded {action.value}", dry_run, {"seeded": True}))
             for action in AuditAction for dry_run in (False, True)}
         dismissed = written[AuditAction.PREEMPT, False].id  # one notice dismissed, the others pending
-        ledger.add_audit(AuditEvent(now, "alice", "fuzz", AuditAction.NOTICE_DISMISSED.value,
+        ledger.audit.add(AuditEvent(now, "alice", "fuzz", AuditAction.NOTICE_DISMISSED.value,
                                     "dismissed by the user", False, {"notice": dismissed}))
     finally:
         ledger.close()

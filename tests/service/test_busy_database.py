@@ -37,11 +37,11 @@ async def service(tmp_path):
     manager = make_manager(NODES, {"A100": 2}, f"sqlite:///{path}")
     manager.ledger.open_account("bob")
 
-    @sa.event.listens_for(manager.ledger.engine, "connect")
+    @sa.event.listens_for(manager.ledger.db.engine, "connect")
     def _impatient(dbapi_conn, _record):  # after the ledger's own PRAGMA busy_timeout=30000
         dbapi_conn.execute("PRAGMA busy_timeout=50")
 
-    manager.ledger.engine.dispose()
+    manager.ledger.db.engine.dispose()
     sock, port = bind_unused_port()
     server = HTTPServer(make_app(ServiceContext(manager=manager, hub_auth=StubHubAuth(), prefix=PREFIX,
                                                 admin_scope=ADMIN)))

@@ -71,7 +71,7 @@ def test_the_service_refuses_a_readable_file_and_starts_from_a_private_one(tmp_p
         service.stop()
     ledger = Ledger(db)  # the service used the file's database (it remembered n1's GPU there)
     try:
-        assert ledger.node_devices() == {"n1/gpu0": "n1"}
+        assert ledger.nodes.devices() == {"n1/gpu0": "n1"}
     finally:
         ledger.close()
     assert not (tmp_path / "not-this.sqlite").exists()

@@ -13,7 +13,8 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
-from gpupool_hub.ledger import Ledger, intervals
+from gpupool_hub.ledger import Ledger
+from gpupool_hub.ledger.schema import intervals
 from gpupool_hub.service.core.manager import PoolManager
 from gpupool_hub.usage.prometheus import PrometheusUsageSource
 from tests.fixtures.manager import Clock, make_manager as make_core
@@ -99,7 +100,7 @@ def test_prometheus_outage_of_three_intervals_charges_each_exactly_once(tmp_path
     assert manager.debits.debit_due() == 3
     assert manager.debits.accounting_status()["status"] == "ok"
     assert balances(manager.ledger) == EXPECTED
-    with manager.ledger.engine.connect() as conn:
+    with manager.ledger.db.engine.connect() as conn:
         assert conn.execute(intervals.select()).rowcount != 0
         starts = [r.start for r in conn.execute(intervals.select().where(intervals.c.job == "debit"))]
     assert len(starts) == len(set(starts)) == 4
@@ -153,7 +154,7 @@ def test_kill_9_in_the_middle_of_a_catch_up_loses_and_doubles_nothing(tmp_path, 
     ledger = Ledger(f"sqlite:///{db}")
 
     def charged():
-        with ledger.engine.connect() as conn:
+        with ledger.db.engine.connect() as conn:
             return conn.execute(intervals.select().where(intervals.c.job == "debit")).fetchall()
 
     def run_service():

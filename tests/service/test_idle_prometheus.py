@@ -155,7 +155,7 @@ def test_prometheus_down_reclaims_nothing_and_says_so(prom, prometheus_factory, 
     me = m.views.me("alice")
     assert me["cull_warning"] is None and me["gpu_servers"][0]["idle_since"] is None
     assert me["gpu_servers"][0]["gpus"][0]["utilization"] is None  # unknown, not 0 %
-    assert m.ledger.audit_events(["idle_warn", "idle_reclaim"]) == []
+    assert m.ledger.audit.of_actions(["idle_warn", "idle_reclaim"]) == []
 
 
 def test_server_idleness_follows_the_rule():
@@ -194,9 +194,9 @@ def test_dry_run_audits_what_it_would_do_and_stops_warns_releases_nothing(prom, 
         asyncio.run(job())
     assert "[dry run] would idle_warn for alice/-" in caplog.text
     assert "[dry run] would idle_reclaim for alice/-" in caplog.text
-    events = m.ledger.audit_log(user="alice")
+    events = m.ledger.audit.page(user="alice")
     assert [(e.action, e.dry_run) for e in events][::-1] == [("idle_warn", True), ("idle_reclaim", True)]
     me = m.views.me("alice")
     assert me["cull_warning"] is None and me["notices"] == []
     assert [a["user"] for a in me["allocations"]] == ["alice"]  # still held
-    assert m.ledger.audit_events(["failed"]) == []
+    assert m.ledger.audit.of_actions(["failed"]) == []

@@ -88,7 +88,7 @@ def test_a_restart_loses_nobodys_place(tmp_path):
     m2 = manager(tmp_path, clock=clock)
     assert m2.restore() == 1
     assert [queued(m2, u).details["position"] for u in ("bob", "carol", "dave")] == [1, 2, 3]
-    m2.admission.release(m2.ledger.active_allocations()[0].id, "stopped")
+    m2.admission.release(m2.ledger.allocations.active()[0].id, "stopped")
     assert admit(m2, "bob").user == "bob"
 
 
@@ -304,7 +304,7 @@ def test_a_spawn_for_another_model_replaces_the_queued_one_and_starts_at_once(tm
     assert e.value.details["position"] == 1 and len(m.queue.entries) == 1
     got = m.admission.admit("bob", [], "", Request(gpus=1), ["RTX A6000"])
     assert got.node == "node-c" and got.gpus[0]["model"] == A6000
-    assert m.queue.entries == {} and m.ledger.queue_entries() == []
+    assert m.queue.entries == {} and m.ledger.queue.rows() == []
 
 
 def test_a_spawn_that_claims_its_reserved_gpus_and_is_then_abandoned_holds_nothing(tmp_path):
@@ -321,7 +321,7 @@ def test_a_spawn_that_claims_its_reserved_gpus_and_is_then_abandoned_holds_nothi
     assert m.admission.admit("bob", [], "", Request(gpus=1), None, key="attempt-1").id == got.id
     released = m.admission.release_key("attempt-1", "spawn abandoned: CancelledError")
     assert released is not None and released.id == got.id
-    assert m.ledger.active_allocations() == []
+    assert m.ledger.allocations.active() == []
     assert admit(m, "carol").gpus[0]["uuid"] == "GPU-0"  # the GPU is free for the next user
 
 
@@ -374,11 +374,11 @@ def test_a_join_the_ledger_cannot_store_leaves_nobody_waiting_and_nothing_reserv
         locker.rollback()
         locker.close()
     assert ("dave", "") not in m.queue.entries and not m.queue.reports.waiting_of("dave")
-    assert [r["user"] for r in m.ledger.queue_entries()] == ["carol"]
+    assert [r["user"] for r in m.ledger.queue.rows()] == ["carol"]
     # his next try joins as if the first never happened, behind carol, with one shown estimate
     r = queued(m, "dave")
-    assert r.details["position"] == 2 and [e["user"] for e in m.ledger.queue_entries()] == ["carol", "dave"]
-    with m.ledger.engine.connect() as conn:
+    assert r.details["position"] == 2 and [e["user"] for e in m.ledger.queue.rows()] == ["carol", "dave"]
+    with m.ledger.db.engine.connect() as conn:
         shown = conn.exec_driver_sql("SELECT user FROM gpupool_estimates ORDER BY shown_at, user").fetchall()
     assert sorted(u for (u,) in shown) == ["carol", "dave"]
 
@@ -390,8 +390,8 @@ def test_a_newcomer_that_starts_as_it_joins_leaves_no_queue_record(tmp_path):
     queued(m, "carol", gpus=2)  # node-b held for her
     m.admission.release(a.id if a.node == "node-a" else b.id, "stopped")  # node-a free
     assert admit(m, "dave").node == "node-a"  # backfilled at once, off the held node
-    assert [r["user"] for r in m.ledger.queue_entries()] == ["carol"]
-    with m.ledger.engine.connect() as conn:
+    assert [r["user"] for r in m.ledger.queue.rows()] == ["carol"]
+    with m.ledger.db.engine.connect() as conn:
         users = [u for (u,) in conn.exec_driver_sql("SELECT user FROM gpupool_estimates")]
     assert users == ["carol"]  # no estimate was shown to dave: he never waited
 

@@ -9,7 +9,7 @@ from datetime import timedelta
 import sqlalchemy as sa
 
 from gpupool_hub import eta
-from gpupool_hub.ledger import estimates
+from gpupool_hub.ledger.schema import estimates
 from tests.service.test_queue import admit, manager, queued
 from tests.fixtures.manager import Clock
 from tests.service.openapi import check
@@ -82,15 +82,15 @@ def test_the_shown_estimate_is_recorded_once_per_entry(tmp_path):
     keep_waiting(m, clock, 60)
     m.admission.release(held.id, "server stopped")
     entry_id = admit(m, "bob").id
-    rows = m.ledger.estimates_started(clock.now.replace(year=2024))
+    rows = m.ledger.queue.started_estimates(clock.now.replace(year=2024))
     assert len(rows) == 1
     low, mid, high, real = rows[0]
     assert real == 180.0
     assert abs(low - (eta_seconds(first["eta_low"], first["since"]))) <= 1
     # a second start of the same entry (a replayed claim) keeps the first time
     clock.advance(30)
-    m.ledger.estimate_started(entry_id, clock.now)
-    assert m.ledger.estimates_started(clock.now.replace(year=2024)) == rows
+    m.ledger.queue.estimate_started(entry_id, clock.now)
+    assert m.ledger.queue.started_estimates(clock.now.replace(year=2024)) == rows
 
 
 def eta_seconds(at: str, since: str) -> float:
@@ -126,12 +126,12 @@ def test_the_range_is_calibrated_on_how_far_off_past_estimates_were(tmp_path):
     for i in range(51):
         ratio = 1 + 0.04 * i
         shown_at = clock.now - timedelta(hours=2, minutes=i)
-        m.ledger.estimate_shown(f"past{i}", "carol", shown_at, [0, 0, 0], "history", 285)
-        m.ledger.estimate_started(f"past{i}", shown_at + timedelta(seconds=300 * ratio - 15))
+        m.ledger.queue.estimate_shown(f"past{i}", "carol", shown_at, [0, 0, 0], "history", 285)
+        m.ledger.queue.estimate_started(f"past{i}", shown_at + timedelta(seconds=300 * ratio - 15))
     admit(m, "alice")
     r = queued(m, "bob")
     entry = m.queue.reports.waiting_of("bob")[0]
-    with m.ledger.engine.begin() as conn:
+    with m.ledger.db.engine.begin() as conn:
         model_s = conn.execute(sa.select(estimates.c.model_s).where(estimates.c.user == "bob")).scalar_one()
     assert model_s is not None and model_s > 0
     low, high = (eta_seconds(r.details[k], entry["since"]) for k in ("eta_low", "eta_high"))
@@ -146,7 +146,7 @@ def test_too_few_past_starts_leave_the_models_own_range(tmp_path):
     past_sessions(m, clock)
     for i in range(eta.MIN_CALIBRATION - 1):  # one short: the ratios of 3 are not used
         shown_at = clock.now - timedelta(hours=2, minutes=i)
-        m.ledger.estimate_shown(f"past{i}", "carol", shown_at, [0, 0, 0], "history", 285)
-        m.ledger.estimate_started(f"past{i}", shown_at + timedelta(seconds=900 - 15))
+        m.ledger.queue.estimate_shown(f"past{i}", "carol", shown_at, [0, 0, 0], "history", 285)
+        m.ledger.queue.estimate_started(f"past{i}", shown_at + timedelta(seconds=900 - 15))
     admit(m, "alice")
     assert queued(m, "bob").details["eta_text"] in ("about 4–16 min", "about 4–17 min", "about 3–16 min")

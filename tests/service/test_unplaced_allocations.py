@@ -71,7 +71,7 @@ def start(db: str, models: dict[str, str], scontrol: Scontrol,
 
 def pool_map(m: PoolManager) -> list[dict]:
     """What ``GET pool`` (``gpupool pool``) shows."""
-    return m.views.pool_report(m.ledger.active_holders(), {})["nodes"]
+    return m.views.pool_report(m.ledger.allocations.active_holders(), {})["nodes"]
 
 
 def gpu_of(nodes: list[dict], node: str, index: int) -> dict:
@@ -95,7 +95,7 @@ def test_a_server_on_an_unmapped_gres_type_keeps_its_gpu_until_the_map_is_fixed(
     caplog.clear()
     clock.advance(60)
     m, source = start(db, BROKEN_MAP, scontrol, clock)
-    held = m.ledger.allocation(alloc.id)
+    held = m.ledger.allocations.get(alloc.id)
     assert held is not None and held.released_at is None, held
     assert alloc.id in {r.id for r in m.records.active_allocations()}  # what reconcile checks servers against
     assert problems(caplog, logging.ERROR) == []
@@ -123,7 +123,7 @@ def test_a_server_on_an_unmapped_gres_type_keeps_its_gpu_until_the_map_is_fixed(
     shown = gpu_of(nodes, alloc.node, gpu["index"])
     assert [(h["user"], h["server"], h.get("held_outside")) for h in shown["holders"]] == [("alice", "train", None)]
     assert next(n for n in nodes if n["node"] == alloc.node)["held_outside"] == []
-    assert m.ledger.allocation(alloc.id).released_at is None
+    assert m.ledger.allocations.get(alloc.id).released_at is None
     m.inventory.apply_node_status(source.node_status())
     assert problems(caplog) == []
     m.close()
@@ -165,7 +165,7 @@ def test_a_node_left_out_of_the_configuration_keeps_its_servers_allocations(tmp_
     m.close()
     caplog.clear()
     m = restart([n for n in nodes if n["name"] != alloc.node])
-    assert m.ledger.allocation(alloc.id).released_at is None
+    assert m.ledger.allocations.get(alloc.id).released_at is None
     assert problems(caplog, logging.ERROR) == []
     [warning] = problems(caplog)
     assert re.search(rf"{alloc.id} of alice/-: node {alloc.node} is not in the pool; check the node in "
@@ -201,7 +201,7 @@ def test_a_gpu_its_agent_stops_reporting_stays_its_servers_and_is_taken_back_whe
     assert problems(caplog, logging.ERROR) == []
     [warning] = problems(caplog)
     assert "alice/-" in warning and "bob/-" in warning and "its node agent reports other GPUs" in warning
-    assert {r.user for r in m.ledger.active_allocations()} == {"alice", "bob"}
+    assert {r.user for r in m.ledger.allocations.active()} == {"alice", "bob"}
 
     m.admission.release(bob.id, "server stopped")  # bob's server ends while his GPU is missing
     caplog.clear()

@@ -42,7 +42,7 @@ def at(offset: float) -> datetime:
 
 
 def hold(ledger: Ledger, alloc_id: str, user: str) -> None:
-    ledger.add_allocation(AllocationRecord(
+    ledger.allocations.add(AllocationRecord(
         id=alloc_id, user=user, server="", node="gpu-a", gpus=({"index": 0, "model": MODELS["a6000"]},),
         request={"gpus": 1}, price_per_hour=Decimal(4), borrowed=False, created_at=at(-60)))
 
@@ -75,7 +75,7 @@ def counted_reads(ledger: Ledger) -> Iterator[list[str]]:
             seen.append(statement)
 
     # PostgreSQL's reader shares the writer's engine (its events fire there too)
-    engines = [ledger.engine] + ([ledger.reader] if ledger.reader.pool is not ledger.engine.pool else [])
+    engines = [ledger.db.engine] + ([ledger.db.reader] if ledger.db.reader.pool is not ledger.db.engine.pool else [])
     for engine in engines:
         sa.event.listen(engine, "before_cursor_execute", count)
     try:

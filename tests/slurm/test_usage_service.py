@@ -27,7 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from gpupool_hub.ledger import AllocationRecord, Ledger, Posting, UnknownAccount, intervals
+from gpupool_hub.ledger import AllocationRecord, Ledger, Posting, UnknownAccount
+from gpupool_hub.ledger.schema import intervals
 from tests.fixtures.hub import free_port, wait_for
 from tests.fixtures.slurm import NodeSpec, SlurmCluster, running_cluster
 
@@ -101,11 +102,11 @@ def make_ledger(path: Path, base: datetime, alloc: dict[str, str], jobs: dict) -
     ledger.open_account("daemon")
     for kind, alloc_id in alloc.items():
         spec = jobs[kind]
-        ledger.add_allocation(AllocationRecord(
+        ledger.allocations.add(AllocationRecord(
             id=alloc_id, user="alice", server="", node=spec["node"], gpus=(), request={},
             price_per_hour=Decimal(0), borrowed=False,
             created_at=datetime.fromtimestamp(spec["start"] - 5, timezone.utc)))
-        ledger.release_allocation(alloc_id, at=datetime.fromtimestamp(spec["end"], timezone.utc), reason="test")
+        ledger.allocations.release(alloc_id, at=datetime.fromtimestamp(spec["end"], timezone.utc), reason="test")
     return ledger
 
 
@@ -154,7 +155,7 @@ class Service:
 
 
 def charged(ledger: Ledger) -> list[datetime]:
-    with ledger.engine.connect() as conn:
+    with ledger.db.engine.connect() as conn:
         return sorted(r.start for r in conn.execute(intervals.select().where(intervals.c.job == "debit")))
 
 

@@ -146,7 +146,7 @@ def test_mig_profiles_end_to_end(hub, monkeypatch, capsys):
 
     ledger = Ledger(f"sqlite:///{hub.workdir}/gpupool.sqlite")
     try:
-        records = {r.user: r for r in ledger.active_allocations()}
+        records = {r.user: r for r in ledger.allocations.active()}
         start = max(records["alice"].created_at, records["bob"].created_at)
         prices = PriceTable.from_config({"A100": "2.8"}, mig_prices={"3g.40gb": "1.5"})
         debits = Debits(ledger, prices, AllocationRecordsSource(ledger), interval=3600, delay_tolerance=0,

@@ -70,7 +70,7 @@ def user_allocations(hub, user: str) -> list:
     ledger = Ledger(f"sqlite:///{hub.workdir}/gpupool.sqlite")
     try:
         now = datetime.now(timezone.utc)
-        return [a for a in ledger.allocations_overlapping(now - timedelta(days=1), now + timedelta(days=1))
+        return [a for a in ledger.allocations.overlapping(now - timedelta(days=1), now + timedelta(days=1))
                 if a.user == user]
     finally:
         ledger.close()

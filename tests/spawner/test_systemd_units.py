@@ -198,7 +198,7 @@ def named_spawner(svc: Service, name: str, dynamic_users: bool) -> GPUPoolSystem
 
 
 def held(svc: Service) -> list:
-    return svc.manager.ledger.allocations_overlapping(datetime(2000, 1, 1, tzinfo=timezone.utc),
+    return svc.manager.ledger.allocations.overlapping(datetime(2000, 1, 1, tzinfo=timezone.utc),
                                                       datetime(2100, 1, 1, tzinfo=timezone.utc))
 
 

@@ -62,7 +62,7 @@ def hub_user(name: str) -> SimpleNamespace:
 
 def ever_allocated(svc: Service) -> list:
     """Every allocation the service ever recorded, released ones too."""
-    return svc.manager.ledger.allocations_overlapping(datetime(2000, 1, 1, tzinfo=timezone.utc),
+    return svc.manager.ledger.allocations.overlapping(datetime(2000, 1, 1, tzinfo=timezone.utc),
                                                       datetime(2100, 1, 1, tzinfo=timezone.utc))
 
 

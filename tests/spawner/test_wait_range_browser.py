@@ -62,16 +62,16 @@ def seed_history(db_url: str, now: datetime) -> None:
         for i in range(30):
             minutes = 20 + 2 * i
             start = now - timedelta(days=2, hours=i)
-            ledger.add_allocation(AllocationRecord(
+            ledger.allocations.add(AllocationRecord(
                 id=f"past-{i}", user=f"past{i % 6}", server="", node="node-a",
                 gpus=({**GPU, "milli": 1000, "mig_uuid": None},),
                 request={"cpu_milli": 0, "memory_mib": 0, "gpus": 1, "gpu_milli": 0, "models": []},
                 price_per_hour=Decimal(1), borrowed=False, created_at=start))
-            ledger.release_allocation(f"past-{i}", at=start + timedelta(minutes=minutes), reason="stopped")
+            ledger.allocations.release(f"past-{i}", at=start + timedelta(minutes=minutes), reason="stopped")
         for i, (low, mid, high, waited) in enumerate(STARTED):
             joined = now - timedelta(days=1, hours=i)
-            ledger.estimate_shown(f"w{i}", f"past{i}", joined, [low, mid, high], "history")
-            ledger.estimate_started(f"w{i}", joined + timedelta(seconds=waited))
+            ledger.queue.estimate_shown(f"w{i}", f"past{i}", joined, [low, mid, high], "history")
+            ledger.queue.estimate_started(f"w{i}", joined + timedelta(seconds=waited))
     finally:
         ledger.close()
 

@@ -2,6 +2,6 @@
 
 Each unit alone changes its own state (``Enforcement.warn()``, not an edit of its
 dicts from outside). The core imports nothing from tornado, requests, ``api/``,
-``pages/`` or ``jobs/``: the database only through ``ledger.py``, the pure rules
+``pages/`` or ``jobs/``: the database only through ``ledger/``, the pure rules
 from ``gpupool_hub`` (credits, fairshare, waitqueue, cull, idle, placement).
 """

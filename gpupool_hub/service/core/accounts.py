@@ -63,7 +63,7 @@ class Accounts:
         return isinstance(self._credit(user, groups), Credited)
 
     @writes
-    def balance(self, user: str, groups: Iterable[str] = ()) -> Decimal:
+    def balance_after_credits(self, user: str, groups: Iterable[str] = ()) -> Decimal:
         """The balance once the credits due are posted: every spawn asks, and the read that
         found nothing due, or the transaction that posted what was, knows it (no second read)."""
         return self._credit(user, groups).balance
@@ -82,7 +82,7 @@ class Accounts:
         if account is not None and through is not None and through >= today:
             return account
         due = due_credits(user, rules, through, now, self.settings.tz)
-        credited = self.ledger.apply_credits(user, due, through=today, max_balance=rules.max_balance, now=now)
+        credited = self.ledger.post_credits(user, due, through=today, max_balance=rules.max_balance, now=now)
         self.cache.forget(user)
         return credited
 

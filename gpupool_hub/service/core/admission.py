@@ -119,10 +119,10 @@ class Admission:
         them start at once (five 0.5 tokens/h servers at -9.4 with a floor of -10).
         """
         groups = set(groups)
-        balance = self.accounts.balance(user, groups)
+        balance = self.accounts.balance_after_credits(user, groups)
         rules = self.settings.rules_for(groups)
         if held is None:
-            held = self.ledger.active_allocations(user)
+            held = self.ledger.allocations.active(user)
         held_price = sum((r.price_per_hour for r in held), Decimal(0))
         allowed = (self.inventory.resolve_models(requested_models) if requested_models
                    else frozenset(self.inventory.models()))
@@ -176,7 +176,7 @@ class Admission:
         """
         if key is not None and key in self.tombstones:
             raise AttemptAbandoned(f"spawn attempt {key!r} was abandoned and its allocation released")
-        held: list[AllocationRecord] | None = self.ledger.active_allocations(user)
+        held: list[AllocationRecord] | None = self.ledger.allocations.active(user)
         for record in list(held or ()):
             if record.server == server:
                 if key is None or record.request.get("key") == key:
@@ -291,7 +291,7 @@ class Admission:
             created_at=self.clock(),
         )
         try:
-            self.ledger.add_allocation(record)
+            self.ledger.allocations.add(record)
         except Exception:
             self.pool.release(alloc_id)
             raise
@@ -305,10 +305,10 @@ class Admission:
         the release comes late), kept within [its start, now]; its GPUs go back to the pool."""
         when = self.clock()
         if at is not None:
-            held = self.ledger.allocation(alloc_id)
+            held = self.ledger.allocations.get(alloc_id)
             if held is not None:
                 when = min(max(at, held.created_at), when)
-        record = self.ledger.release_allocation(alloc_id, at=when, reason=reason)
+        record = self.ledger.allocations.release(alloc_id, at=when, reason=reason)
         if alloc_id in self.pool:
             self.pool.release(alloc_id)
             if self.queue is not None:
@@ -332,7 +332,7 @@ class Admission:
         """Abandon a spawn attempt: release what its ``key`` got as never charged (at its start),
         and refuse the key's ``POST`` from now on (it may still be on its way)."""
         self.tombstones.add(key)
-        for record in self.ledger.active_allocations():
+        for record in self.ledger.allocations.active():
             if record.request.get("key") == key:
                 return self.release(record.id, reason, at=record.created_at)
         return None

@@ -66,7 +66,7 @@ class Debits:
     def last_debit(self) -> tuple[datetime, datetime] | None:
         """The last charged interval, kept in memory (this unit is its only writer)."""
         if self._last is None:
-            self._last = (self.ledger.last_interval(DEBIT_JOB),)
+            self._last = (self.ledger.intervals.last(DEBIT_JOB),)
         return self._last[0]
 
     def next_interval_start(self) -> datetime:
@@ -146,7 +146,7 @@ class Debits:
     ) -> tuple[list[Posting], dict[tuple[str, str], Decimal]]:
         """Debits for one interval: each rounded to the milli-token with the remainder
         carried to the same user's next debit on that model (MIG profile), so totals stay exact."""
-        carried = self.ledger.carries()
+        carried = self.ledger.carries.remainders()
         postings, carry = [], {}
         # one debit per (user, charge key): fractions of several classes of one model add up,
         # each part at its class's price, before the one rounding

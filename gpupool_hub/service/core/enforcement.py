@@ -65,7 +65,7 @@ class Enforcement:
 
     def restore(self, events: Iterable[AuditEvent], balances: Mapping[str, Decimal]) -> None:
         """Rebuild the node agents' list after a restart from the newest non-dry-run
-        ``cull_kernels``/``stop_server`` per (user, server) (``Ledger.audit_latest``):
+        ``cull_kernels``/``stop_server`` per (user, server) (``ledger.audit.latest_per_server``):
         users still below zero go back on the list, and servers whose kernels were
         culled (not stopped since) are revoked again. A user topped up since is left
         off, as ``reinstate`` would have done."""

@@ -27,9 +27,9 @@ class GpuUseLog:
 
     @reads
     def recorded(self, start: datetime) -> bool:
-        return self.ledger.interval_done(JOB, start)
+        return self.ledger.intervals.done(JOB, start)
 
     @writes
     def record(self, rows: Sequence[GpuUse], start: datetime, end: datetime) -> bool:
         """The interval's rows and its mark; False when it was recorded already."""
-        return self.ledger.record_gpu_use(list(rows), (JOB, start, end))
+        return self.ledger.gpu_use.record(list(rows), (JOB, start, end))

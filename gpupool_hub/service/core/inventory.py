@@ -192,8 +192,8 @@ class PoolInventory:
         it (``unplaced``), said with a node status source's first word (Slurm's unmapped GRES type)."""
         restored = 0
         waiting = 0
-        self.claims = ledger.node_devices()
-        for record in ledger.active_allocations():
+        self.claims = ledger.nodes.devices()
+        for record in ledger.allocations.active():
             if self.follows_reports and record.node not in self.pool.by_name:
                 waiting += 1
                 continue
@@ -207,7 +207,7 @@ class PoolInventory:
                 restored += 1
             except Exception as e:  # its GPUs are there but taken twice, or a bad record: release, loudly
                 log.error("Releasing allocation %s of %s: cannot restore it (%s)", record.id, record.user, e)
-                ledger.release_allocation(record.id, at=self.clock(), reason=f"not restorable: {e}")
+                ledger.allocations.release(record.id, at=self.clock(), reason=f"not restorable: {e}")
         if waiting:
             log.info("%d allocation(s) on nodes not reported yet stay held until their agents report", waiting)
         if self.source is None or not self.source.dynamic:
@@ -256,7 +256,7 @@ class PoolInventory:
             self._check_joinable(name, node, move_remembered)
             devices = {uuid for _, uuid in _devices(node)}
             if ledger is not None and devices != {d for d, n in self.claims.items() if n == name}:
-                ledger.set_node_devices(name, devices, self.clock())
+                ledger.nodes.set_devices(name, devices, self.clock())
             self.claims = {**{d: n for d, n in self.claims.items() if n != name and d not in devices},
                            **dict.fromkeys(devices, name)}
         report = self.reports.accept(name, inventory, node, self.clock(), self.differences(node))
@@ -314,7 +314,7 @@ class PoolInventory:
         held = {a: entry[3] for a, entry in old._allocs.items() if not self.is_outside(a)}
         who = {a: u.who for a, u in self.unplaced.items()}  # servers' allocations, not reservations
         held.update({a: u.placement for a, u in self.unplaced.items()})  # this report may bring their GPUs
-        for record in ledger.active_allocations() if ledger is not None else ():
+        for record in ledger.allocations.active() if ledger is not None else ():
             held.setdefault(record.id, self.placement_of(record))
             who[record.id] = f"{record.user}/{record.server or '-'}"
         for alloc_id, placement in held.items():
@@ -413,7 +413,7 @@ class PoolInventory:
         guess. Raises ``ValueError`` (with a message for the caller) when the new
         indices do not fit the allocation; ``LookupError`` when it is not held.
         """
-        record = ledger.allocation(alloc_id)
+        record = ledger.allocations.get(alloc_id)
         if record is None or record.released_at is not None:
             raise LookupError(f"no held allocation {alloc_id!r}")
         ns = self.pool.by_name.get(record.node)
@@ -449,11 +449,11 @@ class PoolInventory:
                 self.pool.restore(alloc_id, old)
             self.apply_node_status(self.node_status)
             raise ValueError(f"GPUs {sorted(indices)} of {record.node} are held by another allocation: {e}") from None
-        ledger.set_allocation_gpus(alloc_id, new)
+        ledger.allocations.set_gpus(alloc_id, new)
         self.apply_node_status(self.node_status)
         log.info("Allocation %s rebound to GPUs %s of %s (as the scheduler bound them)", alloc_id,
                  sorted(indices), record.node)
-        return ledger.allocation(alloc_id)  # type: ignore[return-value]
+        return ledger.allocations.get(alloc_id)  # type: ignore[return-value]
 
 
 def _differences(configured: Node | None, node: Node) -> list[str]:

@@ -63,7 +63,7 @@ class JobsLease:
         """Take or renew the lease (a database write: call it on the writer thread).
         A failed renewal counts as not held: two runners are worse than a skipped run."""
         try:
-            current = self.ledger.claim_lease(JOBS, self.holder, self.ttl, holder_gone=holder_gone)
+            current = self.ledger.leases.claim(JOBS, self.holder, self.ttl, holder_gone=holder_gone)
         except Exception as e:
             if self.held:
                 log.warning("gpupool: cannot renew the jobs lease (%s); periodic jobs pause until it is renewed", e)
@@ -85,5 +85,5 @@ class JobsLease:
         """At a clean stop, so that a successor takes over at once."""
         if self.held:
             self.held = False
-            self.ledger.release_lease(JOBS, self.holder)
+            self.ledger.leases.release(JOBS, self.holder)
             log.info("gpupool: jobs lease released")

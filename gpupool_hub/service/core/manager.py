@@ -65,7 +65,7 @@ class PoolManager:
         self.settings = settings
         self.ledger = ledger
         self.clock = clock
-        self.threads = threads or CoreThreads(ledger.busy_timeout, concurrent_reads=ledger.concurrent_reads)
+        self.threads = threads or CoreThreads(ledger.db.busy_timeout, concurrent_reads=ledger.db.concurrent_reads)
         threads = self.threads
         self.cache = ViewCache()
         self.records = Records(ledger, threads=threads)
@@ -109,14 +109,14 @@ class PoolManager:
         allocations were restored."""
         restored = self.inventory.restore(self.ledger)
         self.queue.restore()
-        events = self.ledger.audit_latest([AuditAction.CULL_KERNELS.value, AuditAction.STOP_SERVER.value])
+        events = self.ledger.audit.latest_per_server([AuditAction.CULL_KERNELS.value, AuditAction.STOP_SERVER.value])
         # no account, no balance below zero: nothing to enforce (left out of balances)
         self.enforcement.restore(events, self.ledger.balances({e.user for e in events}))
-        self.enforcement.restore_taken(self.ledger.audit_events(
+        self.enforcement.restore_taken(self.ledger.audit.of_actions(
             [AuditAction.PREEMPT.value, AuditAction.IDLE_RECLAIM.value], since=self.clock() - TAKEN_WATCH))
         # fair share: cool-downs and counters from the preempt events; held servers re-classified
-        self.reclaims.restore(self.ledger.audit_events([AuditAction.PREEMPT.value]),
-                              self.ledger.active_allocations())
+        self.reclaims.restore(self.ledger.audit.of_actions([AuditAction.PREEMPT.value]),
+                              self.ledger.allocations.active())
         # the epoch and the last debit are read by every GET me: read them now, not on the event loop
         self.ledger.epoch(self.clock())
         self.debits.last_debit()

@@ -76,7 +76,7 @@ class Notices:
     @writes
     def record(self, event: AuditEvent) -> AuditEvent:
         """Write an audit event and drop the user's cached view (it may carry a new notice)."""
-        written = self.ledger.add_audit(event)
+        written = self.ledger.audit.add(event)
         self.cache.forget(event.user)
         return written
 
@@ -86,7 +86,7 @@ class Notices:
         return [notice_json(e) for e in self._pending(user)[:MAX_NOTICES]]
 
     def _pending(self, user: str) -> list[AuditEvent]:
-        events = self.ledger.audit_of_user(user, [*KINDS, AuditAction.NOTICE_DISMISSED.value])
+        events = self.ledger.audit.of_user(user, [*KINDS, AuditAction.NOTICE_DISMISSED.value])
         dismissed = {(e.detail or {}).get("notice") for e in events
                      if e.action == AuditAction.NOTICE_DISMISSED.value}
         return [e for e in events if e.action in KINDS and e.id not in dismissed]
@@ -95,7 +95,7 @@ class Notices:
     def dismiss(self, user: str, notice_id: int) -> bool:
         """Dismiss one of ``user``'s notices (writer thread). False when ``user`` has no
         such notice: another user's event is not theirs to dismiss, nor to learn about."""
-        event = self.ledger.audit_event(notice_id)
+        event = self.ledger.audit.get(notice_id)
         if event is None or event.user != user or event.action not in KINDS or event.dry_run:
             return False
         if any(e.id == notice_id for e in self._pending(user)):

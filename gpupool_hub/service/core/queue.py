@@ -109,7 +109,7 @@ class WaitQueue:
     def restore(self) -> int:
         """At start-up: the stored entries, as if each had just retried; then a dispatch."""
         now = self.clock()
-        for row in self.ledger.queue_entries():
+        for row in self.ledger.queue.rows():
             w = Waiter(id=row["id"], user=row["user"], server=row["server"], request=_request(row["request"]),
                        since=row["since"], priority=row["priority"])
             self.entries[(w.user, w.server)] = Entry(w, row["requested_models"], now)
@@ -149,7 +149,7 @@ class WaitQueue:
                 return self.claim(entry, stored=False)
             refused, shown = self._refusal(entry)
             # the entry and the estimate it was shown, in one transaction (one commit per join)
-            self.ledger.queue_add(row, shown=shown)
+            self.ledger.queue.add(row, shown=shown)
             self._shown.add(w.id)
         except BaseException:  # nothing stored: the queue in memory forgets it too
             if self.entries.get(entry.key) is entry:
@@ -204,8 +204,8 @@ class WaitQueue:
         assert entry.placement is not None
         self.entries.pop(entry.key, None)
         if stored:
-            self.ledger.queue_remove(entry.waiter.id)
-            self.ledger.estimate_started(entry.waiter.id, self.clock())
+            self.ledger.queue.remove(entry.waiter.id)
+            self.ledger.queue.estimate_started(entry.waiter.id, self.clock())
             self.eta.started(self.clock(), entry.waiter.request.total_gpu_milli)
         self._shown.discard(entry.waiter.id)
         self.order.claimed(entry.waiter.user)  # admission records it now: held from here on
@@ -215,7 +215,7 @@ class WaitQueue:
         """Drop an entry, giving its reserved GPUs back (and to the next waiters)."""
         self.entries.pop(entry.key, None)
         self._settled = None  # it may have been the head
-        self.ledger.queue_remove(entry.waiter.id)
+        self.ledger.queue.remove(entry.waiter.id)
         log.info("%s/%s left the queue: %s", entry.waiter.user, entry.waiter.server or "-", why)
         if entry.placement is not None:
             if entry.waiter.id in self.pool:
@@ -287,7 +287,7 @@ class WaitQueue:
             self.order.reserve(None)
             return []
         by_id = {e.waiter.id: e for e in waiting}
-        self.order.count_held(self.ledger.held_servers())
+        self.order.count_held(self.ledger.allocations.held_per_user())
         now = self.clock()
         head = self.order.head()
         fair = FairOrder.of((e.waiter for e in waiting), head, self.order.running(self.entries.values()), now=now)
@@ -331,12 +331,12 @@ class WaitQueue:
         """A waiting entry's answer: its position and estimate (the first shown is recorded)."""
         refused, shown = self._refusal(entry)
         if shown is not None and entry.waiter.id not in self._shown:
-            self.ledger.estimate_shown(*shown)
+            self.ledger.queue.estimate_shown(*shown)
             self._shown.add(entry.waiter.id)
         return refused
 
     def _refusal(self, entry: Entry) -> tuple[Refused, tuple[Any, ...] | None]:
-        """The answer, and the estimate to record (``Ledger.estimate_shown``'s arguments)
+        """The answer, and the estimate to record (``ledger.queue.estimate_shown``'s arguments)
         unless one was recorded for the entry already (kept for the published accuracy)."""
         now = self.clock()
         position = self.order.position(entry)

@@ -160,9 +160,9 @@ class QueueEstimates:
         """Closed sessions of the last ``HISTORY_DAYS`` (reread every ``HISTORY_TTL`` seconds)."""
         stamp = self.clock().timestamp()
         if self._history is None or stamp - self._history[0] >= HISTORY_TTL:
-            since = self.clock() - timedelta(days=HISTORY_DAYS)
+            released = self.ledger.allocations.session_lengths(self.clock() - timedelta(days=HISTORY_DAYS))
             self._history = (stamp, eta_rules.SessionHistory(
-                (_profile(req), user, seconds) for req, user, seconds in self.ledger.session_lengths(since)))
+                (_profile(req), user, seconds) for req, user, seconds in released))
         return self._history[1]
 
     def calibration(self) -> eta_rules.Calibration:
@@ -171,7 +171,7 @@ class QueueEstimates:
         stamp = self.clock().timestamp()
         if self._calibration is None or stamp - self._calibration[0] >= RELEASES_TTL:
             since = self.clock() - timedelta(days=HISTORY_DAYS)
-            pairs = self.ledger.calibration_pairs(since, eta_rules.CALIBRATION_SPAN)
+            pairs = self.ledger.queue.calibration_pairs(since, eta_rules.CALIBRATION_SPAN)
             self._calibration = (stamp, eta_rules.Calibration(pairs))
         return self._calibration[1]
 
@@ -224,7 +224,7 @@ class QueueEstimates:
     @reads
     def accuracy(self) -> dict[str, Any]:
         """The shown estimates against the real starts, over the last ``ACCURACY_DAYS``."""
-        rows = self.ledger.estimates_started(self.clock() - timedelta(days=ACCURACY_DAYS))
+        rows = self.ledger.queue.started_estimates(self.clock() - timedelta(days=ACCURACY_DAYS))
         return eta_rules.accuracy(rows).json(ACCURACY_DAYS)
 
     def held_ends(self) -> tuple[list[AllocationRecord], dict[str, datetime]]:
@@ -232,7 +232,7 @@ class QueueEstimates:
         seconds: it reads every holder's balance, and every estimate of a join needs it)."""
         stamp = self.clock().timestamp()
         if self._held is None or stamp - self._held[0] >= RELEASES_TTL:
-            held = self.ledger.active_allocations()
+            held = self.ledger.allocations.active()
             self._held = (stamp, held, self._known_ends(held, self.clock()))
         return self._held[1], self._held[2]
 

@@ -98,7 +98,7 @@ class Reclaims:
         self.threads = threads
         # writes a preempt event (the victim's notice comes from it); the node agents are told
         # that the victim's processes on GPUs it no longer holds are stray (``revoke``)
-        self.record = record or ledger.add_audit
+        self.record = record or ledger.audit.add
         self.revoke = revoke
         self.active: dict[tuple[str, str], Reclaim] = {}
         self.warnings: dict[str, CullWarning] = {}
@@ -127,7 +127,7 @@ class Reclaims:
         plus GPUs reserved for a reclaim (they count for the team they are reserved for)."""
         leaving = {v.id for rc in self.active.values() for v in rc.victims}
         out = []
-        for r in self.ledger.active_allocations():
+        for r in self.ledger.allocations.active():
             if r.id in leaving:
                 continue
             out.append(fairshare.Holding(
@@ -182,7 +182,7 @@ class Reclaims:
             log.exception("Reclaim for %s/%s failed to place after choosing victims", user, server)
             return
         grace = timedelta(seconds=self.settings.preempt_grace)
-        records = {r.id: r for r in self.ledger.active_allocations()}
+        records = {r.id: r for r in self.ledger.allocations.active()}
         rc = Reclaim(id=reclaim_id, user=user, server=server, team=team, request=req,
                      requested_models=requested_models, placement=placement,
                      victims=[records[h.id] for h in victims], created_at=now, deadline=now + grace,
@@ -228,7 +228,7 @@ class Reclaims:
             return
         now = self.clock()
         reason = f"preempted: borrowed GPUs reclaimed for team {rc.team} ({rc.user}/{rc.server or '-'})"
-        self.ledger.release_allocation(victim.id, at=now, reason=reason)
+        self.ledger.allocations.release(victim.id, at=now, reason=reason)
         rc.done.add(victim.id)
         self.cache.forget(victim.user)
         vteam = victim.request.get("team") or self.teams.default_team
@@ -254,7 +254,7 @@ class Reclaims:
             self.pool.release(rc.id)
         for v in rc.victims:  # victims not stopped yet get their GPUs back
             if v.id not in rc.done and v.id not in self.pool:
-                held = self.ledger.allocation(v.id)
+                held = self.ledger.allocations.get(v.id)
                 if held is not None and held.released_at is None:
                     try:
                         self.pool.restore(v.id, self.inventory.placement_of(v))
@@ -306,7 +306,7 @@ class Reclaims:
             model = r.gpus[0]["model"] if r.gpus else ""
             borrowed = self.teams.classify(team, milli, model, self.teams.usage(so_far)) == "borrowed"
             if borrowed != r.borrowed:
-                self.ledger.set_borrowed(r.id, borrowed)
+                self.ledger.allocations.set_borrowed(r.id, borrowed)
                 changed += 1
                 log.warning("%s/%s (team %s) is now %s under the current quotas", r.user, r.server or "-", team,
                             "borrowed" if borrowed else "guaranteed")

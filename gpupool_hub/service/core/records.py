@@ -1,9 +1,9 @@
 """The ledger's reads that the event loop asks for, each on a reader thread.
 
 Handlers, pages and jobs read the database through this unit, so that every
-read they make is a method a reader can follow to ``ledger.py`` and that says,
-at its definition, that it runs on a reader thread (``@reads``): no read here
-takes the write lock. Code already off the loop calls the ledger directly.
+read they make is a method a reader can follow into the ``ledger`` package and
+that says, at its definition, that it runs on a reader thread (``@reads``): no
+read here takes the write lock. Code already off the loop calls the ledger directly.
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ from decimal import Decimal
 from itertools import islice
 from typing import TypeVar
 
-from ...ledger import (Account, AccountRow, AllocationRecord, AuditEvent, Entry, GpuUse, Ledger, VerifyReport,
-                       Window, daily_totals, gpu_use_of, idle_gpu_time, search_accounts)
+from ...ledger import Account, AccountRow, AllocationRecord, AuditEvent, Entry, GpuUse, Ledger, VerifyReport, Window
 from .threads import CoreThreads, reads
 
 T = TypeVar("T")
@@ -30,9 +29,9 @@ class Records:
 
     @reads
     def checkpoint(self) -> int:
-        """The ledger's background checkpoint (``Ledger.checkpoint``): on a reader thread, so
+        """The ledger's background checkpoint (``Db.checkpoint``): on a reader thread, so
         it never waits behind, nor holds up, a write."""
-        return self.ledger.checkpoint()
+        return self.ledger.db.checkpoint()
 
     @reads
     def balance(self, name: str) -> Decimal:
@@ -60,44 +59,45 @@ class Records:
     def usage(self, name: str, starts: Sequence[datetime], *, limit: int,
               before: int | None = None) -> tuple[Window, list[Entry]]:
         """The usage page's reads: per-day totals from ``starts`` on, and a page of history."""
-        return daily_totals(self.ledger, name, starts), self.ledger.history(name, limit=limit, before=before)
+        return self.ledger.reports.daily_totals(name, starts), self.ledger.history(name, limit=limit, before=before)
 
     @reads
     def gpu_use(self, name: str, first: date, last: date) -> dict[date, GpuUse]:
         """What the user's GPUs did per local day (the ``gpu-use`` job's record)."""
-        return gpu_use_of(self.ledger, name, first, last)
+        return self.ledger.reports.gpu_use_of(name, first, last)
 
     @reads
     def idle_gpu_time(self, by: str, since: date) -> list[tuple[str, int, int]]:
         """Idle and held GPU time (milli-seconds) per user or team since ``since``, largest idle first."""
-        return idle_gpu_time(self.ledger, by, since)
+        return self.ledger.reports.idle_gpu_time(by, since)
 
     @reads
     def search_accounts(self, *, query: str = "", negative: bool = False, sort: str = "name",
                         limit: int = 50, offset: int = 0) -> tuple[list[AccountRow], int]:
-        return search_accounts(self.ledger, query=query, negative=negative, sort=sort, limit=limit, offset=offset)
+        return self.ledger.reports.search_accounts(query=query, negative=negative, sort=sort, limit=limit,
+                                                   offset=offset)
 
     @reads
     def allocation(self, alloc_id: str) -> AllocationRecord | None:
-        return self.ledger.allocation(alloc_id)
+        return self.ledger.allocations.get(alloc_id)
 
     @reads
     def active_allocations(self, user: str | None = None) -> list[AllocationRecord]:
-        return self.ledger.active_allocations(user)
+        return self.ledger.allocations.active(user)
 
     @reads
     def active_allocations_on(self, *, nodes: Iterable[str] | None = None,
                               newest: int | None = None) -> list[AllocationRecord]:
-        return self.ledger.active_allocations_on(nodes=nodes, newest=newest)
+        return self.ledger.allocations.active_on(nodes=nodes, newest=newest)
 
     @reads
     def active_holders(self) -> dict[str, tuple[str, str, bool]]:
-        return self.ledger.active_holders()
+        return self.ledger.allocations.active_holders()
 
     @reads
     def audit_log(self, *, limit: int = 100, before: int | None = None,
                   user: str | None = None) -> list[AuditEvent]:
-        return self.ledger.audit_log(limit=limit, before=before, user=user)
+        return self.ledger.audit.page(limit=limit, before=before, user=user)
 
     @reads
     def verify(self) -> VerifyReport:
@@ -106,6 +106,6 @@ class Records:
 
     @reads
     def take(self, rows: Iterator[T], count: int) -> list[T]:
-        """The next ``count`` rows of a ledger iterator (``iter_entries``, ``iter_user_entries``),
+        """The next ``count`` rows of a ledger iterator (``iter_entries``, ``history_pages``),
         read page by page so a long export never holds the loop."""
         return list(islice(rows, count))

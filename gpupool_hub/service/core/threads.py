@@ -9,7 +9,7 @@ So the core runs here:
   change the core's in-memory state (the placement pool, reclaims, caches).
   One thread serializes them, so admission decisions never race, exactly as
   when they ran on the event loop. Each write gets a deadline when it is
-  submitted (``ledger.busy_timeout`` later): queued behind others or waiting
+  submitted (``ledger.db.busy_timeout`` later): queued behind others or waiting
   for the lock, it raises :class:`~gpupool_hub.ledger.LedgerBusy` at the
   deadline instead of holding its caller indefinitely. A request that writes
   more than once (open the account, then grant) passes one deadline to all its

@@ -126,7 +126,7 @@ class Views:
         and MIG instance with its holders (user, server, idle since, the server's own
         utilization), why a node agent cannot attribute a GPU's use, and what the inventory
         source holds outside the hub or reports unavailable. ``active``: each held allocation's
-        (user, server, borrowed) by id (``Ledger.active_holders``)."""
+        (user, server, borrowed) by id (``ledger.allocations.active_holders``)."""
         own = utilization or {}
         inv = self.inventory
         nodes = inv.pool.snapshot()
@@ -252,7 +252,7 @@ class Views:
         """The part of ``me`` that only changes when the user's account does."""
         rules = self.settings.rules_for(groups)
         balance = self.ledger.balance(user)
-        held = self.ledger.active_allocations(user)
+        held = self.ledger.allocations.active(user)
         burn = sum((r.price_per_hour for r in held), Decimal(0))
         time_to_floor = int(max(Decimal(0), balance - rules.floor) / burn * 3600) if burn > 0 else None
         return {

@@ -3,7 +3,7 @@
 Once per closed interval (aligned to ``interval`` seconds) it samples each held GPU or
 share by the server's own figure (``jobs/idle.py: measure_own``: on a shared GPU its own
 processes', never the GPU's), and adds held, busy and unknown GPU-seconds per local day,
-user and team to the ledger (``Ledger.record_gpu_use``) with the interval marked done in
+user and team to the ledger (``ledger.gpu_use.record``) with the interval marked done in
 the same transaction, so a rerun or a second service adds nothing twice. An interval the
 service missed (it was down) is not made up: its time is simply not in the record.
 """

@@ -16,7 +16,7 @@
 
 Handlers live in ``usage.py``, ``admin.py`` and ``poolmap.py``, login and page plumbing in
 ``base.py``, chart geometry in ``charts.py`` (pure), and the read-only queries
-the charts need in ``ledger.py`` (its read-only queries for the pages). See docs/pages.md.
+the charts need in the ledger's ``reports`` store (``ledger/reports.py``). See docs/pages.md.
 """
 
 from __future__ import annotations

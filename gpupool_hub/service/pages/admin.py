@@ -4,7 +4,7 @@
 Every handler here sets ``admin_only``: ``PageHandler.check_hub_user`` lets
 through only OAuth tokens that carry the admin scope. They read and write
 through the same service units as the API (``pool.snapshot``,
-``accounts.grant``, ``reclaims.team_report``, ``ledger.audit_log``,
+``accounts.grant``, ``reclaims.team_report``, ``ledger.audit.page``,
 ``ledger.verify``), so a page can never disagree with the API.
 """
 

@@ -22,7 +22,7 @@ from urllib.parse import quote
 
 from tornado import web
 
-from ...ledger import Entry, GpuUse, Window, iter_user_entries
+from ...ledger import Entry, GpuUse, Window
 from ...names import name_problem
 from ...timefmt import iso
 from ...units import format_tokens, from_milli
@@ -195,7 +195,7 @@ class UsageBase(PageHandler):
         self.set_header("Content-Type", "text/csv; charset=utf-8")
         self.set_header("Content-Disposition", f"attachment; filename*=UTF-8''{quote(f'gpupool-{user}.csv')}")
         self.write(",".join(CSV_HEADER) + "\r\n")
-        pages = iter_user_entries(self.manager.ledger, user)
+        pages = self.manager.ledger.history_pages(user)
         while page := await self.manager.records.take.off_loop(pages, 1):
             self.write(csv_rows(page[0]))
             await self.flush()
