@@ -7,8 +7,10 @@ imports no web framework and no other wing; the API keeps one module per path
 family, none past 350 lines; no class past 400 lines; only usage/ talks to
 Prometheus; the pure rules import no I/O; handlers, pages and jobs call the core's methods directly, never
 by handing a function value to the thread helpers, and await a ``@writes`` or ``@reads`` method
-(``unit.method.off_loop(…)``) instead of calling it on the event loop; only ledger/ imports sqlalchemy,
-its modules stay under 450 lines, and its stores share only engine.py, schema.py and records.py.
+(``unit.method.off_loop(…)``) instead of calling it on the event loop; only ledger/ imports sqlalchemy
+or alembic, its modules stay under 450 lines, its stores share only engine.py, schema.py and records.py,
+and schema changes live only in ledger/migrations/ (Alembic revisions; the frozen hand-written steps
+before them).
 """
 
 from __future__ import annotations
@@ -275,16 +277,43 @@ def imported_modules(path: Path) -> set[str]:
     return names
 
 
-def test_only_the_ledger_imports_sqlalchemy():
-    found = [str(p.relative_to(PACKAGE)) for p in modules()
-             if any(n == "sqlalchemy" or n.startswith("sqlalchemy.") for n in imported_modules(p))]
-    assert found and all(f.startswith("ledger/") for f in found), found
+def test_only_the_ledger_imports_sqlalchemy_or_alembic():
+    for library in ("sqlalchemy", "alembic"):
+        found = [str(p.relative_to(PACKAGE)) for p in modules()
+                 if any(n == library or n.startswith(library + ".") for n in imported_modules(p))]
+        assert found and all(f.startswith("ledger/") for f in found), found
+
+
+MIGRATIONS = LEDGER / "migrations"
+
+
+def test_schema_changes_live_only_in_the_ledgers_migrations():
+    """Alembic operations (``op.add_column``, ...) and hand-written ``_migrate_to_N`` steps
+    are found in ledger/migrations/ only, and a migration there never builds tables from
+    today's schema (``metadata.create_all``, ``schema.py``'s tables): what a released
+    revision does must not change with a later schema."""
+    found = []
+    for path in modules():
+        inside = MIGRATIONS in path.parents
+        for node in ast.walk(tree(path)):
+            where = f"{path.relative_to(PACKAGE)}:{getattr(node, 'lineno', 0)}"
+            if not inside and isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                    and node.value.id == "op":
+                found.append(f"{where} op.{node.attr}")
+            if not inside and isinstance(node, ast.FunctionDef) and node.name.startswith("_migrate_to_"):
+                found.append(f"{where} defines {node.name}")
+            if inside and path.name != "env.py" and (
+                    (isinstance(node, ast.Attribute) and node.attr in ("create_all", "drop_all"))
+                    or (isinstance(node, ast.ImportFrom) and (node.module or "").endswith("schema"))):
+                found.append(f"{where} builds from today's schema")
+    assert found == [], "\n".join(found)
+    assert list((MIGRATIONS / "versions").glob("*_baseline_*.py"))
 
 
 def test_the_ledger_modules_are_small_and_its_stores_import_no_other_store_nor_the_book():
     long = [f"{p.name}: {n}" for p in modules(LEDGER) if (n := len(p.read_text().splitlines())) > 450]
     assert long == [], "a module of ledger/ passed 450 lines: " + ", ".join(long)
-    stores = [p for p in modules(LEDGER) if p.stem not in LEDGER_NOT_STORES]
+    stores = [p for p in modules(LEDGER) if p.stem not in LEDGER_NOT_STORES and MIGRATIONS not in p.parents]
     assert {"allocations", "queue", "audit", "reports"} <= {p.stem for p in stores}
     found = [f"{p.name} imports {n}" for p in stores for n in imported_modules(p)
              if n.startswith(".") and not n.startswith("..") and n.lstrip(".") not in LEDGER_SHARED]

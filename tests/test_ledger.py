@@ -194,6 +194,7 @@ def test_a_version_4_database_is_upgraded_in_place_and_keeps_its_audit_log(db_ur
     ledger = Ledger(db_url)
     event = ledger.audit.add(AuditEvent(NOW, "alice", "", "preempt", "reclaimed for team nlp", False, None))
     with ledger.db.engine.begin() as conn:  # back to what a version-4 service left behind
+        conn.execute(sa.text("DROP TABLE gpupool_alembic_version"))  # it knew no Alembic
         conn.execute(sa.text("DROP INDEX ix_gpupool_audit_user"))
         conn.execute(meta_table.update().values(value="4"))
     ledger.close()
@@ -236,6 +237,7 @@ def test_a_version_5_database_is_upgraded_and_its_long_keys_still_match(db_url):
     long_key = "grant:" + ("x" * 1500 if db_url.startswith("sqlite") else "é" * 600)
     ledger = Ledger(db_url)
     with ledger.db.engine.begin() as conn:  # back to what a version-5 service left behind
+        conn.execute(sa.text("DROP TABLE gpupool_alembic_version"))  # it knew no Alembic
         conn.execute(sa.text("DROP TABLE gpupool_node_devices"))
         conn.execute(sa.text("ALTER TABLE gpupool_entries DROP COLUMN key_text"))
         conn.execute(meta_table.update().values(value="5"))
@@ -247,7 +249,7 @@ def test_a_version_5_database_is_upgraded_and_its_long_keys_still_match(db_url):
     ledger = Ledger(db_url)
     try:
         with ledger.db.engine.begin() as conn:
-            assert conn.execute(sa.select(meta_table.c.value)).scalar_one() == str(SCHEMA_VERSION) == "9"
+            assert conn.execute(sa.select(meta_table.c.value)).scalar_one() == str(SCHEMA_VERSION) == "10"
         replay = ledger.post(Posting("alice", "grant", Decimal(7), long_key))
         assert not replay.created and replay.entry.key == long_key and replay.entry.reason == "old"
         assert ledger.balance("alice") == Decimal(7) and ledger.verify().ok
@@ -267,6 +269,7 @@ def test_a_version_8_database_keeps_its_shown_estimates_and_calibrates_on_new_on
     version-8 service recorded still count for the published accuracy."""
     ledger = Ledger(db_url)
     with ledger.db.engine.begin() as conn:  # back to what a version-8 service left behind
+        conn.execute(sa.text("DROP TABLE gpupool_alembic_version"))  # it knew no Alembic
         conn.execute(sa.text("ALTER TABLE gpupool_estimates DROP COLUMN model_s"))
         conn.execute(meta_table.update().values(value="8"))
         conn.execute(sa.text("INSERT INTO gpupool_estimates (id, \"user\", shown_at, low_s, mid_s, high_s, basis, "

@@ -5,7 +5,8 @@ default) and PostgreSQL are both first-class; concurrent writers from several pr
 are safe on both: SQLite transactions take the write lock up front (``BEGIN IMMEDIATE``),
 PostgreSQL relies on the unique key and row locks.
 
-- ``schema.py``: the metadata and every table; ``migrations.py``: the schema versions.
+- ``schema.py``: the metadata and every table; ``migrations/``: the schema's Alembic revisions
+  (``upgrade_database``: ``gpupool-service upgrade-db``), and the hand-written steps before them.
 - ``engine.py``: :class:`Db` (the engine, reader connections, checkpoints) and the errors
   of a busy or unreachable database.
 - ``records.py``: the values the ledger takes and answers.
@@ -23,7 +24,7 @@ from __future__ import annotations
 from .book import Ledger
 from .engine import (DEFAULT_BUSY_TIMEOUT, UNAVAILABLE_MESSAGE, Db, LedgerBusy, LedgerError, is_database_busy,
                      is_database_unavailable, make_engine, normalize_url, utcnow, write_deadline)
-from .migrations import SCHEMA_VERSION
+from .migrations import SCHEMA_VERSION, backup_sqlite, upgrade_database
 from .records import (KINDS, Account, AccountRow, AllocationRecord, AuditEvent, Credited, DayTotal, Entry, GpuUse,
                       IdempotencyConflict, Mismatch, Posted, Posting, UnknownAccount, VerifyReport, Window)
 from .reports import SORTS
@@ -33,5 +34,6 @@ __all__ = [
     "Account", "AccountRow", "AllocationRecord", "AuditEvent", "Credited", "DayTotal", "Db", "Entry", "GpuUse",
     "IdempotencyConflict", "Ledger", "LedgerBusy", "LedgerError", "Mismatch", "Posted", "Posting",
     "UnknownAccount", "VerifyReport", "Window",
-    "is_database_busy", "is_database_unavailable", "make_engine", "normalize_url", "utcnow", "write_deadline",
+    "backup_sqlite", "is_database_busy", "is_database_unavailable", "make_engine", "normalize_url",
+    "upgrade_database", "utcnow", "write_deadline",
 ]

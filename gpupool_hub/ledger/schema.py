@@ -1,7 +1,7 @@
 """The one statement of the ledger's database: its metadata and every table.
 
 Amounts are integer milli-tokens, times naive UTC (``engine.db_time``). A change here is a
-schema change: it comes with a step in ``migrations.py`` and a new ``SCHEMA_VERSION``.
+schema change: it comes with an Alembic revision in ``migrations/versions/`` (docs/ledger.md, Upgrading).
 """
 
 from __future__ import annotations

@@ -25,11 +25,11 @@ from traitlets.config import Application, catch_config_error
 
 from .. import __version__
 from ..config import GPUPool
-from ..ledger import Ledger
+from ..ledger import Ledger, LedgerError, upgrade_database
 from ..profiles import Profile, parse_profiles
 from ..spawnertoken import SpawnerTokenError, resolve_spawner_token
 from ..usage import UsageSource
-from .configfile import CONFIG_FILE_ENV, DbUrlFileError, ledger_url
+from .configfile import DbUrlFileError, ledger_url, load_config_file
 from .context import ServiceContext
 from ..cull import Culler
 from .heap import keep_start_up_heap
@@ -71,6 +71,11 @@ class GPUPoolService(Application):
         "f": "GPUPoolService.config_file",
         "port": "GPUPoolService.port",
         "log-level": "Application.log_level",
+    }
+
+    subcommands = {  # type: ignore[assignment]
+        "upgrade-db": ("gpupool_hub.service.app.UpgradeDB",
+                       "Upgrade the ledger database to this release's schema (an SQLite file is backed up first)."),
     }
 
     config_file = Unicode(
@@ -227,17 +232,9 @@ class GPUPoolService(Application):
     @catch_config_error
     def initialize(self, argv: list[str] | None = None) -> None:
         super().initialize(argv)
-        explicit = "config_file" in self.cli_config.get("GPUPoolService", {})
-        path = os.path.abspath(os.environ.get(CONFIG_FILE_ENV) or self.config_file)
-        if os.path.exists(path):
-            self.config_file = path  # what the configuration's own hub_config_file() sees while it loads
-            self.load_config_file(path)
-            self.update_config(self.cli_config)  # command line wins over the file
-            log.info("gpupool: configuration from %s", path)  # (the Application's own log shows WARNING and up)
-        elif explicit or CONFIG_FILE_ENV in os.environ:
-            raise SystemExit(f"gpupool: config file {path!r} not found")
-        else:
-            log.warning("gpupool: no configuration file (%s not found); running with the defaults", path)
+        if self.subapp is not None:  # upgrade-db: main() runs it, and nothing of the service
+            return
+        load_config_file(self)
         profiles = self._check_profiles()
         self.spawner_secret = self._spawner_secret()
         self.settings_ = GPUPool(parent=self)
@@ -460,6 +457,29 @@ class GPUPoolService(Application):
         IOLoop.current().stop()
 
 
+class UpgradeDB(Application):
+    """``gpupool-service upgrade-db``: what the service does to the ledger at start, on request,
+    with a backup first (see docs/ledger.md, Upgrading)."""
+
+    name = "gpupool-service upgrade-db"
+    version = __version__
+    description = """Upgrade the ledger database to this release's schema and exit. An SQLite file is
+    copied next to itself first (<file>.<date-time>.bak); back a PostgreSQL database up with pg_dump
+    before. The service does the same upgrade, without the copy, when it starts."""
+    classes = [GPUPool]  # type: ignore[assignment]
+    aliases = {"config": "UpgradeDB.config_file", "f": "UpgradeDB.config_file"}  # type: ignore[assignment]
+    config_file = Unicode("jupyterhub_config.py", help="The hub's configuration file (c.GPUPool.db_url).").tag(
+        config=True)
+
+    def start(self) -> None:
+        load_config_file(self)
+        try:
+            done = upgrade_database(ledger_url(GPUPool(parent=self)))
+        except (DbUrlFileError, LedgerError) as e:
+            raise SystemExit(f"gpupool: {e}") from None
+        print("\n".join(done) or "The ledger is at this release's schema already.")
+
+
 def main(argv: list[str] | None = None) -> None:
     # The ledger (SQLite files) and anything else the service creates is for the service
     # alone: users' servers must not read other users' balances from the database file.
@@ -467,6 +487,9 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="[%(levelname)1.1s %(asctime)s %(name)s] %(message)s")
     app = GPUPoolService.instance()
     app.initialize(argv)
+    if app.subapp is not None:
+        app.subapp.start()
+        return
     # what start-up built lives as long as the process: no full collection walks it again
     log.debug("%d start-up objects kept out of the collector's full passes", keep_start_up_heap())
     app.start()

@@ -22,6 +22,7 @@ servers (issue 27.4); a file only the service's user can read keeps it there.
 
 from __future__ import annotations
 
+import logging
 import os
 
 from traitlets.config import Application
@@ -29,7 +30,7 @@ from traitlets.config import Application
 from ..config import GPUPool
 from ..secretfile import read_secret_line
 
-__all__ = ["CONFIG_FILE_ENV", "DbUrlFileError", "hub_config_file", "ledger_url"]
+__all__ = ["CONFIG_FILE_ENV", "DbUrlFileError", "hub_config_file", "ledger_url", "load_config_file"]
 
 #: An explicit choice of the file the service reads (e.g. a separate file just for the service).
 CONFIG_FILE_ENV = "GPUPOOL_CONFIG_FILE"
@@ -51,6 +52,24 @@ def hub_config_file(fallback: str) -> str:
         if isinstance(path, str) and path:
             return os.path.abspath(path)
     return os.path.abspath(fallback)
+
+
+def load_config_file(app: Application) -> None:
+    """Load the file ``app`` reads (its ``config_file``, or ``GPUPOOL_CONFIG_FILE``) into it; the
+    command line wins over the file. A file named on the command line or in the environment but
+    missing stops the program; the default one missing is only a warning."""
+    log = logging.getLogger("gpupool")  # (the Application's own log shows WARNING and up)
+    explicit = "config_file" in app.cli_config.get(type(app).__name__, {})
+    path = os.path.abspath(os.environ.get(CONFIG_FILE_ENV) or app.config_file)  # type: ignore[attr-defined]
+    if os.path.exists(path):
+        app.config_file = path  # type: ignore[attr-defined]  # what the file's own hub_config_file() sees
+        app.load_config_file(path)
+        app.update_config(app.cli_config)
+        log.info("gpupool: configuration from %s", path)
+    elif explicit or CONFIG_FILE_ENV in os.environ:
+        raise SystemExit(f"gpupool: config file {path!r} not found")
+    else:
+        log.warning("gpupool: no configuration file (%s not found); running with the defaults", path)
 
 
 class DbUrlFileError(RuntimeError):
