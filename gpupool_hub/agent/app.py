@@ -165,12 +165,6 @@ class GPUPoolAgent(Application):
         60.0, help="Seconds between a boundary warning reaching the service and its processes being stopped.",
     ).tag(config=True)
 
-    @validate("boundary_grace")
-    def _check_boundary_grace(self, proposal: Any) -> float:
-        if proposal["value"] < 0:
-            raise TraitError("boundary_grace must not be negative")
-        return proposal["value"]
-
     memory_guard = Bool(
         True, help="Keep GPU shares to their memory: warn users over their share's limit, "
                    "then stop their biggest processes on that GPU (needs a service).",
@@ -189,7 +183,7 @@ class GPUPoolAgent(Application):
                   "tick, interval, may be longer).",
     ).tag(config=True)
 
-    @validate("memory_tolerance", "memory_grace", "memory_interval")
+    @validate("boundary_grace", "memory_tolerance", "memory_grace", "memory_interval")
     def _check_not_negative(self, proposal: Any) -> float:
         if proposal["value"] < 0:
             raise TraitError(f"{proposal['trait'].name} must not be negative")
