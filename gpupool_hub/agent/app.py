@@ -43,186 +43,35 @@ import os
 import socket
 import time
 import uuid
-from dataclasses import dataclass, field
-from collections.abc import Mapping
 from typing import Any
 
-from tornado.escape import url_escape
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from traitlets import Any as AnyTrait
 from traitlets import Bool, Dict, Float, Integer, TraitError, Unicode, default, validate
 from traitlets.config import Application, catch_config_error
 
 from .. import __version__
-from ..service.core.agentlease import INSTANCE_HEADER
 from .activity import AttributionHealth
 from .attribution import Snapshot, take_snapshot
-from .boundary import BoundaryGuard, BoundaryWarning
-from .enforce import Action, Enforcer
+from .boundary import BoundaryGuard
+from .client import ServiceClient
+from .enforce import Enforcer
 from .errors import ServiceError
 from .lifecycle import ANOTHER_AGENT_EXIT, AgentLifecycle
-from .memguard import MemoryGuard, MemoryWarning, Share
+from .memguard import MemoryGuard
 from .metrics import AgentMetrics
 from .nvml import GpuInfo, build_inventory, default_nvml, discover_links, list_gpus
+from .results import TickResult
+from .scrape import open_endpoint
 from .servers import RECORD_DIR, ServerRecords
 from .shares import ShareSteps
 
 log = logging.getLogger("gpupool.agent")
 
 
-@dataclass
-class EnforceList:
-    users: frozenset[str]
-    kernels: frozenset[str] = frozenset()
-    dry_run: bool = False
-    # per user whose GPU access was revoked: the GPU UUIDs they still hold
-    allowed: Mapping[str, frozenset[str]] = field(default_factory=dict)
-    # the service holds no inventory of this node (it restarted): report it now
-    report_inventory: bool = False
-
-
-@dataclass
-class TickResult:
-    """What one tick saw and did; returned for tests and for ``--once``."""
-
-    nvml_ok: bool = False
-    nvml_error: str | None = None
-    inventory: dict[str, Any] | None = None
-    inventory_reported: bool = False
-    snapshot: Snapshot | None = None
-    service_ok: bool | None = None  # None: no service configured
-    service_error: str | None = None
-    enforce: EnforceList | None = None
-    actions: list[Action] = field(default_factory=list)
-    memory_warnings: list[MemoryWarning] = field(default_factory=list)
-    memory_actions: list[Action] = field(default_factory=list)
-    mps_failed: list[str] = field(default_factory=list)  # GPUs whose MPS caps could not be set, and why
-    boundary_warnings: list[BoundaryWarning] = field(default_factory=list)
-    boundary_actions: list[Action] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, Any]:
-        snap = self.snapshot
-        return {
-            "nvml_ok": self.nvml_ok, "nvml_error": self.nvml_error, "inventory": self.inventory,
-            "inventory_reported": self.inventory_reported,
-            "gpus": [vars(g) for g in snap.gpus] if snap else [],
-            "processes": [p.as_dict() for p in snap.processes] if snap else [],
-            "service_ok": self.service_ok, "service_error": self.service_error,
-            "enforce": None if self.enforce is None else {
-                "users": sorted(self.enforce.users), "kernels": sorted(self.enforce.kernels),
-                "dry_run": self.enforce.dry_run},
-            "actions": [vars(a) | {"gpu_uuids": list(a.gpu_uuids)} for a in self.actions],
-            "memory_warnings": [w.as_dict() for w in self.memory_warnings],
-            "memory_actions": [vars(a) | {"gpu_uuids": list(a.gpu_uuids)} for a in self.memory_actions],
-            "mps_failed": self.mps_failed,
-            "boundary_warnings": [w.as_dict() for w in self.boundary_warnings],
-            "boundary_actions": [vars(a) | {"gpu_uuids": list(a.gpu_uuids)} for a in self.boundary_actions],
-        }
-
-
-class ServiceClient:
-    """The two calls the agent makes, authenticated with the node's token."""
-
-    def __init__(self, base_url: str, node: str, token: str, timeout: float = 10.0, instance: str = "") -> None:
-        self.api = base_url.rstrip("/") + "/api/v1/nodes/" + url_escape(node, plus=False)
-        self.token = token
-        self.timeout = timeout
-        self.instance = instance  # this agent process, for the node's lease at the service
-
-    async def _call(self, method: str, path: str, body: Any = None, timeout: float | None = None) -> Any:
-        headers = {"Authorization": f"token {self.token}", "Content-Type": "application/json",
-                   "User-Agent": f"gpupool-agent/{__version__}"}
-        if self.instance:
-            headers[INSTANCE_HEADER] = self.instance
-        req = HTTPRequest(
-            self.api + path, method=method, headers=headers,
-            body=None if body is None else json.dumps(body),
-            connect_timeout=timeout or self.timeout, request_timeout=timeout or self.timeout,
-        )
-        try:
-            # One client per event loop (tornado caches it); created here, inside the running loop.
-            resp = await AsyncHTTPClient().fetch(req, raise_error=False)
-        except (OSError, HTTPClientError, asyncio.TimeoutError) as e:
-            raise ServiceError(f"{method} {req.url}: {e}") from None
-        if resp.code >= 300:  # 599: no connection / timeout
-            message = ""
-            try:
-                message = json.loads(resp.body or b"{}").get("message", "")
-            except (ValueError, AttributeError):
-                pass
-            raise ServiceError(f"{method} {req.url}: HTTP {resp.code} {message or resp.error or ''}".strip(),
-                               resp.code)
-        try:
-            return json.loads(resp.body or b"{}")
-        except ValueError as e:
-            raise ServiceError(f"{method} {req.url}: answer is not JSON: {e}") from None
-
-    async def release(self, timeout: float) -> Any:
-        """This agent stops: give the node up, so a successor is served at once."""
-        return await self._call("DELETE", "/agent", timeout=timeout)
-
-    async def report_inventory(self, inventory: dict[str, Any]) -> Any:
-        return await self._call("PUT", "/inventory", inventory)
-
-    async def enforcement(self) -> EnforceList:
-        data = await self._call("GET", "/enforce")
-        users, kernels = data.get("users"), data.get("kernels", [])
-        if not isinstance(users, list) or not all(isinstance(u, str) for u in users) or \
-                not isinstance(kernels, list) or not all(isinstance(u, str) for u in kernels):
-            raise ServiceError(f"enforcement answer is malformed: {data!r:.200}")
-        allowed = data.get("allowed", {})
-        if not isinstance(allowed, dict) or not all(
-                isinstance(u, str) and isinstance(g, list) and all(isinstance(x, str) for x in g)
-                for u, g in allowed.items()):
-            raise ServiceError(f"enforcement answer is malformed: {data!r:.200}")
-        return EnforceList(frozenset(users), frozenset(kernels), bool(data.get("dry_run", False)),
-                           {u: frozenset(g) for u, g in allowed.items()},
-                           report_inventory=data.get("report_inventory") is True)
-
-    async def memory_shares(self) -> tuple[list[Share], bool]:
-        """The shares of time-shared GPUs on this node, and whether the service asks for a dry run."""
-        data = await self._call("GET", "/memory")
-        try:
-            shares = [Share(str(s["gpu_uuid"]), str(s["user"]), str(s["server"]), int(s["milli"]),
-                            str(s.get("class") or "timeslice")) for s in data["shares"]]
-        except (KeyError, TypeError, ValueError) as e:
-            raise ServiceError(f"memory answer is malformed ({e}): {data!r:.200}") from None
-        return shares, bool(data.get("dry_run", False))
-
-    async def report_memory(self, report: dict[str, Any]) -> Any:
-        return await self._call("PUT", "/memory", report)
-
-    async def gpu_holders(self) -> tuple[dict[str, frozenset[str]], bool]:
-        """Who holds each GPU (and MIG instance) of this node, and whether the service asks for a dry run."""
-        data = await self._call("GET", "/boundary")
-        holders = data.get("holders")
-        if not isinstance(holders, dict) or not all(
-                isinstance(g, str) and isinstance(u, list) and all(isinstance(x, str) for x in u)
-                for g, u in holders.items()):
-            raise ServiceError(f"boundary answer is malformed: {data!r:.200}")
-        return {g: frozenset(u) for g, u in holders.items()}, bool(data.get("dry_run", False))
-
-    async def report_boundary(self, report: dict[str, Any]) -> Any:
-        return await self._call("PUT", "/boundary", report)
-
-    async def report_utilization(self, snapshot: Snapshot) -> Any:
-        """The GPUs' utilization (0-1) and memory ([used, total] bytes) where NVML knows them, and
-        each user's busy fraction of every GPU whose use the agent can attribute (a user left out
-        there has no process on it: 0); a GPU missing from ``users`` is unknown per user."""
-        return await self._call("PUT", "/utilization", {
-            "gpus": {g.uuid: g.utilization for g in snapshot.gpus if g.utilization is not None},
-            "memory": {g.uuid: [g.memory_used_bytes, g.memory_total_bytes] for g in snapshot.gpus
-                       if g.memory_used_bytes is not None and g.memory_used_bytes <= g.memory_total_bytes},
-            "users": {g.uuid: {u: v for u, v in g.users.items() if v is not None} for g in snapshot.gpus
-                      if g.attribution_ok}})
-
-    async def report_attribution(self, snapshot: Snapshot) -> Any:
-        """Which GPUs' use the agent cannot attribute, and why (the admins' pool map)."""
-        return await self._call("PUT", "/attribution", {"gpus": {g.uuid: g.why_not() for g in snapshot.gpus}})
-
-
-class GPUPoolAgent(AgentLifecycle, ShareSteps, Application):
-    """The gpupool node agent."""
+class GPUPoolAgent(Application):
+    """The gpupool node agent: its settings and its tick. It builds and holds its collaborators:
+    ``share_steps`` (:class:`.ShareSteps`, the memory guard and MPS caps) and ``lifecycle``
+    (:class:`.AgentLifecycle`, the loop and the stop)."""
 
     name = "gpupool-agent"
     version = __version__
@@ -316,11 +165,41 @@ class GPUPoolAgent(AgentLifecycle, ShareSteps, Application):
         60.0, help="Seconds between a boundary warning reaching the service and its processes being stopped.",
     ).tag(config=True)
 
-    @validate("boundary_grace")
-    def _check_boundary_grace(self, proposal: Any) -> float:
+    memory_guard = Bool(
+        True, help="Keep GPU shares to their memory: warn users over their share's limit, "
+                   "then stop their biggest processes on that GPU (needs a service).",
+    ).tag(config=True)
+    memory_tolerance = Float(
+        0.10, help="How far over its share a fraction may go: the limit is fraction x GPU memory x "
+                   "(1 + memory_tolerance); 0.10 lets a 0.5 share of an 80 GB GPU hold 44 GB.",
+    ).tag(config=True)
+    memory_grace = Float(
+        10.0, help="Seconds between the memory warning reaching the service (and the user's widget) and "
+                   "the first process being stopped. With memory_interval, how long a neighbour's memory may "
+                   "be taken: about memory_grace + 2 x memory_interval (16 s by default).",
+    ).tag(config=True)
+    memory_interval = Float(
+        3.0, help="Seconds between the memory guard's looks while this node holds GPU shares (the full "
+                  "tick, interval, may be longer).",
+    ).tag(config=True)
+
+    @validate("boundary_grace", "memory_tolerance", "memory_grace", "memory_interval")
+    def _check_not_negative(self, proposal: Any) -> float:
         if proposal["value"] < 0:
-            raise TraitError("boundary_grace must not be negative")
+            raise TraitError(f"{proposal['trait'].name} must not be negative")
         return proposal["value"]
+
+    mps = Bool(
+        True, help="Cap 'mps' shares through one NVIDIA MPS control daemon per GPU (started by the agent, "
+                   "which must run as root). Off: mps shares are kept by the memory guard only.",
+    ).tag(config=True)
+    mps_control = Unicode(
+        "nvidia-cuda-mps-control", help="The MPS control binary (a path, or a name looked up on PATH).",
+    ).tag(config=True)
+    mps_root = Unicode(
+        "/run/gpupool-mps", help="Where each GPU's MPS pipe directory is (<mps_root>/<GPU UUID>/pipe); the "
+                                 "same as c.GPUPoolSpawner.mps_root, which points servers there.",
+    ).tag(config=True)
 
     once = Bool(False, help="Run one tick, print its report as JSON and exit.").tag(config=True)
 
@@ -352,11 +231,9 @@ class GPUPoolAgent(AgentLifecycle, ShareSteps, Application):
         self.memguard = MemoryGuard(self.enforcer, tolerance=self.memory_tolerance, grace=self.memory_grace)
         self.boundary = BoundaryGuard(self.enforcer, grace=self.boundary_grace)
         self._boundary_unreported: list[dict[str, Any]] = []  # stops the service has not recorded yet
-        self.setup_shares()
         self.instance = f"{socket.gethostname()} pid {os.getpid()} {uuid.uuid4().hex[:8]}"
         self.client = (ServiceClient(self.service_url, self.node_name, self.token, self.request_timeout,
                                      instance=self.instance) if self.service_url else None)
-        self.exit_status = 0  # non-zero: why the agent stopped by itself
         if self.client is not None and not self.token:
             self.log.warning("No agent token (set GPUPOOL_AGENT_TOKEN): the service will refuse this agent")
         self._nvml_open = False
@@ -368,7 +245,42 @@ class GPUPoolAgent(AgentLifecycle, ShareSteps, Application):
         self.servers = ServerRecords(self.server_record_dir)  # which kernels are a running server's
         self.health = AttributionHealth()
         self._attribution_sent: str | None = None  # the last attribution report the service accepted
-        self._stopping: asyncio.Event | None = None
+        self.share_steps = ShareSteps(
+            self.client, self.metrics, self.memguard, self.guard_sample, log=self.log, enabled=self.memory_guard,
+            mps=self.mps, mps_control=self.mps_control, mps_root=self.mps_root, dry_run=self.dry_run)
+        self.lifecycle = AgentLifecycle(self.tick, self.share_steps, self.client, self._close_nvml,
+                                        node_name=self.node_name, request_timeout=self.request_timeout, log=self.log)
+
+    # ------------------------------------------------------------------ running
+
+    def start(self) -> None:
+        if self.once:
+            result = asyncio.run(self.tick())
+            self._close_nvml()
+            print(json.dumps(result.as_dict(), indent=2, default=str))
+            if not result.nvml_ok:
+                raise SystemExit(1)
+            return
+        server = open_endpoint(self.metrics.registry, self.metrics_port, self.metrics_address, self.metrics_token_file)
+        self.log.info("gpupool-agent %s on node %s: metrics on http://%s:%d/metrics%s, service %s%s", __version__,
+                      self.node_name, self.metrics_address, server.server_port, self.metrics_token_file and " (token)",
+                      self.service_url or "(none: metrics only)", ", DRY RUN" if self.dry_run else "")
+        status = self.lifecycle.serve(self.interval, self.memory_interval)
+        server.shutdown()
+        if status:
+            raise SystemExit(status)
+
+    async def run(self) -> None:
+        """Tick until :meth:`stop` (see :meth:`.AgentLifecycle.run`)."""
+        await self.lifecycle.run(self.interval, self.memory_interval)
+
+    def stop(self) -> None:
+        self.lifecycle.stop()
+
+    @property
+    def exit_status(self) -> int:
+        """Non-zero: why the agent stopped by itself (the lifecycle's)."""
+        return self.lifecycle.exit_status
 
     # ------------------------------------------------------------------ steps
 
@@ -404,6 +316,12 @@ class GPUPoolAgent(AgentLifecycle, ShareSteps, Application):
             self._close_nvml()
             raise
 
+    def guard_sample(self) -> Snapshot:
+        """Memory and processes now, for the memory guard's looks between ticks; the
+        per-process utilization windows stay the full tick's."""
+        self._open_nvml()
+        return take_snapshot(self.nvml, list_gpus(self.nvml), dict(self._samples_seen))
+
     async def tick(self) -> TickResult:
         """One pass of the loop; never raises (each failure is logged, counted and reported)."""
         result = TickResult()
@@ -432,8 +350,7 @@ class GPUPoolAgent(AgentLifecycle, ShareSteps, Application):
             result.service_ok, result.service_error = False, str(e)
             if e.another_agent:
                 self.log.error("Stopping: %s", e)
-                self.exit_status = ANOTHER_AGENT_EXIT
-                self.stop()
+                self.lifecycle.stop(ANOTHER_AGENT_EXIT)
                 return result
             self.log.warning("gpupool service unavailable, enforcing nothing this tick: %s", e)
             self.metrics.loop_errors.labels("service").inc()
@@ -454,7 +371,7 @@ class GPUPoolAgent(AgentLifecycle, ShareSteps, Application):
             for a in result.actions:
                 self.metrics.enforcement_actions.labels(a.user, a.action).inc()
         if self.memory_guard and result.service_ok and result.snapshot is not None:
-            await self._guard_memory(result)
+            await self.share_steps.guard_memory(result)
         if self.boundary_guard and result.service_ok and result.snapshot is not None:
             await self._guard_boundary(result)
         if result.service_ok and result.snapshot is not None:

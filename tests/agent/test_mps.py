@@ -125,7 +125,7 @@ async def test_a_timeslice_overrun_gets_a_notice_then_a_stop_within_20_s_by_defa
         runner = asyncio.create_task(agent.run())
         try:
             deadline = time.monotonic() + 10
-            while not agent.shares:  # the first tick has asked for the shares
+            while not agent.share_steps.shares:  # the first tick has asked for the shares
                 assert time.monotonic() < deadline, "the agent never asked for its shares"
                 await asyncio.sleep(0.05)
             nv.table["gpus"] = table({shared: [(hog.pid, 60), (neighbour.pid, 30)]})  # the overrun
