@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from gpupool_hub.inventory.agents import AgentInventory
-from gpupool_hub.inventory.slurm import SlurmInventory
+from gpupool_hub.slurm.inventory import SlurmInventory
 from gpupool_hub.inventory.sources import ConfigInventory, SlurmInventorySource
 from gpupool_hub.placement import Request
 from gpupool_hub.placement.inventory import load_node

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpupool_hub.inventory.slurm import SlurmCommandError, SlurmInventory, UnmappedGresType
+from gpupool_hub.slurm import SlurmCommandError, SlurmInventory, UnmappedGresType
 from gpupool_hub.placement import Pool, load_nodes
 from tests.fixtures.slurm import MODELS, SlurmCluster, poll
 

@@ -40,12 +40,13 @@ from batchspawner import JobStatus
 from batchspawner.batchspawner import format_template
 from traitlets import Dict, Unicode, default
 
-from ..inventory.slurm import OutageLog, SlurmError, SlurmInventory, controller_unreachable
-from ..usage.slurm_hub import ALLOCATION_COMMENT
-from .base import GPUPoolSpawner
+from ..spawner.base import GPUPoolSpawner
+from ..spawner.errors import GPUPoolRefused, SpawnFailure, require_unix_account
 from ..unixname import RULE, starts_unsafely
-from .errors import GPUPoolRefused, SpawnFailure, require_unix_account
-from .slurm_job import SlurmJobStart
+from .commands import OutageLog, SlurmError, controller_unreachable
+from .inventory import SlurmInventory
+from .job import SlurmJobStart
+from .owners import ALLOCATION_COMMENT
 
 __all__ = ["GPUPoolSlurmSpawner", "JOB_NAME", "command_argv", "mem_for_slurm"]
 
