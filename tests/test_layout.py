@@ -10,12 +10,13 @@ by handing a function value to the thread helpers, and await a ``@writes`` or ``
 (``unit.method.off_loop(…)``) instead of calling it on the event loop; only ledger/ imports sqlalchemy
 or alembic, its modules stay under 450 lines, its stores share only engine.py, schema.py and records.py,
 and schema changes live only in ledger/migrations/ (Alembic revisions; the frozen hand-written steps
-before them).
+before them); only slurm/ builds Slurm commands, and its modules stay under 500 lines.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "gpupool_hub"
@@ -326,7 +327,7 @@ PURE = ["credits.py", "fairshare.py", "waitqueue.py", "eta.py", "cull.py", "idle
 IO_MODULES = {"socket", "subprocess", "requests", "tornado", "sqlalchemy", "asyncio", "http", "urllib.request",
               "psutil", "pynvml", "threading", "concurrent", "multiprocessing", "shutil", "sqlite3", "psycopg"}
 #: nor the wings that do it for them
-IO_WINGS = {"service", "ledger", "hubapi", "usage", "agent", "spawner", "inventory.slurm", "lifetime"}
+IO_WINGS = {"service", "ledger", "hubapi", "usage", "agent", "spawner", "slurm", "lifetime"}
 
 
 def test_the_pure_rules_import_no_io_and_no_wing_that_does_it():
@@ -355,3 +356,31 @@ def test_the_pure_rules_import_no_io_and_no_wing_that_does_it():
     assert len(paths) > 10, paths
     assert found == [], ("the pure rules do no I/O and import nothing from service/ (docs/architecture.md, "
                          "rule 5):\n" + "\n".join(found))
+
+
+SLURM = PACKAGE / "slurm"
+#: Slurm's client commands: only slurm/ names one as the word a command starts with
+SLURM_COMMANDS = ("sacct", "scontrol", "squeue", "sbatch", "scancel", "sdiag", "sinfo")
+#: a command, or a command template: the word alone (an argv's first element, a name handed to
+#: ``shutil.which``), or followed by an option, a template field or a subcommand of scontrol;
+#: a message ("sbatch printed no job id") is none of these
+SLURM_COMMAND = re.compile(r"(?:%s)(?:\s*$|\s+[-{]|\s+(?:show|update|hold|release|requeue)\b)"
+                           % "|".join(SLURM_COMMANDS))
+
+
+def slurm_commands(path: Path) -> list[str]:
+    """String constants of ``path`` that build a Slurm command (docstrings left out)."""
+    module = tree(path)
+    docstrings = {id(n.value) for n in ast.walk(module) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+    return [f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.value!r}" for node in ast.walk(module)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+            and SLURM_COMMAND.match(node.value.strip())]
+
+
+def test_only_slurm_builds_slurm_commands_and_its_modules_are_small():
+    assert slurm_commands(SLURM / "inventory.py") and slurm_commands(SLURM / "accounting.py")
+    found = [f for path in modules() if SLURM not in path.parents for f in slurm_commands(path)]
+    assert found == [], ("every sacct/scontrol/squeue/sbatch/scancel command is built in gpupool_hub/slurm/ "
+                         "(docs/architecture.md, rule 7):\n" + "\n".join(found))
+    long = [f"{p.name}: {n}" for p in modules(SLURM) if (n := len(p.read_text().splitlines())) > 500]
+    assert long == [], "a module of slurm/ passed 500 lines: " + ", ".join(long)

@@ -19,13 +19,10 @@ hub did not start hold, and what nodes that take no placements have free.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .slurm import SlurmInventory
-
-__all__ = ["SOURCES", "ConfigInventory", "InventorySource", "NodeStatus", "SlurmInventorySource", "make_source"]
+__all__ = ["SOURCES", "ConfigInventory", "InventorySource", "NodeStatus", "make_source"]
 
 
 @dataclass(frozen=True)
@@ -67,32 +64,13 @@ class ConfigInventory(InventorySource):
         return list(self._nodes)
 
 
-class SlurmInventorySource(InventorySource):
-    dynamic = True
-
-    def __init__(self, models: Mapping[str, str], *, partitions: list[str] | None = None,
-                 env: Mapping[str, str] | None = None, inventory: SlurmInventory | None = None,
-                 refresh_interval: float = 30.0) -> None:
-        if not models:
-            raise ValueError("c.GPUPool.inventory = 'slurm' needs c.GPUPool.slurm_gpu_models, e.g. "
-                             "{'a6000': 'NVIDIA RTX A6000'}")
-        # an unmapped GRES type leaves its GPUs out (NodeStatus.problem), never the whole pool
-        self.slurm = inventory or SlurmInventory(models, partitions=partitions, env=env, skip_unmapped=True)
-        self.refresh_interval = refresh_interval
-
-    def nodes(self) -> list[dict[str, Any]]:
-        return self.slurm.node_configs()
-
-    def node_status(self) -> dict[str, NodeStatus]:
-        return {n.name: NodeStatus(n.name, n.takes_placements, n.why_not, n.gpus_in_use, n.problem)
-                for n in self.slurm.nodes()}
-
-
 def _config(settings: Any) -> InventorySource:
     return ConfigInventory(settings.nodes)
 
 
 def _slurm(settings: Any) -> InventorySource:
+    from ..slurm.inventory import SlurmInventorySource  # imports this module
+
     return SlurmInventorySource(settings.slurm_gpu_models, partitions=settings.slurm_partitions,
                                 env=settings.slurm_env(), refresh_interval=settings.slurm_refresh_interval)
 

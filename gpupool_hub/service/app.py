@@ -290,7 +290,7 @@ class GPUPoolService(Application):
         """With Slurm and priced GPUs, a job must be confined to its GPUs by a device cgroup
         (ConstrainDevices), or the admin accepts hiding by environment only. slurmctld not
         answering is only a warning, as for the accounting check."""
-        from ..inventory.slurm import SlurmCommandError, SlurmError, SlurmInventory
+        from ..slurm import SlurmCommandError, SlurmError, SlurmInventory
 
         s = self.settings_
         slurm = s.inventory == "slurm" or self.usage_preset == "slurm"

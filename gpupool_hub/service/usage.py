@@ -69,9 +69,9 @@ def _source(service: Any, settings: GPUPool, ledger: Ledger, preset: str, explic
 
 
 def _slurm(service: Any, settings: GPUPool, ledger: Ledger) -> UsageSource:
-    from ..inventory.slurm import SlurmCommandError, SlurmError
-    from ..usage.slurm import SlurmUsageSource
-    from ..usage.slurm_hub import ALLOCATION_COMMENT, HubJobOwners
+    from ..slurm.accounting import CLIENT_COMMANDS, SlurmUsageSource
+    from ..slurm.commands import SlurmCommandError, SlurmError
+    from ..slurm.owners import ALLOCATION_COMMENT, HubJobOwners
 
     if not settings.slurm_gpu_models:
         raise UsageConfigError(
@@ -79,7 +79,7 @@ def _slurm(service: Any, settings: GPUPool, ledger: Ledger) -> UsageSource:
             "e.g. {'a6000': 'NVIDIA RTX A6000'}")
     env = settings.slurm_env()
     path = (env or {}).get("PATH", os.environ.get("PATH", ""))
-    missing = [cmd for cmd in ("sacct", "sdiag", "squeue") if shutil.which(cmd, path=path) is None]
+    missing = [cmd for cmd in CLIENT_COMMANDS if shutil.which(cmd, path=path) is None]
     if missing:
         raise UsageConfigError(
             f"usage_preset = 'slurm' runs {', '.join(missing)}, not found on PATH ({path}); install the Slurm "

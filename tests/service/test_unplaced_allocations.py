@@ -25,11 +25,11 @@ from pathlib import Path
 import pytest
 
 from gpupool_hub.inventory.agents import AgentInventory
-from gpupool_hub.inventory.slurm import SlurmInventory
-from gpupool_hub.inventory.sources import ConfigInventory, SlurmInventorySource
+from gpupool_hub.inventory.sources import ConfigInventory
 from gpupool_hub.placement import Request
 from gpupool_hub.placement.inventory import load_node
 from gpupool_hub.service.core.manager import PoolManager
+from gpupool_hub.slurm.inventory import SlurmInventory, SlurmInventorySource
 from tests.fixtures.manager import Clock, make_manager
 
 DATA = Path(__file__).parents[1] / "slurm" / "data"

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpupool_hub.inventory.slurm import (
+from gpupool_hub.slurm import (
     SlurmCommandError,
     SlurmError,
     SlurmInventory,

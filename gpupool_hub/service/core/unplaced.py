@@ -26,8 +26,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ...inventory.agents import AgentInventory
-from ...inventory.sources import InventorySource, SlurmInventorySource
+from ...inventory.sources import InventorySource
 from ...placement.state import Placement, Pool
+from ...slurm.inventory import SlurmInventorySource
 
 log = logging.getLogger("gpupool.inventory")
 

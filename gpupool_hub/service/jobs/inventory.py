@@ -7,7 +7,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ...inventory.slurm import OutageLog, SlurmCommandError, controller_unreachable
+from ...slurm.commands import OutageLog, SlurmCommandError, controller_unreachable
 from ...inventory.sources import InventorySource
 from ..core.inventory import PoolInventory
 

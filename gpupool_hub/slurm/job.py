@@ -21,8 +21,10 @@ from typing import Any
 from batchspawner import JobStatus, SlurmSpawner
 from traitlets import Integer
 
-from ..inventory.slurm import SlurmError, SlurmInventory, SlurmJob
-from .errors import GPUPoolRefused, SpawnFailure
+from ..spawner.errors import GPUPoolRefused, SpawnFailure
+from .commands import SlurmError
+from .inventory import SlurmInventory
+from .parse import SlurmJob
 
 __all__ = ["SlurmJobStart", "output_tail"]
 

@@ -43,7 +43,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 
-from gpupool_hub.inventory.slurm import (
+from gpupool_hub.slurm.commands import (
     Runner,
     SlurmCommandError,
     SlurmError,
@@ -51,10 +51,13 @@ from gpupool_hub.inventory.slurm import (
 )
 from gpupool_hub.usage.base import Usage, UsageNotSettled, UsageUnavailable
 
-__all__ = ["SACCT_FIELDS", "SacctJob", "JobCharge", "JobOwners", "SlurmUsageSource", "accounting_problems",
+__all__ = ["CLIENT_COMMANDS", "SACCT_FIELDS", "SacctJob", "JobCharge", "JobOwners", "SlurmUsageSource", "accounting_problems",
            "parse_sacct", "sacct_argv"]
 
 log = logging.getLogger(__name__)
+
+#: the Slurm client commands this source runs (the service checks they are on PATH at start-up)
+CLIENT_COMMANDS = ("sacct", "sdiag", "squeue")
 
 #: Columns asked from sacct, in this order; the free-text ones last.
 SACCT_FIELDS = ("JobIDRaw", "JobID", "User", "Start", "End", "State", "AllocTRES", "NodeList", "JobName", "Comment")
