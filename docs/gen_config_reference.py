@@ -5,9 +5,8 @@
 
 It imports the Configurable classes and lists, for each, the traits it defines
 itself (``class_own_traits(config=True)``) and those of gpupool_hub base
-classes that have no section of their own (e.g. the spawner's release half,
-``GPUPoolReleases``, under ``c.GPUPoolSpawner``, the first section whose class
-has it): name, type, default and help string. Inherited traits (JupyterHub's
+classes that have no section of their own (under the first section whose class
+has them): name, type, default and help string. Inherited traits (JupyterHub's
 Spawner, traitlets' Application) are documented by those projects. Needs the ``kubernetes`` extra (KubeSpawner) to be installed,
 since GPUPoolKubeSpawner is part of the reference.
 """

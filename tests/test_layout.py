@@ -4,7 +4,8 @@ Rules a reader relies on when changing the service: a job is built from the
 core units it needs, never from the PoolManager; only a unit changes its own
 state (``Enforcement.warn()``, not ``enforcement.warnings[user] = …``); core/
 imports no web framework and no other wing; the API keeps one module per path
-family, none past 350 lines; no class past 400 lines; only usage/ talks to
+family, none past 350 lines; no class past 400 lines (the spawner class, whole, 500), and
+none past 500 with its in-package base classes, no module past 700 (rule 1); only usage/ talks to
 Prometheus; the pure rules import no I/O; handlers, pages and jobs call the core's methods directly, never
 by handing a function value to the thread helpers, and await a ``@writes`` or ``@reads`` method
 (``unit.method.off_loop(…)``) instead of calling it on the event loop; only ledger/ imports sqlalchemy
@@ -242,11 +243,92 @@ def test_the_api_keeps_one_module_per_path_family_and_each_is_small():
     assert len([p for p in SERVICE.glob("*.py")]) <= 10, sorted(p.name for p in SERVICE.glob("*.py"))
 
 
+#: JupyterHub's Spawner subclass stays one class, long but whole (rule 1 measures it: at most 500 lines)
+WHOLE_SPAWNERS = {"GPUPoolSpawner"}
+
+
 def test_no_class_of_the_package_past_400_lines():
     big = [f"{path.relative_to(PACKAGE.parent)}: {node.name} ({node.end_lineno - node.lineno + 1} lines)"
            for path in modules(PACKAGE) for node in ast.walk(tree(path))
-           if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > 400]  # type: ignore[operator]
+           if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > 400  # type: ignore[operator]
+           and node.name not in WHOLE_SPAWNERS]
     assert big == [], big
+
+
+#: classes that the classes built on them are measured without: an engine adapter
+#: (GPUPoolSlurmSpawner on batchspawner, GPUPoolKubeSpawner) is measured with its own bases but
+#: not with the mixin it wraps, which is measured whole on its own
+MEASURED_APART = {"GPUPoolSpawner"}
+#: classes over rule 1's 500 lines, to be split (each with its issue)
+TOO_LONG_FOR_NOW: set[str] = set()
+#: modules over rule 1's 700 lines, to be split (each with its issue)
+MODULES_TOO_LONG_FOR_NOW: set[str] = set()
+
+
+def _module_path(path: Path, node: ast.ImportFrom) -> Path | None:
+    """The package file an ``import from`` in ``path`` reads (a module or a package's __init__)."""
+    if node.level:
+        base = path.parent
+        for _ in range(node.level - 1):
+            base = base.parent
+        parts = (node.module or "").split(".") if node.module else []
+    elif node.module and (node.module == "gpupool_hub" or node.module.startswith("gpupool_hub.")):
+        base, parts = PACKAGE.parent, node.module.split(".")
+    else:
+        return None
+    target = base.joinpath(*parts)
+    for candidate in (target.with_suffix(".py"), target / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _find_class(path: Path, name: str, seen: frozenset = frozenset()) -> tuple[Path, ast.ClassDef] | None:
+    """The package's class that ``name`` means in ``path``: defined there, or imported from the package."""
+    if (path, name) in seen:
+        return None
+    module = tree(path)
+    for node in module.body:
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            return path, node
+    for node in ast.walk(module):
+        if isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                if (alias.asname or alias.name) == name and (source := _module_path(path, node)) is not None:
+                    return _find_class(source, alias.name, seen | {(path, name)})
+    return None
+
+
+def measured_lines(path: Path, cls: ast.ClassDef) -> int:
+    """Rule 1's measure: the class's lines with those of its in-package base classes, each once,
+    except the classes of MEASURED_APART (unless it is the class measured)."""
+    total, stack, seen = 0, [(path, cls)], set()
+    while stack:
+        where, node = stack.pop()
+        if (where, node.name) in seen or (node is not cls and node.name in MEASURED_APART):
+            continue
+        seen.add((where, node.name))
+        total += node.end_lineno - node.lineno + 1  # type: ignore[operator]
+        for base in node.bases:
+            name = base.attr if isinstance(base, ast.Attribute) else getattr(base, "id", None)
+            if name and (found := _find_class(where, name)) is not None:
+                stack.append(found)
+    return total
+
+
+def test_rule_1_a_class_with_its_in_package_bases_is_at_most_500_lines_and_a_module_700():
+    measured = [(path, node.name, measured_lines(path, node)) for path in modules(PACKAGE)
+                for node in tree(path).body if isinstance(node, ast.ClassDef)]
+    sizes = {name: lines for _, name, lines in measured}
+    assert sizes["GPUPoolSpawner"] > 300 and sizes["GPUPoolAgent"] > 300, sizes  # the measure sees the bases
+    long = [f"{path.relative_to(PACKAGE.parent)}: {name} ({lines} lines with its in-package bases)"
+            for path, name, lines in measured if lines > 500 and name not in TOO_LONG_FOR_NOW]
+    assert long == [], ("a class is measured with its in-package base classes: at most 500 lines together "
+                        "(docs/architecture.md, tests/test_layout.py's rules); make helpers objects it holds:\n" + "\n".join(long))
+    big = [f"{p.relative_to(PACKAGE.parent)} ({n} lines)" for p in modules(PACKAGE)
+           if (n := len(p.read_text().splitlines())) > 700
+           and str(p.relative_to(PACKAGE)) not in MODULES_TOO_LONG_FOR_NOW]
+    assert big == [], "no module of the package past 700 lines: " + ", ".join(big)
 
 
 def test_only_usage_queries_prometheus():

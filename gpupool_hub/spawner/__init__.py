@@ -15,9 +15,11 @@ GPUPoolKubeSpawner          ``gpupool-kubernetes``    KubeSpawner (extra)
 
 Configure with ``c.GPUPoolSpawner.profiles = [...]``; see docs/spawner.md.
 
-Modules: ``base`` (the mixin: profiles, asking the pool, environment,
-progress), ``release`` (the lifecycle's release half: ``start``/``stop``/``poll``,
-the spawn attempt's key, abandoning an attempt, the outbox of releases the
+Modules: ``base`` (the mixin, one class: profiles, asking the pool, environment,
+progress, ``start``/``stop``/``poll`` and state; it holds the two below),
+``wait_loop`` (``WaitLoop``: asking again while the pool says wait; its limits
+and messages in ``wait_rules``), ``release`` (``ServerReleases``: this server's
+releases, the spawn attempt it abandoned, and the outbox of releases the
 service has not confirmed), ``logs`` (refusals logged as INFO), ``client``
 (the service's REST API, refusals), ``form`` + ``templates/form.html`` (the
 options form), ``overrides`` (trait values a spawn sets and undoes),

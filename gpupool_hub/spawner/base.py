@@ -5,10 +5,13 @@ It never decides placement or money itself: on ``start`` it asks the service
 request onto the pool; the mixin then hands the chosen GPUs to the wrapped
 spawner (:meth:`GPUPoolSpawner.apply_gpupool_allocation`), keeps the
 allocation id in the server's state (key ``gpupool_allocation``) and gives the
-GPUs back on ``stop`` and when ``poll`` finds the server gone (``start``,
-``stop``, ``poll`` and the release outbox live in :mod:`.release`, the
-class's release half; the wait for GPUs while the pool says "wait" in
-:mod:`.waits`).
+GPUs back on ``stop`` and when ``poll`` finds the server gone.
+
+One class, whole, with its helpers as objects it builds and holds: ``waits``, a
+:class:`~.wait_loop.WaitLoop` (asking again while the pool says "wait"), and
+``releases``, a :class:`~.release.ServerReleases` (this server's releases, sent
+through the process's outbox until the service confirms each). Only the spawner
+changes its own state: a confirmed release calls it back.
 
 The lifecycle is a set of small public hooks so that any spawner can mix it in
 (local processes, systemd, Kubernetes, a batch scheduler): ``select_profile``
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Mapping
+from datetime import datetime, timezone
 from typing import Any
 
 from jupyterhub.spawner import Spawner
@@ -33,18 +37,18 @@ from .client import (
     unreachable_refusal,
 )
 from .errors import GPUPoolRefused, SpawnFailure, confirm_by_post, invalid_options
-from .waiting import QUEUE_PENDING, start_timeout_for_reclaims
 from .form import gpupool_options_from_form, render_form
 from .memory_hints import notice_file_env, share_memory_env
-from .logs import install_refusal_log_filter, is_normal_refusal, refusal_filter
+from .logs import install_refusal_log_filter
 from .overrides import TraitOverrides
 from .progress import ProgressLog
-from .release import STATE_KEY
-from .waits import GPUPoolWaits
+from .release import ATTEMPT_KEY, STATE_KEY, ServerReleases, new_attempt_key, outcome_unknown
+from .wait_loop import WaitLoop
+from .wait_rules import QUEUE_PENDING, start_timeout_for_reclaims
 
 __all__ = ["STATE_KEY", "GPUPoolSpawner"]
 
-class GPUPoolSpawner(GPUPoolWaits):
+class GPUPoolSpawner(Spawner):
     """Mixin: GPU profiles with prices, a balance check and packed GPUs from the gpupool service.
 
     Combine it with a concrete spawner, mixin first:
@@ -139,15 +143,33 @@ class GPUPoolSpawner(GPUPoolWaits):
         single-user server's extension writes it. Empty: no variable, no file.""",
     ).tag(config=True)
 
+    release_retry_interval = Float(
+        5, help="""Seconds between attempts to send a release the gpupool service did not confirm
+        (it was down or paused). The release is kept and sent until the service confirms it,
+        with the time the server stopped, so the charge ends then.""",
+    ).tag(config=True)
+
+    release_wait = Float(
+        3, help="""Seconds ``stop`` waits for the gpupool service to confirm a release before
+        leaving it to be sent in the background (the charge ends at the stop time either way).""",
+    ).tag(config=True)
+
     # --------------------------------------------------------------- state
 
     gpupool_profile: Profile | None = None
-    _gpupool_queued = False  # waiting in the pool's queue, and the hub has answered the start request
+    gpupool_allocation_id: str | None = None  # kept in the server's state (STATE_KEY)
+    gpupool_allocation: dict[str, Any] | None = None
+    gpupool_attempt_key: str | None = None  # this spawn attempt's key (ATTEMPT_KEY in the state)
+    _gpupool_starting = False
     _gpupool_form_choice: dict[str, Any] | None = None  # options of a GET the form shows instead of starting
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._gpupool_progress = ProgressLog()
+        self.waits = WaitLoop(lambda profile, gpus: self.gpupool_allocate(profile, gpus),
+                              lambda: self.gpupool_client, self._gpupool_progress, self.log, self._gpupool_server)
+        self.releases = ServerReleases(lambda: self.gpupool_client, self._gpupool_server, self._gpupool_released,
+                                       self.release_retry_interval)
         self._gpupool_env: dict[str, str] = {}
         # two layers, undone in reverse: the allocation's settings sit on top of the profile's
         self.gpupool_profile_overrides = TraitOverrides(self)
@@ -195,9 +217,9 @@ class GPUPoolSpawner(GPUPoolWaits):
     def pending(self) -> str | None:  # type: ignore[override]
         """JupyterHub's pending event, but ``"queue"`` while this spawn waits in the pool's queue:
         the hub counts only ``"spawn"`` against ``concurrent_spawn_limit``, and a server waiting
-        an hour for a GPU must not lock everyone else out of starting (see waiting.hub_answered_at)."""
+        an hour for a GPU must not lock everyone else out of starting (see wait_rules.hub_answered_at)."""
         state = super().pending
-        return QUEUE_PENDING if state == "spawn" and self._gpupool_queued else state
+        return QUEUE_PENDING if state == "spawn" and self.waits.queued else state
 
     def options_from_query(self, query_data: dict[str, Any]) -> dict[str, Any]:
         """A link (``/hub/spawn?profile=cpu``) starts only a free CPU-only profile: the browser sends
@@ -263,6 +285,10 @@ class GPUPoolSpawner(GPUPoolWaits):
         """One call to the service: ``(status, json)``; raises ``ServiceUnavailable`` when unreachable."""
         return await self.gpupool_client.request(method, path, body, params)
 
+    def _gpupool_server(self) -> tuple[str, str]:
+        """(user, server name) of this server, as the service knows it."""
+        return self.user.name, self.name or ""
+
     def _groups(self) -> list[str]:
         try:
             return sorted(g.name for g in (self.user.groups or []))
@@ -271,6 +297,13 @@ class GPUPoolSpawner(GPUPoolWaits):
 
     async def gpupool_check_reachable(self) -> bool:
         return await self.gpupool_client.ping()
+
+    async def gpupool_allocate(self, profile: Profile, gpus: int) -> dict[str, Any]:
+        """Ask the pool for ``gpus`` of ``profile``: the allocation, or :class:`GPUPoolRefused`."""
+        return await self.gpupool_client.allocate(
+            self.user.name, self.name or "", self._groups(), profile.request(gpus), profile.describe(gpus),
+            key=self.gpupool_attempt_key,
+        )
 
     # --------------------------------------------------------- environment
 
@@ -334,11 +367,14 @@ class GPUPoolSpawner(GPUPoolWaits):
             # and every release of this server still waiting for the service is sent first.
             if self.gpupool_allocation_id:
                 await self.gpupool_release("server restarting", wait=0)
-            flushed = await self.gpupool_flush_releases()
+            flushed = await self.releases.flush(self.request_timeout)  # False: the service does not answer
             if profile is not None and profile.needs_gpu:
                 if not flushed:
                     raise unreachable_refusal(profile.describe(gpus))
-                await self._gpupool_get_gpus(profile, gpus)
+                allocation = await self.waits.get_gpus(profile, gpus, self.start_timeout, self.reclaim_wait,
+                                                       getattr(self, "handler", None))
+                self.gpupool_allocation_id, self.gpupool_allocation = allocation["id"], allocation
+                self.apply_gpupool_allocation(allocation)
             else:
                 if not self.cpu_only_fail_open and not await self.gpupool_check_reachable():
                     raise GPUPoolRefused(
@@ -351,27 +387,101 @@ class GPUPoolSpawner(GPUPoolWaits):
         finally:
             progress.finish()
 
-    async def _gpupool_get_gpus(self, profile: Profile, gpus: int) -> None:
-        progress = self._gpupool_progress
-        progress.add(10, f"Asking the GPU pool for {profile.describe(gpus)}…")
+    # ------------------------------------------------------------ releases
+
+    @property
+    def gpupool_attempt_abandoned(self) -> bool:
+        """Whether the current spawn attempt was given up (its release by key is sent or on its way)."""
+        return self.releases.abandoned(self.gpupool_attempt_key)
+
+    def gpupool_new_attempt(self) -> str:
+        """A spawn begins: a fresh key for its ``POST`` (and the retries of it)."""
+        self.gpupool_attempt_key = new_attempt_key()
+        return self.gpupool_attempt_key
+
+    def _gpupool_released(self, alloc_id: str | None) -> None:
+        """The service confirmed a release of ``alloc_id``: no longer held, unless a newer one is."""
+        if alloc_id is not None and self.gpupool_allocation_id == alloc_id:
+            self.gpupool_allocation_id = None
+            self.gpupool_allocation = None
+
+    async def gpupool_release(self, reason: str, stopped_at: datetime | None = None,
+                              wait: float | None = None) -> bool:
+        """Give the held allocation back; True once the service confirmed (or never knew it).
+
+        ``stopped_at`` is when the server stopped (default: now); the service
+        ends the charge then even if the release reaches it later. Waits up to
+        ``wait`` s (default ``release_wait``); an unconfirmed release stays in
+        the outbox, and the id in the state, until the service confirms.
+        """
+        alloc = self.gpupool_allocation_id
+        if not alloc:
+            return True
+        return await self.releases.release(alloc, reason, stopped_at or datetime.now(timezone.utc),
+                                           self.release_wait if wait is None else wait)
+
+    async def gpupool_abandon(self, reason: str, wait: float = 0) -> bool:
+        """Give up on the current spawn attempt: whatever its key got is released, never charged,
+        and the key's ``POST`` is refused if it still arrives. Sent in the background by default
+        (``wait`` 0): a spawn that failed must not also wait for a service that does not answer."""
+        key = self.gpupool_attempt_key
+        if key is None:
+            return await self.gpupool_release(reason, wait=wait)
+        return await self.releases.abandon(key, (self.gpupool_allocation or {}).get("id"), reason, wait)
+
+    # ----------------------------------------------------- JupyterHub's calls
+
+    async def start(self) -> Any:
+        """Ask the pool, then start the server; a spawn that fails or is cancelled (the hub's
+        ``start_timeout``) abandons its attempt, so whatever it got is released, never charged."""
+        self._gpupool_starting = True
         try:
-            allocation = await self._gpupool_allocate_waiting(profile, gpus)
-        except GPUPoolRefused as e:
-            progress.add(100, f"Refused: {e.message}", e.jupyterhub_html_message)
-            if is_normal_refusal(e):
-                self.log.info("GPU pool refused %s for %s: %s", profile.describe(gpus), self._log_name, e.message)
-                refusal_filter.note(e, getattr(getattr(self, "handler", None), "request", None))
+            await self.gpupool_prepare()
+            return await super().start()
+        except BaseException as e:
+            if outcome_unknown(e, self.gpupool_allocation):
+                await self.gpupool_abandon(f"spawn abandoned: {type(e).__name__}")
             raise
-        self.gpupool_allocation_id = allocation["id"]
-        self.gpupool_allocation = allocation
-        where = allocation.get("description") or f"{allocation.get('node')}"
-        self.log.info("GPUs for %s: %s (allocation %s)", self._log_name, where, allocation["id"])
-        if allocation.get("borrowed"):
-            progress.add(40, f"GPUs allocated (borrowed: your team is over its quota, so they may be "
-                             f"reclaimed when another team needs them): {where}")
-        else:
-            progress.add(40, f"GPUs allocated: {where}")
-        self.apply_gpupool_allocation(allocation)
+        finally:
+            self._gpupool_starting = False
+
+    async def stop(self, now: bool = False) -> None:
+        """Stop the server; its charge ends now, even if the service only hears of it later.
+
+        A stop while the spawn is still going, or of a server the hub gave up
+        waiting for (``http_timeout``), abandons the attempt: never charged. A
+        spawn still waiting in the pool's queue gives up its place.
+        """
+        await self.waits.stop()
+        try:
+            await super().stop(now=now)
+        finally:
+            given_up = self._gpupool_starting or getattr(self, "_waiting_for_response", False)
+            if given_up or self.gpupool_attempt_abandoned:
+                await self.gpupool_abandon("the hub gave up on the spawn")
+            else:
+                await self.gpupool_release("server stopped", stopped_at=datetime.now(timezone.utc))
+
+    async def poll(self) -> int | None:
+        status = await super().poll()
+        if status is not None and self.gpupool_allocation_id and not self._gpupool_starting:
+            await self.gpupool_release(f"server gone (exit status {status})", stopped_at=datetime.now(timezone.utc))
+        return status
+
+    def get_state(self) -> dict[str, Any]:
+        state = super().get_state()
+        if self.gpupool_allocation_id:
+            state[STATE_KEY] = self.gpupool_allocation_id
+        if self.gpupool_attempt_key:
+            state[ATTEMPT_KEY] = self.gpupool_attempt_key
+        return state
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)
+        if state.get(STATE_KEY):
+            self.gpupool_allocation_id = state[STATE_KEY]
+        if state.get(ATTEMPT_KEY):
+            self.gpupool_attempt_key = state[ATTEMPT_KEY]
 
     async def progress(self) -> AsyncIterator[dict[str, Any]]:
         """Where the GPUs are (or why not), then the wrapped spawner's own progress."""

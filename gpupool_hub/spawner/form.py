@@ -26,7 +26,7 @@ from jinja2 import ChoiceLoader, Environment, FileSystemLoader, PackageLoader, P
 from ..pricing import model_matches
 from ..profiles import Profile
 from ..profiles import format_decimal as _fmt
-from .waiting import full_text
+from .wait_rules import full_text
 
 __all__ = [
     "TEMPLATE", "ProfileChoice", "form_context", "gpupool_options_from_form", "profile_prices", "render_form",

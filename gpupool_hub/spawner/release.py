@@ -34,14 +34,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from jupyterhub.spawner import Spawner
 from tornado import web
-from traitlets import Float
 
 from .client import GPUPoolClient, ServiceError, ServiceUnavailable
 from .errors import GPUPoolRefused, SpawnFailure
 
-__all__ = ["ATTEMPT_KEY", "STATE_KEY", "GPUPoolReleases", "Release", "ReleaseOutbox", "new_attempt_key", "outbox"]
+__all__ = ["ATTEMPT_KEY", "STATE_KEY", "Release", "ReleaseOutbox", "ServerReleases", "new_attempt_key", "outbox",
+           "outcome_unknown"]
 
 STATE_KEY = "gpupool_allocation"  # the service's reconcile job reads this key of the server's state
 ATTEMPT_KEY = "gpupool_attempt"
@@ -229,158 +228,52 @@ class ReleaseOutbox:
 outbox = ReleaseOutbox()
 
 
-class GPUPoolReleases(Spawner):
-    """The release half of :class:`~gpupool_hub.spawner.GPUPoolSpawner`'s lifecycle (which inherits it).
+class ServerReleases:
+    """One server's releases, which :class:`~gpupool_hub.spawner.GPUPoolSpawner` builds and holds
+    (``spawner.releases``): each made a :class:`Release` of this user's server and sent through
+    the process's :data:`outbox`. Its own state is the spawn attempt it abandoned; the held
+    allocation and the attempt's key are the spawner's (in the server's state), and a confirmed
+    release tells the spawner through ``on_released(allocation_id)``, which drops its id."""
 
-    Holds the allocation id and the spawn attempt's key (both in the server's
-    state) and gives GPUs back through the :data:`outbox`: ``start`` abandons
-    an attempt that fails or is cancelled, ``stop`` and ``poll`` release with
-    the time the server stopped. Uses ``gpupool_prepare`` and
-    ``gpupool_client`` of GPUPoolSpawner.
-    """
-
-    release_retry_interval = Float(
-        5, help="""Seconds between attempts to send a release the gpupool service did not confirm
-        (it was down or paused). The release is kept and sent until the service confirms it,
-        with the time the server stopped, so the charge ends then.""",
-    ).tag(config=True)
-
-    release_wait = Float(
-        3, help="""Seconds ``stop`` waits for the gpupool service to confirm a release before
-        leaving it to be sent in the background (the charge ends at the stop time either way).""",
-    ).tag(config=True)
-
-    gpupool_allocation_id: str | None = None
-    gpupool_allocation: dict[str, Any] | None = None
-    gpupool_attempt_key: str | None = None
-    _gpupool_abandoned_key: str | None = None
-    _gpupool_starting = False
-    _gpupool_waiting = False  # a spawn is waiting for GPUs (a reclaim or a place in the queue)
+    def __init__(self, client: Callable[[], GPUPoolClient], server_of: Callable[[], tuple[str, str]],
+                 on_released: Callable[[str | None], None], retry_interval: float = 5.0) -> None:
+        self.client = client  # made afresh (its URL and token are the spawner's traits)
+        self.server_of = server_of  # (user, server name), asked each time: a user may be renamed
+        self.on_released = on_released
+        self.retry_interval = retry_interval
+        self.abandoned_key: str | None = None
 
     @property
-    def gpupool_attempt_abandoned(self) -> bool:
-        """Whether the current spawn attempt was given up (its release by key is sent or on its way)."""
-        return self.gpupool_attempt_key is not None and self._gpupool_abandoned_key == self.gpupool_attempt_key
-
-    @property
-    def gpupool_client(self) -> GPUPoolClient:  # pragma: no cover - GPUPoolSpawner provides it
-        raise NotImplementedError("GPUPoolSpawner provides the client")
-
-    async def gpupool_prepare(self) -> None:  # pragma: no cover - GPUPoolSpawner provides it
-        raise NotImplementedError("GPUPoolSpawner provides gpupool_prepare")
-
-    @property
-    def gpupool_outbox(self) -> ReleaseOutbox:
-        outbox.retry_interval = self.release_retry_interval
+    def outbox(self) -> ReleaseOutbox:
+        outbox.retry_interval = self.retry_interval  # the process's one outbox, at this hub's setting
         return outbox
 
-    def gpupool_new_attempt(self) -> str:
-        """A spawn begins: a fresh key for its ``POST`` (and the retries of it)."""
-        self.gpupool_attempt_key = new_attempt_key()
-        return self.gpupool_attempt_key
+    def abandoned(self, key: str | None) -> bool:
+        """Whether the attempt ``key`` was given up (its release by key is sent or on its way)."""
+        return key is not None and self.abandoned_key == key
 
-    def _gpupool_released(self, alloc_id: str | None) -> None:
-        if alloc_id is not None and self.gpupool_allocation_id == alloc_id:
-            self.gpupool_allocation_id = None
-            self.gpupool_allocation = None
+    def _release_of(self, reason: str, alloc: str | None, **kwargs: Any) -> Release:
+        return Release(self.client(), *self.server_of(), reason,
+                       on_confirmed=lambda: self.on_released(alloc), **kwargs)
 
-    def _gpupool_release_of(self, reason: str, **kwargs: Any) -> Release:
-        return Release(self.gpupool_client, self.user.name, self.name or "", reason, **kwargs)
+    async def release(self, alloc: str, reason: str, stopped_at: datetime, wait: float) -> bool:
+        """Give the allocation ``alloc`` back, its charge ending at ``stopped_at`` however late this
+        arrives; True once the service confirmed within ``wait`` s (else it stays in the outbox)."""
+        release = self._release_of(reason, alloc, allocation_id=alloc, stopped_at=stopped_at)
+        return await self.outbox.send(release, wait)
 
-    async def gpupool_release(self, reason: str, stopped_at: datetime | None = None,
-                              wait: float | None = None) -> bool:
-        """Give the held allocation back; True once the service confirmed (or never knew it).
+    async def abandon(self, key: str, alloc: str | None, reason: str, wait: float) -> bool:
+        """Give up the spawn attempt ``key``: whatever it got (``alloc``, if known) is released,
+        never charged, and the key's ``POST`` is refused if it still arrives."""
+        self.abandoned_key = key
+        return await self.outbox.send(self._release_of(reason, alloc, key=key), wait)
 
-        ``stopped_at`` is when the server stopped (default: now); the service
-        ends the charge then even if the release reaches it later. Waits up to
-        ``wait`` s (default ``release_wait``); an unconfirmed release stays in
-        the outbox, and the id in the state, until the service confirms.
-        """
-        alloc = self.gpupool_allocation_id
-        if not alloc:
-            return True
-        release = self._gpupool_release_of(
-            reason, allocation_id=alloc, stopped_at=stopped_at or datetime.now(timezone.utc),
-            on_confirmed=lambda: self._gpupool_released(alloc),
-        )
-        return await self.gpupool_outbox.send(release, self.release_wait if wait is None else wait)
-
-    async def gpupool_abandon(self, reason: str, wait: float = 0) -> bool:
-        """Give up on the current spawn attempt: whatever its key got is released, never charged,
-        and the key's ``POST`` is refused if it still arrives. Sent in the background by default
-        (``wait`` 0): a spawn that failed must not also wait for a service that does not answer."""
-        key = self.gpupool_attempt_key
-        if key is None:
-            return await self.gpupool_release(reason, wait=wait)
-        alloc = (self.gpupool_allocation or {}).get("id")  # what this attempt got, if anything
-        self._gpupool_abandoned_key = key
-        release = self._gpupool_release_of(reason, key=key, on_confirmed=lambda: self._gpupool_released(alloc))
-        return await self.gpupool_outbox.send(release, wait)
-
-    async def gpupool_flush_releases(self) -> bool:
-        """Before asking for GPUs again: every release of this server delivered (True), or
-        the service still does not answer (False) after ``request_timeout``."""
-        return await self.gpupool_outbox.flush(self.user.name, self.name or "",
-                                               getattr(self, "request_timeout", 10))
-
-    def get_state(self) -> dict[str, Any]:
-        state = super().get_state()
-        if self.gpupool_allocation_id:
-            state[STATE_KEY] = self.gpupool_allocation_id
-        if self.gpupool_attempt_key:
-            state[ATTEMPT_KEY] = self.gpupool_attempt_key
-        return state
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        super().load_state(state)
-        if state.get(STATE_KEY):
-            self.gpupool_allocation_id = state[STATE_KEY]
-        if state.get(ATTEMPT_KEY):
-            self.gpupool_attempt_key = state[ATTEMPT_KEY]
-
-    # ----------------------------------------------------------- lifecycle
-
-    async def start(self) -> Any:
-        """Ask the pool, then start the server; a spawn that fails or is cancelled (the hub's
-        ``start_timeout``) abandons its attempt, so whatever it got is released, never charged."""
-        self._gpupool_starting = True
-        try:
-            await self.gpupool_prepare()
-            return await super().start()
-        except BaseException as e:
-            if _outcome_unknown(e, self.gpupool_allocation):
-                await self.gpupool_abandon(f"spawn abandoned: {type(e).__name__}")
-            raise
-        finally:
-            self._gpupool_starting = False
-
-    async def stop(self, now: bool = False) -> None:
-        """Stop the server; its charge ends now, even if the service only hears of it later.
-
-        A stop while the spawn is still going, or of a server the hub gave up
-        waiting for (``http_timeout``), abandons the attempt: never charged. A
-        spawn still waiting in the pool's queue gives up its place.
-        """
-        if self._gpupool_waiting:
-            self._gpupool_waiting = False
-            await self.gpupool_leave_queue()  # type: ignore[attr-defined]
-        try:
-            await super().stop(now=now)
-        finally:
-            given_up = self._gpupool_starting or getattr(self, "_waiting_for_response", False)
-            if given_up or self.gpupool_attempt_abandoned:
-                await self.gpupool_abandon("the hub gave up on the spawn")
-            else:
-                await self.gpupool_release("server stopped", stopped_at=datetime.now(timezone.utc))
-
-    async def poll(self) -> int | None:
-        status = await super().poll()
-        if status is not None and self.gpupool_allocation_id and not self._gpupool_starting:
-            await self.gpupool_release(f"server gone (exit status {status})", stopped_at=datetime.now(timezone.utc))
-        return status
+    async def flush(self, wait: float) -> bool:
+        """Every release of this server delivered (True), or still not after ``wait`` s (False)."""
+        return await self.outbox.flush(*self.server_of(), wait)
 
 
-def _outcome_unknown(error: BaseException, allocation: dict[str, Any] | None) -> bool:
+def outcome_unknown(error: BaseException, allocation: dict[str, Any] | None) -> bool:
     """Whether a failed start may have left GPUs held: it got an allocation, or its request's fate
     is unknown (no answer, cancelled, an unexpected error). A refusal the pool answered holds nothing."""
     if allocation is not None:

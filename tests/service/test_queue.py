@@ -225,7 +225,7 @@ def test_spawn_form_says_full_with_waiters_and_estimate():
 
     from gpupool_hub.profiles import parse_profiles
     from gpupool_hub.spawner.form import form_context
-    from gpupool_hub.spawner.waiting import full_text
+    from gpupool_hub.spawner.wait_rules import full_text
 
     now = datetime(2025, 3, 3, 9, 0, tzinfo=timezone.utc)
     assert full_text([{"waiting": 0, "eta": None}], now) == "full"

@@ -105,7 +105,7 @@ def eta_seconds(at: str, since: str) -> float:
 def test_the_spawn_page_says_full_with_the_range():
     from datetime import datetime, timezone
 
-    from gpupool_hub.spawner.waiting import full_text
+    from gpupool_hub.spawner.wait_rules import full_text
 
     now = datetime(2025, 3, 3, 9, 0, tzinfo=timezone.utc)
     entries = [{"waiting": 2, "eta": "2025-03-03T09:20:00Z", "eta_low": "2025-03-03T09:20:00Z",

@@ -89,12 +89,12 @@ def test_the_spawner_retries_exactly_the_retryable_reasons(reason):
 
     s.gpupool_allocate = allocate
     if reason.retryable:
-        assert asyncio.run(s._gpupool_allocate_waiting(profile, 2))["id"] == "a1"
+        assert asyncio.run(s.waits.run(profile, 2, s.start_timeout, s.reclaim_wait))["id"] == "a1"
         assert len(calls) == 2
         assert [e["message"] for e in s._gpupool_progress.events] == [f"{reason.title}: {reason.value} now"]
     else:
         with pytest.raises(GPUPoolRefused) as e:
-            asyncio.run(s._gpupool_allocate_waiting(profile, 2))
+            asyncio.run(s.waits.run(profile, 2, s.start_timeout, s.reclaim_wait))
         assert e.value.refusal is reason and len(calls) == 1
 
 
