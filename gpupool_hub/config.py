@@ -377,7 +377,7 @@ class GPUPool(Configurable):
 
     @validate("inventory")
     def _check_inventory(self, proposal: Any) -> str:
-        from .inventory import SOURCES
+        from .inventory.sources import SOURCES
 
         if proposal["value"] not in SOURCES:
             raise TraitError(f"c.GPUPool.inventory: unknown source {proposal['value']!r}; choose one of "
@@ -395,9 +395,20 @@ class GPUPool(Configurable):
         return {"SLURM_CONF": self.slurm_conf} if self.slurm_conf else None
 
     def make_inventory_source(self):  # type: ignore[no-untyped-def]
-        from .inventory import make_source
+        """The source ``c.GPUPool.inventory`` names. Imported here, on use: the Slurm and agents
+        sources build on ``inventory/sources.py``, which therefore imports neither."""
+        if self.inventory == "slurm":
+            from .slurm.inventory import SlurmInventorySource
 
-        return make_source(self)
+            return SlurmInventorySource(self.slurm_gpu_models, partitions=self.slurm_partitions,
+                                        env=self.slurm_env(), refresh_interval=self.slurm_refresh_interval)
+        if self.inventory == "agents":
+            from .inventory.agents import AgentInventory
+
+            return AgentInventory(self.agent_timeout)
+        from .inventory.sources import ConfigInventory
+
+        return ConfigInventory(self.nodes)
 
     def make_pool(self, source=None):  # type: ignore[no-untyped-def]
         """The placement pool over ``source``'s nodes (default: the source ``inventory`` names)."""

@@ -466,3 +466,65 @@ def test_only_slurm_builds_slurm_commands_and_its_modules_are_small():
                          "(docs/architecture.md, rule 7):\n" + "\n".join(found))
     long = [f"{p.name}: {n}" for p in modules(SLURM) if (n := len(p.read_text().splitlines())) > 500]
     assert long == [], "a module of slurm/ passed 500 lines: " + ", ".join(long)
+
+
+def _imports(path: Path, *, typing_only: bool) -> set[Path]:
+    """The package modules ``path`` imports, at any depth of its code; with ``typing_only``
+    also those imported only for type checking (``if TYPE_CHECKING:``)."""
+    module = tree(path)
+    skipped: set[int] = set()
+    if not typing_only:
+        for node in ast.walk(module):
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                skipped |= {id(n) for part in node.body for n in ast.walk(part)}
+    found = set()
+    for node in ast.walk(module):
+        if isinstance(node, ast.ImportFrom) and id(node) not in skipped:
+            source = _module_path(path, node)
+            # ``from . import pins`` reads the module pins.py, not the package's __init__
+            subs = [m for alias in node.names if source is not None and source.name == "__init__.py"
+                    and (m := _module_path(path, ast.ImportFrom(module=f"{node.module or ''}.{alias.name}".lstrip("."),
+                                                                names=[], level=node.level))) is not None]
+            found |= set(subs) if subs and len(subs) == len(node.names) else {source} if source else set()
+    return found - {path}
+
+
+def _cycles(typing_only: bool) -> list[list[str]]:
+    """The package's import cycles: strongly connected groups of more than one module."""
+    graph = {p: _imports(p, typing_only=typing_only) for p in modules(PACKAGE)}
+    index: dict[Path, int] = {}
+    low: dict[Path, int] = {}
+    stack: list[Path] = []
+    groups: list[list[str]] = []
+
+    def visit(v: Path) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(str(w.relative_to(PACKAGE)))
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return groups
+
+
+def test_no_import_loop_at_run_time_and_few_for_type_hints():
+    """A module that imports another which imports it back (even inside a function) is one
+    object split in two, or a value type in the wrong home (issue 38: there were 6)."""
+    assert _cycles(typing_only=False) == [], "modules that import each other when the code runs"
+    typing = _cycles(typing_only=True)
+    assert len(typing) <= 2, f"import cycles counting type hints: {typing}"

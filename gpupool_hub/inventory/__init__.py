@@ -8,7 +8,6 @@ from gpupool_hub.inventory.sources import (
     ConfigInventory,
     InventorySource,
     NodeStatus,
-    make_source,
 )
 
 #: the Slurm source lives in gpupool_hub.slurm (whose inventory module builds on .sources);
@@ -26,7 +25,6 @@ __all__ = [
     "InventorySource",
     "NodeStatus",
     "SlurmInventorySource",
-    "make_source",
     "QueueEntry",
     "SlurmCommandError",
     "SlurmError",

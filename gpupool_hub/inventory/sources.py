@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["SOURCES", "ConfigInventory", "InventorySource", "NodeStatus", "make_source"]
+__all__ = ["SOURCES", "ConfigInventory", "InventorySource", "NodeStatus"]
 
 
 @dataclass(frozen=True)
@@ -64,26 +64,6 @@ class ConfigInventory(InventorySource):
         return list(self._nodes)
 
 
-def _config(settings: Any) -> InventorySource:
-    return ConfigInventory(settings.nodes)
-
-
-def _slurm(settings: Any) -> InventorySource:
-    from ..slurm.inventory import SlurmInventorySource  # imports this module
-
-    return SlurmInventorySource(settings.slurm_gpu_models, partitions=settings.slurm_partitions,
-                                env=settings.slurm_env(), refresh_interval=settings.slurm_refresh_interval)
-
-
-def _agents(settings: Any) -> InventorySource:
-    from .agents import AgentInventory  # imports this module
-
-    return AgentInventory(settings.agent_timeout)
-
-
-SOURCES = {"config": _config, "slurm": _slurm, "agents": _agents}
-
-
-def make_source(settings: Any) -> InventorySource:
-    """The source ``c.GPUPool.inventory`` names (``settings`` is a ``GPUPool``)."""
-    return SOURCES[settings.inventory](settings)
+#: the names ``c.GPUPool.inventory`` takes; ``GPUPool.make_inventory_source`` builds each (this
+#: module stays below the sources built on it: ``inventory/agents.py``, ``slurm/inventory.py``)
+SOURCES = ("config", "slurm", "agents")
