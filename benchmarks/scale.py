@@ -162,7 +162,7 @@ def make_pool_manager(nodes: list[dict[str, Any]], url: str, clock: Any, prometh
     from benchmarks.scale_prometheus import usage_source
     from gpupool_hub.ledger import Ledger
     from gpupool_hub.service.core.manager import PoolManager
-    from gpupool_hub.usage.records import AllocationRecordsSource
+    from gpupool_hub.usage.own_records import AllocationRecordsSource
 
     settings = settings_for(nodes)
     ledger = Ledger(url, background_checkpoints=True)  # as the service opens it (measure() checkpoints)
@@ -398,7 +398,7 @@ async def time_jobs(manager: Any, clock: Any, quick: bool) -> dict[str, float]:
     from gpupool_hub.service.hubapi import HubClient
     from gpupool_hub.service.jobs.cull import CullJob, ServerUtilization
     from gpupool_hub.service.jobs.idle import IdleJob
-    from gpupool_hub.service.jobs.inventory import InventoryRefreshJob
+    from gpupool_hub.service.jobs.node_refresh import InventoryRefreshJob
     from gpupool_hub.service.jobs.queue import QueueJob
     from gpupool_hub.service.jobs.reconcile import ReconcileJob
     from gpupool_hub.usage.utilization import ReportedUtilization

@@ -420,7 +420,7 @@ def test_12_3_writes_give_up_within_the_bound_and_reads_do_not_wait(tmp_path):
     assert ledger.balance("alice") == 3 and ledger.verify().ok
 
 
-# ---- the jobs lease (service/lease.py)
+# ---- the jobs lease (service/core/jobs_lease.py)
 
 def test_a_lease_has_one_holder_until_it_expires_or_its_holder_is_gone(ledger):
     now = datetime(2026, 11, 24, 12, 0, tzinfo=timezone.utc)

@@ -10,7 +10,7 @@ from tornado.escape import url_escape
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from .. import __version__
-from ..service.core.agentlease import INSTANCE_HEADER
+from ..service.core.agent_leases import INSTANCE_HEADER
 from .attribution import Snapshot
 from .errors import ServiceError
 from .memguard import Share

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..service.core.agentlease import CONFLICT_MARK
+from ..service.core.agent_leases import CONFLICT_MARK
 
 
 class ServiceError(Exception):
@@ -14,5 +14,5 @@ class ServiceError(Exception):
 
     @property
     def another_agent(self) -> bool:
-        """Another agent process holds this node at the service (service/core/agentlease.py)."""
+        """Another agent process holds this node at the service (service/core/agent_leases.py)."""
         return self.status == 409 and CONFLICT_MARK in str(self)

@@ -3,7 +3,7 @@
 A stop (SIGTERM, SIGINT) waits at most FINISH_GRACE for the tick in flight, and a hard exit
 follows ``STOP_DEADLINE`` seconds later should anything hang
 (``gpupool_hub/lifetime.py``). On its way out the agent gives its node up at the
-service (``service/core/agentlease.py``), so a successor is served at once. The
+service (``service/core/agent_leases.py``), so a successor is served at once. The
 metrics port (``scrape.py``) is the agent's: it opens it before the loop runs.
 """
 

@@ -12,7 +12,7 @@ One small interface (:class:`InventorySource`), chosen by ``c.GPUPool.inventory`
             its agent is silent
 =========== ==================================================================
 
-The service's inventory job (``service/jobs/inventory.py``) reads
+The service's inventory job (``service/jobs/node_refresh.py``) reads
 ``node_status`` every ``refresh_interval`` seconds and subtracts what jobs the
 hub did not start hold, and what nodes that take no placements have free.
 """

@@ -1,5 +1,5 @@
 """Leases in the meta table: which of several services on one ledger runs the periodic jobs
-(``service/core/lease.py``). Reached as ``ledger.leases``."""
+(``service/core/jobs_lease.py``). Reached as ``ledger.leases``."""
 
 from __future__ import annotations
 

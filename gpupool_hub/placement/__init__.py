@@ -11,8 +11,8 @@ from .errors import (
     PlacementConflict,
     PlacementError,
 )
-from .inventory import GPU, Link, MigDevice, Node, load_node, load_nodes
 from .mix import DEFAULT_FLOOR_WEIGHT, DEFAULT_RESERVE, RequestMix
+from .nodes import GPU, Link, MigDevice, Node, load_node, load_nodes
 from .policies import FGD, BestFit, FirstFit, Policy, RandomFit, get_policy, policy_names, register_policy
 from .request import MILLI, Request, model_allowed, normalize_model
 from .report import FreeSummary

@@ -38,13 +38,13 @@ from .jobs import JobRunner
 from .jobs.accounting import DebitJob, ReplenishJob
 from .jobs.cull import CullJob, ServerUtilization
 from .jobs.gpuuse import GPU_USE_INTERVAL, GpuUseJob
-from .jobs.inventory import InventoryRefreshJob
+from .jobs.node_refresh import InventoryRefreshJob
 from ..usage.utilization import PrometheusUtilization, ReportedUtilization
 from .jobs.idle import IdleJob
 from .jobs.queue import QueueJob
 from .jobs.reclaim import ReclaimExecutor
 from .jobs.reconcile import DebitAfterReconcile, ReconcileJob
-from .core.lease import JobsLease
+from .core.jobs_lease import JobsLease
 from ..lifetime import STOP_DEADLINE, exit_with_parent, listen_sockets, on_stop_signals
 from .core.manager import PoolManager
 from .metrics import ServiceMetrics

@@ -15,7 +15,7 @@ from typing import Any
 from ..config import GPUPool
 from ..ledger import Ledger
 from ..usage import UsageSource
-from ..usage.records import AllocationRecordsSource
+from ..usage.own_records import AllocationRecordsSource
 
 __all__ = ["UsageConfigError", "make_usage_source"]
 

@@ -3,7 +3,7 @@
 Per node: CPUs, memory, partitions, features, state and, per GRES type, the
 GPUs configured (``Gres=gpu:a6000:4``) and in use (``GresUsed=gpu:a6000:2(IDX:0-1)``),
 so GPUs held by jobs the hub did not start can be subtracted. :meth:`SlurmNode.config`
-gives the node in the format of ``c.GPUPool.nodes`` (see ``gpupool_hub.placement.inventory``).
+gives the node in the format of ``c.GPUPool.nodes`` (see ``gpupool_hub.placement.nodes``).
 
 GRES types are mapped to GPU model names by an admin-given map such as
 ``{"a6000": "NVIDIA RTX A6000"}``; a type missing from it is an error that

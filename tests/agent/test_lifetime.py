@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from gpupool_hub.agent.lifecycle import ANOTHER_AGENT_EXIT
-from gpupool_hub.service.core.agentlease import INSTANCE_HEADER
+from gpupool_hub.service.core.agent_leases import INSTANCE_HEADER
 from tests.agent.test_service import TOKENS, Service, make_agent, two_gpus
 from tests.fixtures.hub import wait_for
 from tests.fixtures.ports import free_port

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpupool_hub.service.core.notices import KINDS
+from gpupool_hub.service.core.takeback_notices import KINDS
 
 ROOT = Path(__file__).parents[2]
 GUIDE = (ROOT / "docs" / "user-guide.md").read_text()

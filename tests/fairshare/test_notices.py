@@ -13,7 +13,7 @@ from gpupool_hub.reasons import AuditAction
 from gpupool_hub.service.core.enforcement import TAKEN_WATCH
 from gpupool_hub.cull import CullWarning
 from gpupool_hub.service.jobs.reconcile import ReconcileJob
-from gpupool_hub.service.core.notices import KEPT_KERNELS, KEPT_SERVER
+from gpupool_hub.service.core.takeback_notices import KEPT_KERNELS, KEPT_SERVER
 
 from .conftest import ask, make_manager
 

@@ -9,7 +9,7 @@ from decimal import Decimal
 import pytest
 
 from gpupool_hub.service.app import GPUPoolService
-from gpupool_hub.usage.records import AllocationRecordsSource
+from gpupool_hub.usage.own_records import AllocationRecordsSource
 from gpupool_hub.slurm.accounting import SlurmUsageSource, accounting_problems
 from gpupool_hub.slurm.owners import ALLOCATION_COMMENT, HubJobOwners, allocation_of
 

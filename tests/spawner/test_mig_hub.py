@@ -142,7 +142,7 @@ def test_mig_profiles_end_to_end(hub, monkeypatch, capsys):
     from gpupool_hub.ledger import Ledger
     from gpupool_hub.pricing import PriceTable
     from gpupool_hub.service.core.debits import Debits
-    from gpupool_hub.usage.records import AllocationRecordsSource
+    from gpupool_hub.usage.own_records import AllocationRecordsSource
 
     ledger = Ledger(f"sqlite:///{hub.workdir}/gpupool.sqlite")
     try:

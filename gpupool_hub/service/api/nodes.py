@@ -20,7 +20,7 @@ Reports are kept by the inventory unit (``PoolInventory.reports``; with
 by the enforcement unit, which the cull job fills. Every call of a node's own
 agent counts as a sign of life of that node.
 
-One agent process speaks for a node at a time (``core/agentlease.py``): a call
+One agent process speaks for a node at a time (``core/agent_leases.py``): a call
 that names another instance than the live holder's is refused with 409, and
 ``DELETE nodes/{node}/agent`` gives the node up when an agent stops.
 
@@ -44,10 +44,10 @@ from tornado import web
 from ...inventory.agents import NodeReport
 from ...ledger import AllocationRecord, AuditEvent
 from ...placement.errors import InventoryError
-from ...placement.inventory import load_node
+from ...placement.nodes import load_node
 from ...timefmt import iso as _iso
-from ..core.agentlease import INSTANCE_HEADER, MAX_INSTANCE_LENGTH, AgentConflict, AgentLeases
-from ..core.inventory import DeviceOfAnotherNode
+from ..core.agent_leases import INSTANCE_HEADER, MAX_INSTANCE_LENGTH, AgentConflict, AgentLeases
+from ..core.pool_inventory import DeviceOfAnotherNode
 from ..core.memory import boundary_events, holders_on, memory_events, shares_on
 from .base import APIHandler
 from .schema import parse_date_time
@@ -95,7 +95,7 @@ class AgentHandler(APIHandler):
         return instance
 
     def hold_node(self) -> None:
-        """409 when another live agent process holds this node (core/agentlease.py)."""
+        """409 when another live agent process holds this node (core/agent_leases.py)."""
         if not (instance := self.instance()):
             return
         try:

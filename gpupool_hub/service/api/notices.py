@@ -1,4 +1,4 @@
-"""``GET me/notices`` and ``DELETE me/notices/{id}``: a user's notices (``service/core/notices.py``).
+"""``GET me/notices`` and ``DELETE me/notices/{id}``: a user's notices (``service/core/takeback_notices.py``).
 
 The notices are in ``GET me`` too (the widget and the spawn page read them
 there); these endpoints list them alone and dismiss one. A user sees and

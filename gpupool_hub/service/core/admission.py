@@ -31,7 +31,7 @@ from .accounts import Accounts
 from .attempts import AttemptAbandoned, Tombstones
 from .enforcement import Enforcement
 from .errors import BadRequest, Refused
-from .inventory import PoolInventory
+from .pool_inventory import PoolInventory
 from .queue import WaitQueue
 from .reclaims import Reclaims
 from .views import ViewCache

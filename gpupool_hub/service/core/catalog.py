@@ -15,7 +15,7 @@ from ...profiles import Profile, format_decimal
 from ...units import format_tokens
 
 if TYPE_CHECKING:
-    from .inventory import PoolInventory
+    from .pool_inventory import PoolInventory
 
 __all__ = ["catalog"]
 

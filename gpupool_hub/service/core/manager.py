@@ -38,19 +38,19 @@ from ...placement.state import Pool
 from ...reasons import AuditAction
 from ...usage import UsageSource
 from .accounts import Accounts
-from .agentlease import AgentLeases
+from .agent_leases import AgentLeases
 from .admission import Admission
 from .debits import Debits
 from .gpuuse import GpuUseLog
 from .enforcement import TAKEN_WATCH, Enforcement
 from ...cull import CullWarning
 from .idle import IdleWarnings
-from .inventory import PoolInventory
+from .pool_inventory import PoolInventory
 from .memory import MemoryWarnings
-from .notices import Notices
+from .takeback_notices import Notices
 from .queue import WaitQueue
 from .reclaims import Reclaims
-from .records import Records
+from .ledger_reads import Records
 from .threads import CoreThreads
 from .views import ViewCache, Views
 

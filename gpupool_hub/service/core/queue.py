@@ -42,7 +42,7 @@ from ...reasons import RefusalReason
 from ...timefmt import iso
 from ...waitqueue import BORROWER, Dispatch, FairOrder, Waiter, demand, dispatch, join_behind, wait_place, wait_text
 from .errors import Refused
-from .inventory import PoolInventory
+from .pool_inventory import PoolInventory
 from .queue_entries import Entries, Entry
 from .queue_eta import QueueEstimates, range_json
 from .queue_order import FairQueueOrder

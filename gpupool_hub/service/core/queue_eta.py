@@ -24,7 +24,7 @@ from ...ledger import AllocationRecord, Ledger
 from ...placement.request import normalize_model
 from ...timefmt import iso
 from ...waitqueue import ExpectedRelease, Waiter, estimate_starts
-from .inventory import PoolInventory
+from .pool_inventory import PoolInventory
 from .queue_order import FairQueueOrder
 from .reclaims import Reclaims
 from .threads import CoreThreads, reads

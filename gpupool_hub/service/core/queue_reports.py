@@ -17,7 +17,7 @@ from ... import eta as eta_rules
 from ...placement.request import Request, normalize_model
 from ...timefmt import iso
 from ...waitqueue import Waiter, fair_order
-from .inventory import PoolInventory
+from .pool_inventory import PoolInventory
 from .queue_entries import Entries
 from .queue_eta import ESTIMATE_TTL, QueueEstimates, range_json
 from .queue_order import FairQueueOrder

@@ -34,7 +34,7 @@ from ...reasons import AuditAction, RefusalReason
 from ...timefmt import iso
 from ...cull import CullWarning
 from .errors import Refused
-from .inventory import PoolInventory
+from .pool_inventory import PoolInventory
 from .views import ViewCache
 from .threads import CoreThreads, writes
 

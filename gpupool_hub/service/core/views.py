@@ -29,7 +29,7 @@ from ...units import format_tokens
 from .accounts import Accounts
 from .debits import Debits
 from ...cull import CullWarning
-from .inventory import PoolInventory
+from .pool_inventory import PoolInventory
 from .catalog import catalog
 from .threads import CoreThreads, reads, writes
 

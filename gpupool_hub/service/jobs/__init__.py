@@ -17,7 +17,7 @@ from typing import Any
 
 from tornado.ioloop import IOLoop
 
-from ..core.lease import JobsLease
+from ..core.jobs_lease import JobsLease
 from ..metrics import ServiceMetrics
 
 log = logging.getLogger("gpupool.jobs")
@@ -59,7 +59,7 @@ class JobRunner:
 
     def every(self, seconds: float, name: str, job: Job, *, leased: bool = True) -> None:
         """Run ``job`` every ``seconds``; a ``leased`` job only while this service holds
-        the jobs lease (``service/core/lease.py``), so two services never both run it."""
+        the jobs lease (``service/core/jobs_lease.py``), so two services never both run it."""
         self.tasks.append(asyncio.get_event_loop().create_task(self._every(seconds, name, job, leased)))
 
     def stop(self) -> None:

@@ -15,10 +15,10 @@ from ...reasons import AuditAction
 from ...usage.utilization import UtilizationSource
 from ..core.admission import Admission
 from ..core.enforcement import Enforcement
-from ..core.inventory import PoolInventory
-from ..core.notices import Notices
+from ..core.pool_inventory import PoolInventory
+from ..core.takeback_notices import Notices
 from ..core.queue import WaitQueue
-from ..core.records import Records
+from ..core.ledger_reads import Records
 from ..core.views import ViewCache
 from ..hubapi import HubClient, HubError
 from .idle import measure_own

@@ -19,7 +19,7 @@ from typing import Any
 from ...ledger import AllocationRecord, GpuUse
 from ...usage.utilization import UtilizationSource
 from ..core.gpuuse import GpuUseLog
-from ..core.records import Records
+from ..core.ledger_reads import Records
 from .idle import measure_own
 
 log = logging.getLogger("gpupool.gpuuse")

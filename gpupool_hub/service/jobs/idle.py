@@ -18,9 +18,9 @@ from ...usage.utilization import UserGpu, UtilizationSource
 from ..core.admission import Admission
 from ..core.enforcement import Enforcement
 from ..core.idle import IdleWarnings
-from ..core.notices import Notices
+from ..core.takeback_notices import Notices
 from ..core.queue import WaitQueue
-from ..core.records import Records
+from ..core.ledger_reads import Records
 from ..core.views import ViewCache
 from ..hubapi import HubClient, HubError
 

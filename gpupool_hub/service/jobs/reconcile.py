@@ -21,7 +21,7 @@ from urllib.parse import quote
 from ...ledger import AllocationRecord
 from ..core.admission import Admission
 from ..core.debits import Debits
-from ..core.records import Records
+from ..core.ledger_reads import Records
 from ..hubapi import HubClient, HubError
 
 log = logging.getLogger("gpupool.reconcile")

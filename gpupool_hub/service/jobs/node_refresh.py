@@ -9,7 +9,7 @@ from typing import Any
 
 from ...slurm.commands import OutageLog, SlurmCommandError, controller_unreachable
 from ...inventory.sources import InventorySource
-from ..core.inventory import PoolInventory
+from ..core.pool_inventory import PoolInventory
 
 log = logging.getLogger("gpupool.inventory")
 
