@@ -370,6 +370,16 @@ def test_only_the_ledger_imports_sqlalchemy_or_alembic():
 MIGRATIONS = LEDGER / "migrations"
 
 
+def test_each_table_has_one_home():
+    """Every table of the service is stated in ledger/schema.py; a migration states the
+    frozen shape it creates (its own ``op.create_table``), never a second live Table."""
+    homes = [f"{p.relative_to(PACKAGE)}:{n.lineno}" for p in modules() for n in ast.walk(tree(p))
+             if isinstance(n, ast.Call) and (getattr(n.func, "attr", None) or getattr(n.func, "id", None)) == "Table"]
+    assert homes and all(h.startswith("ledger/schema.py:") for h in homes), homes
+
+
+
+
 def test_schema_changes_live_only_in_the_ledgers_migrations():
     """Alembic operations (``op.add_column``, ...) and hand-written ``_migrate_to_N`` steps
     are found in ledger/migrations/ only, and a migration there never builds tables from
