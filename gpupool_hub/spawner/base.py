@@ -44,7 +44,7 @@ from .overrides import TraitOverrides
 from .progress import ProgressLog
 from .release import ATTEMPT_KEY, STATE_KEY, ServerReleases, new_attempt_key, outcome_unknown
 from .wait_loop import WaitLoop
-from .wait_rules import QUEUE_PENDING, start_timeout_for_reclaims
+from .wait_rules import QUEUE_PENDING, start_timeout_for_waits
 
 __all__ = ["STATE_KEY", "GPUPoolSpawner"]
 
@@ -175,7 +175,8 @@ class GPUPoolSpawner(Spawner):
         self.gpupool_profile_overrides = TraitOverrides(self)
         self.gpupool_allocation_overrides = TraitOverrides(self)
         self._gpupool_parsed = parse_profiles(self.profiles)
-        self.start_timeout = start_timeout_for_reclaims(self.config, self.start_timeout, self.log)
+        # here, not in start(): the hub reads start_timeout as it schedules start(), before it runs
+        self.start_timeout = start_timeout_for_waits(self.config, self.start_timeout, self.log)
         install_refusal_log_filter(self.log)  # the pool saying no is INFO, not an ERROR with a traceback
 
     # -------------------------------------------------------------- traits

@@ -3,6 +3,11 @@
 ``start`` adds events (asking the pool, where the GPUs are, why not) while the
 hub may already be streaming ``progress()``; the stream waits on an event
 instead of polling, and starts over when a new spawn begins.
+
+JupyterHub's spawn page shows each event's message as its current line *and*
+appends it to the event log as a row, so an event is added only when what it
+says changes: a waiting spawn asks the pool every few seconds, and its place in
+the queue ("You are 1st …") is said once, then again only when it moves.
 """
 
 from __future__ import annotations
@@ -29,6 +34,10 @@ class ProgressLog:
         self._wake()
 
     def add(self, progress: int, message: str, html_message: str | None = None) -> None:
+        """Add an event, unless it says what the last one said (then the page already shows it)."""
+        last = self.events[-1] if self.events else {}
+        if (last.get("message"), last.get("html_message")) == (message, html_message or None):
+            return
         event: dict[str, Any] = {"progress": progress, "message": message}
         if html_message:
             event["html_message"] = html_message

@@ -3,7 +3,9 @@
 A reclaim of borrowed GPUs is waited for ``reclaim_wait`` seconds; a place in
 the wait queue until just before the hub's own ``start_timeout`` would end the
 spawn, so that the final message is the pool's (why, and where the user was),
-not the hub's generic timeout.
+not the hub's generic timeout. The spawner raises its own ``start_timeout``
+(:func:`start_timeout_for_waits`) to cover the pool's ``max_wait``, so that
+the pool's limit, not the hub's default 60 s, is what ends a queued spawn.
 """
 
 from __future__ import annotations
@@ -25,21 +27,35 @@ ANSWERED_MARGIN = 1.0
 RECLAIM_START_ALLOWANCE = 60.0
 
 
-def start_timeout_for_reclaims(config: Any, start_timeout: float, log: Any) -> float:
-    """With team fair share on, a spawn may wait ``c.GPUPool.preempt_grace`` for a reclaim:
-    the start timeout that lets it, so that the hub does not give up on it first."""
+def start_timeout_for_waits(config: Any, start_timeout: float, log: Any) -> float:
+    """The start timeout that lets a spawn wait as long as the pool allows, so that the hub
+    does not give up on it first: with the wait queue on (the default), ``c.GPUPool.max_wait``
+    plus ``start_timeout`` itself for the server's own start; with team fair share on,
+    ``c.GPUPool.preempt_grace`` of a reclaim plus ``RECLAIM_START_ALLOWANCE``. The raise is
+    logged once per hub process, not once per server."""
     from ..config import GPUPool
 
     section = config.GPUPool if "GPUPool" in config else {}
-    if not section.get("teams"):
+    defaults = GPUPool.class_traits()
+    needs = {}
+    if section.get("queue_enabled", defaults["queue_enabled"].default_value):
+        max_wait = float(section.get("max_wait", defaults["max_wait"].default_value))
+        needs[f"c.GPUPool.max_wait ({max_wait:g} s) in the wait queue"] = max_wait + start_timeout
+    if section.get("teams"):
+        grace = float(section.get("preempt_grace", defaults["preempt_grace"].default_value))
+        needs[f"c.GPUPool.preempt_grace ({grace:g} s) of reclaims"] = grace + RECLAIM_START_ALLOWANCE
+    if not needs or max(needs.values()) <= start_timeout:
         return start_timeout
-    grace = float(section.get("preempt_grace", GPUPool.class_traits()["preempt_grace"].default_value))
-    needed = grace + RECLAIM_START_ALLOWANCE
-    if start_timeout >= needed:
-        return start_timeout
-    log.warning("Raising start_timeout from %g s to %g s to cover c.GPUPool.preempt_grace (%g s) of reclaims",
-                start_timeout, needed, grace)
+    why, needed = max(needs.items(), key=lambda item: item[1])
+    if (start_timeout, needed) not in _RAISES_LOGGED:
+        _RAISES_LOGGED.add((start_timeout, needed))
+        log.info("Raising the spawner's start_timeout from %g s to %g s to cover %s plus the server's own "
+                 "start; no c.Spawner.start_timeout needs setting for it", start_timeout, needed, why)
     return needed
+
+
+#: (from, to) start_timeout raises already logged by this process
+_RAISES_LOGGED: set[tuple[float, float]] = set()
 
 
 def hub_answered_at(handler: Any, started: float) -> float:

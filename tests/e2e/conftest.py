@@ -158,8 +158,7 @@ c.JupyterHub.spawner_class = "gpupool-simple"
 c.GPUPoolSpawner.profiles = {profiles!r}
 c.Spawner.default_url = "/lab"
 c.Spawner.cmd = [{str(singleuser)!r}]
-c.Spawner.http_timeout = 90
-c.Spawner.start_timeout = 90
+c.Spawner.http_timeout = 90  # jupyterhub-singleuser takes long to answer on the suite's two cores
 c.Spawner.environment = {lab_environment(workdir, poll_seconds)!r}
 {allow_root()}
 c.SimpleLocalProcessSpawner.home_dir_template = {str(workdir / "home") + "/{username}"!r}

@@ -48,7 +48,6 @@ c.JupyterHub.cleanup_servers = False
 c.Spawner.cmd = [sys.executable, {str(TINY)!r}]
 c.Spawner.poll_interval = 2
 c.Spawner.http_timeout = 60
-c.Spawner.start_timeout = 60
 c.SimpleLocalProcessSpawner.home_dir_template = {str(workdir / "home") + "/{username}"!r}
 c.GPUPool.nodes = {json.dumps(POOL)}
 c.GPUPoolSpawner.profiles = {PROFILES!r}

@@ -66,3 +66,23 @@ def test_a_reset_wakes_the_stream_at_once_to_start_over():
         return seen
 
     assert [e["message"] for e in asyncio.run(run())] == ["old spawn", "new spawn"]
+
+
+def test_a_message_said_again_adds_no_row():
+    # Issue 39.2: the spawn page shows every event as a row of its event log; a waiting spawn
+    # asks every ~2 s and was told the same place each time: 30 identical rows a minute
+    log = ProgressLog()
+    log.add(10, "Asking the GPU pool")
+    for _ in range(30):
+        log.add(20, "Waiting for a GPU: You are 1st in the queue")
+    log.add(20, "Waiting for a GPU: You are 1st in the queue", "<strong>Waiting.</strong> 1st")  # its html changed
+    log.add(20, "Waiting for a GPU: You are 1st in the queue", "<strong>Waiting.</strong> 1st")
+    log.add(40, "GPUs allocated: node-a")
+    log.add(20, "Asking the GPU pool")  # said before, but not just now: a new row
+    assert [(e["progress"], e["message"], e.get("html_message")) for e in log.events] == [
+        (10, "Asking the GPU pool", None),
+        (20, "Waiting for a GPU: You are 1st in the queue", None),
+        (20, "Waiting for a GPU: You are 1st in the queue", "<strong>Waiting.</strong> 1st"),
+        (40, "GPUs allocated: node-a", None),
+        (20, "Asking the GPU pool", None),
+    ]

@@ -1,7 +1,11 @@
 """The wait queue with a real hub, real tiny servers and the real service: three
 users queue for one GPU, see their place on the progress page, get it in fair
 order; one cancels and loses the place; a ``kill -9`` of the service loses
-nobody's place."""
+nobody's place; a queued spawn outlives JupyterHub's default start timeout.
+
+The hub sets no ``c.Spawner.start_timeout``, as the example configuration and
+``scripts/demo.sh`` do not (issue 39.9): the spawner's own raise is what keeps a
+queued spawn waiting."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +23,7 @@ import requests
 
 from tests.fixtures.hub import wait_for
 
-from .conftest import q, spawn, spawner_hub, stop_server, user_model
+from .conftest import q, spawn, spawner_hub, stop_everything, stop_server, user_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.loaded]
 
@@ -30,7 +35,6 @@ c.GPUPool.queue_enabled = True
 c.GPUPool.queue_poll_timeout = 15
 c.GPUPool.nodes = {json.dumps(ONE_GPU)}
 c.GPUPoolService.queue_interval = 0.5
-c.Spawner.start_timeout = 120
 c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0.5}}  # the POST answers 202 at once for a waiting spawn
 """
 
@@ -73,6 +77,11 @@ class Progress(threading.Thread):
 
     def messages(self):
         return [e.get("message", "") for e in self.events]
+
+    def repeats(self):
+        """Consecutive events that say the same again (each is a row of the page's event log)."""
+        said = [(e.get("message"), e.get("html_message")) for e in self.events]
+        return [a for a, b in zip(said, said[1:]) if a == b]
 
 
 def service_pid(hub):
@@ -146,3 +155,36 @@ def test_three_users_queue_for_one_gpu_in_fair_order(hub):
     watchers["dave"].join(60)
     assert watchers["dave"].events[-1].get("ready"), watchers["dave"].events
     assert queue(hub)["waiting"] == []
+
+
+#: JupyterHub's default c.Spawner.start_timeout, which ended every queued spawn before issue 39
+HUB_DEFAULT_START_TIMEOUT = 60
+
+
+def test_a_queued_spawn_outlives_the_hubs_default_start_timeout_and_says_its_place_once(hub):
+    stop_everything(hub)
+    r = spawn(hub, "frank", {"profile": "1gpu"})
+    assert r.status_code in (201, 202), r.text
+    wait_for(lambda: ready(hub, "frank"), 60, "frank's server")
+
+    r = spawn(hub, "grace", {"profile": "1gpu"})
+    queued_at = time.monotonic()
+    assert r.status_code == 202, r.text
+    watcher = Progress(hub, "grace")
+    watcher.start()
+
+    def past_the_hubs_default():
+        # fails at once if the hub ended the spawn (before issue 39: "No GPU became free within the 57 s")
+        assert positions(hub) == {"grace": 1}, watcher.messages()[-1:]
+        return time.monotonic() - queued_at > HUB_DEFAULT_START_TIMEOUT + 5
+
+    wait_for(past_the_hubs_default, HUB_DEFAULT_START_TIMEOUT + 30, "grace to wait past 60 s", interval=1)
+    assert user_model(hub, "grace")["servers"][""]["pending"]  # still starting, not ended by the hub
+
+    stop_server(hub, "frank")  # the GPU frees: grace's spawn completes on its own
+    watcher.join(60)
+    assert watcher.events[-1].get("ready"), watcher.events
+    # over a minute of asking every ~2 s: the place is said once, not 30 times
+    waiting = [m for m in watcher.messages() if m.startswith("Waiting for a GPU: You are 1st in the queue")]
+    assert len(waiting) >= 1 and not watcher.repeats(), watcher.messages()
+    stop_server(hub, "grace")

@@ -1,0 +1,65 @@
+"""Issue 39.1: a queued spawn waits as long as the pool's ``max_wait`` allows, whatever the
+hub's default ``start_timeout``: the spawner raises its own, before the hub reads it
+(JupyterHub reads ``spawner.start_timeout`` as it schedules ``start()``, in ``User.spawn``)."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+from traitlets.config import Config
+
+from gpupool_hub.spawner import GPUPoolSimpleSpawner
+from gpupool_hub.spawner import wait_rules
+from tests.spawner.test_units import PROFILES
+
+
+def spawner(**pool):
+    """A spawner built from a hub configuration with these ``c.GPUPool`` settings and nothing
+    else: JupyterHub's own default start_timeout (60 s)."""
+    c = Config()
+    c.GPUPoolSpawner.profiles = PROFILES
+    for k, v in pool.items():
+        setattr(c.GPUPool, k, v)
+    user = SimpleNamespace(name="alice", groups=[], url="/user/alice/", escaped_name="alice", id=1)
+    hub = SimpleNamespace(api_url="http://127.0.0.1:8081/hub/api", base_url="/hub/", url="http://127.0.0.1:8081/hub/",
+                          public_host="", host="")
+    return GPUPoolSimpleSpawner(user=user, hub=hub, config=c)
+
+
+@pytest.mark.parametrize(
+    "pool, expected",
+    [
+        ({}, 3600 + 60),  # as shipped: the queue on, max_wait 3600 s, the hub's default 60 s to start
+        ({"max_wait": 600}, 600 + 60),
+        ({"queue_enabled": False}, 60),  # no queue: nothing to wait for, the hub's own timeout
+        ({"queue_enabled": False, "teams": {"a": {"quota": 1}}, "preempt_grace": 30}, 30 + 60),  # a reclaim
+        ({"max_wait": 20, "teams": {"a": {"quota": 1}}, "preempt_grace": 300}, 300 + 60),  # the longer wait
+    ],
+)
+def test_the_start_timeout_covers_the_pools_longest_wait_plus_the_start(pool, expected):
+    assert spawner(**pool).start_timeout == expected
+
+
+def test_an_admins_start_timeout_is_the_servers_own_start_on_top_of_the_wait():
+    c = Config()
+    c.GPUPool.max_wait = 100
+    log = logging.getLogger("test")
+    assert wait_rules.start_timeout_for_waits(c, 500, log) == 600
+    c.GPUPool.queue_enabled = False
+    c.GPUPool.teams = {"a": {"quota": 1}}
+    assert wait_rules.start_timeout_for_waits(c, 500, log) == 500  # covers preempt_grace (30 s) already
+
+
+def test_the_raise_is_logged_once_per_process_not_per_server(caplog, monkeypatch):
+    monkeypatch.setattr(wait_rules, "_RAISES_LOGGED", set())
+    c = Config()
+    c.GPUPool.max_wait = 1234
+    log = logging.getLogger("gpupool-test")
+    with caplog.at_level(logging.INFO, logger="gpupool-test"):
+        for _ in range(3):  # three users' spawners
+            assert wait_rules.start_timeout_for_waits(c, 60, log) == 1294
+    raised = [r.getMessage() for r in caplog.records if "Raising" in r.getMessage()]
+    assert raised == ["Raising the spawner's start_timeout from 60 s to 1294 s to cover c.GPUPool.max_wait (1234 s) "
+                      "in the wait queue plus the server's own start; no c.Spawner.start_timeout needs setting for it"]
