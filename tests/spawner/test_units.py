@@ -31,9 +31,12 @@ def dead_url() -> str:
     return f"http://127.0.0.1:{free_port()}/services/gpupool/api/v1"
 
 
-def make(cls=GPUPoolSimpleSpawner, profiles=PROFILES, **traits):
+def make(cls=GPUPoolSimpleSpawner, profiles=PROFILES, pool=None, **traits):
+    """A spawner without a hub: ``traits`` for c.GPUPoolSpawner, ``pool`` for c.GPUPool."""
     c = Config()
     c.GPUPoolSpawner.profiles = profiles
+    for k, v in (pool or {}).items():
+        setattr(c.GPUPool, k, v)
     for k, v in traits.items():
         setattr(c.GPUPoolSpawner, k, v)
     user = SimpleNamespace(name="alice", groups=[], url="/user/alice/", escaped_name="alice", id=1)

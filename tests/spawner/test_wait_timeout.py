@@ -5,27 +5,18 @@ hub's default ``start_timeout``: the spawner raises its own, before the hub read
 from __future__ import annotations
 
 import logging
-from types import SimpleNamespace
 
 import pytest
 from traitlets.config import Config
 
-from gpupool_hub.spawner import GPUPoolSimpleSpawner
 from gpupool_hub.spawner import wait_rules
-from tests.spawner.test_units import PROFILES
+from tests.spawner.test_units import make
 
 
 def spawner(**pool):
     """A spawner built from a hub configuration with these ``c.GPUPool`` settings and nothing
     else: JupyterHub's own default start_timeout (60 s)."""
-    c = Config()
-    c.GPUPoolSpawner.profiles = PROFILES
-    for k, v in pool.items():
-        setattr(c.GPUPool, k, v)
-    user = SimpleNamespace(name="alice", groups=[], url="/user/alice/", escaped_name="alice", id=1)
-    hub = SimpleNamespace(api_url="http://127.0.0.1:8081/hub/api", base_url="/hub/", url="http://127.0.0.1:8081/hub/",
-                          public_host="", host="")
-    return GPUPoolSimpleSpawner(user=user, hub=hub, config=c)
+    return make(pool=pool)
 
 
 @pytest.mark.parametrize(
