@@ -175,8 +175,11 @@ class GPUPoolSpawner(Spawner):
         self.gpupool_profile_overrides = TraitOverrides(self)
         self.gpupool_allocation_overrides = TraitOverrides(self)
         self._gpupool_parsed = parse_profiles(self.profiles)
-        # here, not in start(): the hub reads start_timeout as it schedules start(), before it runs
-        self.start_timeout = start_timeout_for_waits(self.config, self.start_timeout, self.log)
+        # here, not in start(): the hub reads start_timeout as it schedules start(), before it runs.
+        # What was configured stays the server's own start, once the wait is over (start()).
+        self._gpupool_own_start_timeout = self.start_timeout
+        self._gpupool_wait_start_timeout = start_timeout_for_waits(self.config, self.start_timeout, self.log)
+        self.start_timeout = self._gpupool_wait_start_timeout
         install_refusal_log_filter(self.log)  # the pool saying no is INFO, not an ERROR with a traceback
 
     # -------------------------------------------------------------- traits
@@ -438,13 +441,22 @@ class GPUPoolSpawner(Spawner):
         self._gpupool_starting = True
         try:
             await self.gpupool_prepare()
-            return await super().start()
+            # the wait is over: the server's own start gets what was configured (batchspawner and
+            # KubeSpawner read start_timeout while they start), not the hour a queued spawn may wait
+            own = self._gpupool_own_start_timeout
+            self.start_timeout = own
+            try:
+                return await asyncio.wait_for(super().start(), own)
+            except asyncio.TimeoutError:
+                raise TimeoutError(f"The server did not start within {own:g} s of getting its GPUs "
+                                   "(c.Spawner.start_timeout); they are released.") from None
         except BaseException as e:
             if outcome_unknown(e, self.gpupool_allocation):
                 await self.gpupool_abandon(f"spawn abandoned: {type(e).__name__}")
             raise
         finally:
             self._gpupool_starting = False
+            self.start_timeout = self._gpupool_wait_start_timeout  # the hub reads it at the next spawn
 
     async def stop(self, now: bool = False) -> None:
         """Stop the server; its charge ends now, even if the service only hears of it later.

@@ -4,6 +4,7 @@ hub's default ``start_timeout``: the spawner raises its own, before the hub read
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import pytest
@@ -54,3 +55,36 @@ def test_the_raise_is_logged_once_per_process_not_per_server(caplog, monkeypatch
     raised = [r.getMessage() for r in caplog.records if "Raising" in r.getMessage()]
     assert raised == ["Raising the spawner's start_timeout from 60 s to 1294 s to cover c.GPUPool.max_wait (1234 s) "
                       "in the wait queue plus the server's own start; no c.Spawner.start_timeout needs setting for it"]
+
+
+
+async def test_once_the_gpus_are_held_the_server_gets_only_its_own_start_timeout(monkeypatch):
+    """A server stuck starting (a Slurm job left pending, a pod never scheduled) is given up
+    after the configured start_timeout, not the hour a queued spawn may wait, and its GPUs go back."""
+    from gpupool_hub.spawner import GPUPoolSimpleSpawner
+    from gpupool_hub.spawner.base import GPUPoolSpawner
+
+    engine = GPUPoolSimpleSpawner.__mro__[GPUPoolSimpleSpawner.__mro__.index(GPUPoolSpawner) + 1]
+    seen = []
+
+    async def hangs(self):  # the engine notes the timeout it was given, as batchspawner reads it
+        seen.append(self.start_timeout)
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(engine, "start", hangs)
+    s = make(pool={"max_wait": 600}, start_timeout=1)
+    assert s.start_timeout == 601  # what the hub reads as it schedules start()
+    abandoned = []
+
+    async def prepare():  # the pool's answer is in: GPUs held
+        s.gpupool_allocation = {"id": "a1"}
+
+    async def abandon(reason, wait=None):
+        abandoned.append(reason)
+
+    s.gpupool_prepare, s.gpupool_abandon = prepare, abandon
+    with pytest.raises(TimeoutError, match="did not start within 1 s of getting its GPUs"):
+        await s.start()
+    assert seen == [1]  # the engine waited for its own start only
+    assert abandoned  # the GPUs it got go back, never charged
+    assert s.start_timeout == 601  # the next spawn may wait again
