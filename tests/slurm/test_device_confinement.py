@@ -240,3 +240,14 @@ def test_device_cgroups_are_removed_at_teardown(tmp_path):
     assert cluster.cgroups() == []
     assert not list(Path("/sys/fs/cgroup").glob("*/slurm_cgpu-t"))
     assert not root.exists()
+
+
+def test_docs_show_the_device_confinement_lines_the_confined_cluster_runs():
+    """docs/slurm.md gives admins the slurm.conf and cgroup.conf lines this module's cluster runs with."""
+    from tests.fixtures.slurm import CGROUP_CONF, CONFINED_TASK_LINES
+
+    text = (Path(__file__).parents[2] / "docs" / "slurm.md").read_text()
+    blocks = ["\n".join(line.split("#")[0].strip() for line in b.split("```")[0].splitlines())
+              for b in text.split("```ini\n")[1:]]
+    assert any(all(line in b.splitlines() for line in CONFINED_TASK_LINES) for b in blocks)
+    assert any(all(line in b.splitlines() for line in CGROUP_CONF.splitlines()) for b in blocks)
