@@ -113,7 +113,7 @@ def write_probe(directory: Path) -> Path:
 def test_a_batch_job_opens_only_its_own_device_even_without_cuda_visible_devices(confined_slurm_cluster):
     cluster = confined_slurm_cluster
     node = CONFINED_NODES[0]
-    assert isinstance(node, NodeSpec) and sum(c for _, c in node.gpus) == 4
+    assert sum(c for _, c in node.gpus) == 4
     devices = node_devices(cluster, node.name)
     assert all(os.major(os.stat(d).st_rdev) == 195 for d in devices)
     probe = write_probe(cluster.root)
