@@ -189,6 +189,9 @@ c.GPUPoolService.debit_interval = 3600         # charge closed hours
 # ------------------------------------------------------------------ Slurm
 # The pool from a Slurm cluster, each server a Slurm job (docs/slurm.md, "From zero").
 # Uncomment and change the lines marked CHANGE. c.GPUPool.nodes is ignored then.
+# With priced GPUs the service starts only if Slurm keeps each job to its GPUs (a device cgroup):
+# slurm.conf ProctrackType=proctrack/cgroup and TaskPlugin=task/cgroup, and in the cgroup.conf next to it
+# ConstrainDevices=yes (docs/slurm.md); or set c.GPUPool.slurm_allow_env_only_gpu_hiding = True.
 # SERVERS_PYTHON = "/opt/jupyterhub/bin"    # CHANGE: a venv every user may run, same path on every node
 # c.JupyterHub.spawner_class = "gpupool-slurm"
 # c.JupyterHub.hub_connect_ip = "10.0.0.1"   # CHANGE: where jobs on the nodes reach the hub
