@@ -18,19 +18,27 @@ shared, but the exact indices (and NVLink pairing) are the plugin's choice.
 ``CUDA_VISIBLE_DEVICES`` is therefore not set in pods (the plugin sets
 ``NVIDIA_VISIBLE_DEVICES``); a CPU-only pod gets ``NVIDIA_VISIBLE_DEVICES=void``
 so CUDA base images do not see the node's GPUs.
+
+A pod the API server refuses (403: the hub's service account may not create
+pods; 422: an invalid pod, e.g. a GPU limit the cluster does not know) fails
+the spawn with the API server's own message, and the allocation goes back
+unpaid (the mixin abandons the attempt).
 """
 
 from __future__ import annotations
 
+import json
 from decimal import Decimal
 from typing import Any
 
 from traitlets import Dict, Unicode
 
 from .spawner import GPUPoolSpawner
+from .spawner.errors import GPUPoolRefused, SpawnFailure
 from .spawner.memory_hints import notice_file_env
 
 try:
+    from kubernetes_asyncio.client.rest import ApiException
     from kubespawner import KubeSpawner
 except ImportError as e:  # pragma: no cover - depends on the extra
     raise ImportError(
@@ -89,6 +97,14 @@ class GPUPoolKubeSpawner(GPUPoolSpawner, KubeSpawner):
     async def load_user_options(self) -> None:
         """Profiles were applied by GPUPoolSpawner before start; KubeSpawner's profile_list is not used."""
 
+    async def _make_create_pod_request(self, pod: Any, request_timeout: int) -> bool:
+        """KubeSpawner's pod create (a 409 still deletes the old pod and retries); any other
+        refusal becomes a spawn failure that says what the API server said."""
+        try:
+            return await super()._make_create_pod_request(pod, request_timeout)
+        except ApiException as e:
+            raise cluster_refusal(e) from e
+
     def gpupool_env(self, allocation: dict[str, Any] | None) -> dict[str, str]:
         env = {"GPUPOOL_API_URL": self.gpupool_server_api_url, **notice_file_env(self.notice_file, self.name)}
         if self.gpupool_profile is not None:
@@ -141,3 +157,17 @@ class GPUPoolKubeSpawner(GPUPoolSpawner, KubeSpawner):
             # extended resources: request == limit
             "extra_resource_guarantees": {**self.extra_resource_guarantees, **limits},
         })
+
+
+def cluster_refusal(error: ApiException) -> GPUPoolRefused:
+    """The API server's refusal of a pod, with its ``Status`` message (``pods is forbidden: …``)."""
+    try:
+        message = json.loads(error.body or "{}").get("message") or ""
+    except (ValueError, AttributeError):
+        message = ""
+    detail = message or (error.body if isinstance(error.body, str) else "") or "no message"
+    return GPUPoolRefused(
+        f"Kubernetes refused the pod ({error.status} {error.reason}): {detail}. An admin must fix the "
+        "hub's Kubernetes settings (its service account's rights, or the pod it asks for).",
+        reason=SpawnFailure.CLUSTER_REFUSED, status_code=500,
+    )

@@ -3,7 +3,10 @@
 Integration tests skip when a system binary or server is missing on a
 developer's machine. CI sets ``GPUPOOL_REQUIRE_INTEGRATION=1``; then every
 skip is reported as a failure, so a missing install step cannot hide behind
-a green run.
+a green run. Two markers are exempt, as no install step can give CI what they
+need: ``gpu`` (a real NVIDIA GPU) and ``systemd_pid1`` (systemd as PID 1, for a
+real transient unit; starting a second systemd is no option). Their skips stay
+skips, each reported with its reason (``-rs``).
 
 ``scripts/test.sh`` runs the suite on several pytest-xdist workers. A
 module's tests stay together on one worker, so a module's hub starts once.
@@ -24,6 +27,8 @@ pytest_plugins = ["tests.fixtures.processes", "tests.fixtures.postgres", "tests.
 pytest_plugins += ["tests.load"]  # GPUPOOL_TEST_LOAD: busy CPUs beside the tests marked `loaded`
 
 REQUIRE_INTEGRATION = os.environ.get("GPUPOOL_REQUIRE_INTEGRATION", "") not in ("", "0")
+#: markers whose skips stay skips under GPUPOOL_REQUIRE_INTEGRATION (what they need, CI cannot have)
+EXEMPT_FROM_REQUIRE = ("gpu", "systemd_pid1")
 
 #: work that shares something machine-wide, by test path: it all runs on one xdist worker
 SHARED = {
@@ -64,9 +69,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
-    # `gpu` tests need a real NVIDIA GPU, which CI does not have: they skip there, and that is no failure
+    # `gpu` tests need a real NVIDIA GPU, `systemd_pid1` tests systemd as PID 1; CI has neither:
+    # they skip there, and that is no failure
     if (REQUIRE_INTEGRATION and report.skipped and not hasattr(report, "wasxfail")
-            and item.get_closest_marker("gpu") is None):
+            and not any(item.get_closest_marker(m) for m in EXEMPT_FROM_REQUIRE)):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
         report.outcome = "failed"
         report.longrepr = (

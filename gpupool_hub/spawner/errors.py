@@ -35,6 +35,7 @@ class SpawnFailure(str, Enum):
     STOPPED = "gpupool_stopped"  # the hub stopped the server while its spawn waited for GPUs
     JOB_ENDED = "gpupool_job_ended"  # the batch job ended before its server was ready (gpupool-slurm)
     SCHEDULER_DOWN = "gpupool_scheduler_down"  # the batch scheduler's command failed (slurmctld down)
+    CLUSTER_REFUSED = "gpupool_cluster_refused"  # the Kubernetes API refused the server's pod (RBAC, invalid pod)
     UNIX_NAME = "gpupool_unix_name"  # the user name cannot be a Unix account (unixname.RULE): refused, 403
 
     def __str__(self) -> str:
