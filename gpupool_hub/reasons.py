@@ -61,6 +61,7 @@ class AuditAction(str, Enum):
     NOTICE_DISMISSED = "notice_dismissed"  # a user dismissed the notice of an earlier event (detail: notice id)
     GPU_OUT_OF_BOUNDS = "gpu_out_of_bounds"  # a node agent found GPU processes of a user holding no allocation there
     GPU_OUT_OF_BOUNDS_STOP = "gpu_out_of_bounds_stop"  # ... and stopped (or was refused stopping) one after the grace
+    GRANT = "grant"  # an admin granted tokens or took them back (written with the ledger entry)
 
     def __str__(self) -> str:
         return self.value

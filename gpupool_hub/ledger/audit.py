@@ -10,9 +10,20 @@ from datetime import datetime
 
 import sqlalchemy as sa
 
+from sqlalchemy.engine import Connection
+
 from .engine import Db, aware, db_time
 from .records import AuditEvent
 from .schema import audit
+
+
+def insert_event(conn: Connection, event: AuditEvent) -> AuditEvent:
+    """Record ``event`` in the transaction of ``conn``; the event as recorded (with its id)."""
+    new_id = conn.execute(audit.insert().values(
+        at=db_time(event.at), user=event.user, server=event.server, action=event.action,
+        reason=event.reason, dry_run=event.dry_run, detail=event.detail,
+    )).inserted_primary_key[0]
+    return AuditEvent(**{**event.__dict__, "id": new_id})
 
 
 class Audit:
@@ -24,11 +35,7 @@ class Audit:
     def add(self, event: AuditEvent) -> AuditEvent:
         """Record ``event``; the event as recorded (with its id)."""
         with self.db.write() as conn:
-            new_id = conn.execute(audit.insert().values(
-                at=db_time(event.at), user=event.user, server=event.server, action=event.action,
-                reason=event.reason, dry_run=event.dry_run, detail=event.detail,
-            )).inserted_primary_key[0]
-        return AuditEvent(**{**event.__dict__, "id": new_id})
+            return insert_event(conn, event)
 
     def _query(self, q: sa.Select) -> list[AuditEvent]:  # type: ignore[type-arg]
         with self.db.read() as conn:

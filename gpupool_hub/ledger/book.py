@@ -19,7 +19,7 @@ from sqlalchemy.engine import Engine
 from ..credits import DueCredit, capped
 from ..units import from_milli
 from .allocations import Allocations
-from .audit import Audit
+from .audit import Audit, insert_event
 from .carries import Carries
 from .engine import DEFAULT_BUSY_TIMEOUT, Db, aware, chunks, db_time, insert_new, utcnow
 from .gpu_use import GpuUseDays
@@ -29,7 +29,7 @@ from .migrations import migrate
 from .nodes import Nodes
 from .postings import ensure_accounts, entry_of, write_postings
 from .queue import Queue
-from .records import Account, Credited, Entry, Mismatch, Posted, Posting, UnknownAccount, VerifyReport
+from .records import Account, AuditEvent, Credited, Entry, Mismatch, Posted, Posting, UnknownAccount, VerifyReport
 from .reports import Reports
 from .schema import accounts, entries, intervals, meta_table
 
@@ -86,6 +86,7 @@ class Ledger:
         now: datetime | None = None,
         complete_interval: tuple[str, datetime, datetime] | None = None,
         carry: Mapping[tuple[str, str], Decimal] | None = None,
+        audit_event: AuditEvent | None = None,
     ) -> list[Posted]:
         """Record entries in one transaction: all of them or none.
 
@@ -93,7 +94,8 @@ class Ledger:
         entry raises ``IdempotencyConflict`` and nothing of the batch is kept.
         ``complete_interval=(job, start, end)`` marks that job interval done in
         the same transaction; ``carry`` stores debit remainders (see ``carries``)
-        in it too.
+        in it too; ``audit_event`` is recorded in it when an entry was (a replay
+        records none), with the first entry's id in its ``detail``.
         """
         now = now or utcnow()
         with self.db.write() as conn:
@@ -107,6 +109,9 @@ class Ledger:
                 )
             if carry:
                 self.carries.store(conn, carry)
+            if audit_event is not None and any(r.created for r in results):
+                insert_event(conn, AuditEvent(**{**audit_event.__dict__,
+                                                 "detail": {**(audit_event.detail or {}), "entry": results[0].entry.id}}))
         return results
 
     def open_account(self, name: str, now: datetime | None = None) -> None:

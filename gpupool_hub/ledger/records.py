@@ -116,7 +116,7 @@ class AuditEvent:
     at: datetime
     user: str
     server: str
-    action: str  # "warn" | "clear_warning" | "cull_kernels" | "stop_server" | "failed"
+    action: str  # "warn" | "clear_warning" | "cull_kernels" | "stop_server" | "failed" | "grant" | …
     reason: str
     dry_run: bool = False
     detail: dict | None = None  # type: ignore[type-arg]
@@ -177,6 +177,7 @@ class Window:
 
     balance_milli: int
     totals: list[DayTotal]
+    opened_at: datetime | None = None  # when the account was opened
 
 
 @dataclass(frozen=True)

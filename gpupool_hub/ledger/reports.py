@@ -16,7 +16,7 @@ from functools import lru_cache
 
 import sqlalchemy as sa
 
-from .engine import Db
+from .engine import Db, aware
 from .records import AccountRow, DayTotal, GpuUse, UnknownAccount, Window
 from .schema import accounts, entries, gpu_use
 
@@ -88,14 +88,14 @@ class Reports:
         (PostgreSQL's READ COMMITTED gives each statement its own snapshot anyway)."""
         q = _totals_query(tuple(starts))
         with self.db.read() as conn:  # one read transaction (never the writer's lock)
-            balance = conn.execute(
-                sa.select(accounts.c.balance_milli).where(accounts.c.name == user)
-            ).scalar_one_or_none()
-            if balance is None:
+            account = conn.execute(
+                sa.select(accounts.c.balance_milli, accounts.c.created_at).where(accounts.c.name == user)
+            ).first()
+            if account is None:
                 raise UnknownAccount(user)
             totals = [DayTotal(int(r[0]), int(r[1]), r[2], r[3], int(r[4] or 0), int(r[5] or 0))
                       for r in conn.execute(q, {"user": user})]
-        return Window(int(balance), totals)
+        return Window(int(account.balance_milli), totals, aware(account.created_at))
 
     def search_accounts(self, *, query: str = "", negative: bool = False, sort: str = "name",
                         limit: int = 50, offset: int = 0) -> tuple[list[AccountRow], int]:

@@ -24,6 +24,9 @@ if TYPE_CHECKING:
     from ..ledger import AllocationRecord, GpuUse, Posting
     from .core.manager import PoolManager
 
+#: a wait in the queue: seconds to a day
+WAIT_BUCKETS = (10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400, 28800, 86400)
+
 
 def held_gpus(record: AllocationRecord) -> dict[str, float]:
     """GPUs one allocation holds per model, fractions and MIG instances as shares: the value of
@@ -71,6 +74,12 @@ class PoolCollector(Collector):
             by_model.add_metric([model], per_model.get(model, 0.0))
         yield by_model
         yield capacity
+        waiting = GaugeMetricFamily(
+            "gpupool_queue_waiting", "Servers waiting for GPUs of a model (one that accepts several models counts "
+            "under each)", labels=["model"])
+        for model, n in self.manager.queue.reports.waiting_per_model().items():
+            waiting.add_metric([model], n)
+        yield waiting
         report = self.manager.reclaims.team_report()
         if report["enabled"]:
             quota = GaugeMetricFamily("gpupool_team_quota_gpus", "Nominal GPU quota per team", labels=["team"])
@@ -92,6 +101,11 @@ class ServiceMetrics:
         self.threads = manager.threads
         self.registry = CollectorRegistry()
         self.registry.register(PoolCollector(manager))
+        self.queue_wait = Histogram(
+            "gpupool_queue_wait_seconds", "How long a waiting server waited until its GPUs were placed",
+            registry=self.registry, buckets=WAIT_BUCKETS,
+        )
+        manager.queue.report_to(self.observe_wait)
         self.job_duration = Histogram(
             "gpupool_job_duration_seconds", "Duration of a scheduled job run", ["job"], registry=self.registry,
         )
@@ -117,6 +131,10 @@ class ServiceMetrics:
             "gpupool_gpu_unknown_seconds", "Held GPU-seconds whose use could not be measured (neither busy nor idle)",
             ["user", "team"], registry=self.registry,
         )
+
+    def observe_wait(self, seconds: float) -> None:
+        """Called by the queue as a waiter's GPUs are claimed, with how long it waited."""
+        self.queue_wait.observe(seconds)
 
     def count_charges(self, postings: Iterable[Posting]) -> None:
         """Called by the debit job once an interval's debits are in the ledger."""

@@ -16,11 +16,18 @@ from typing import TYPE_CHECKING, Any
 from ...config import GPUPool
 from ...credits import due_credits
 from ...keys import entry_key
-from ...ledger import Account, Credited, Ledger, Posting, UnknownAccount
+from ...ledger import Account, AuditEvent, Credited, Ledger, Posting, UnknownAccount
+from ...reasons import AuditAction
 from .threads import CoreThreads, reads, writes
 
 if TYPE_CHECKING:
     from .views import ViewCache
+
+
+def grant_text(amount: Decimal, user: str) -> str:
+    """What a grant did, in words: "Granted 105 tokens to bob", "Took back 105 tokens from bob"."""
+    size = f"{abs(amount).normalize():,f}"
+    return f"Granted {size} tokens to {user}" if amount > 0 else f"Took back {size} tokens from {user}"
 
 
 class Accounts:
@@ -101,9 +108,14 @@ class Accounts:
     @writes
     def grant(self, user: str, amount: Decimal, reason: str, actor: str,
               idempotency_key: str | None) -> tuple[Any, bool]:
-        """An admin's grant (or, negative, adjustment); the same key never posts twice."""
+        """An admin's grant (or, negative, adjustment); the same key never posts twice. The
+        audit log records it ("Took back 105 tokens from bob") in the same transaction."""
         kind = "grant" if amount > 0 else "adjustment"
         key = entry_key("api-grant", user, idempotency_key or uuid.uuid4().hex)
-        posted = self.ledger.post(Posting(user, kind, amount, key, reason=reason, actor=actor))
+        event = AuditEvent(at=self.clock(), user=user, server="", action=AuditAction.GRANT.value,
+                           reason=f"{grant_text(amount, user)} (by {actor}): {reason}",
+                           detail={"amount": str(amount), "actor": actor})
+        [posted] = self.ledger.post_many([Posting(user, kind, amount, key, reason=reason, actor=actor)],
+                                         audit_event=event)
         self.cache.forget(user)
         return posted.entry, posted.created

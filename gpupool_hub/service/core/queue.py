@@ -96,6 +96,12 @@ class WaitQueue:
         # pass's ``until``), a newcomer needs no full pass (``join_behind``)
         self._settled: tuple[Any, int, Entry, Dispatch] | None = None
         self._expiry_due: datetime | None = None  # no entry expires before this (``expire``)
+        self.on_started: Callable[[float], None] | None = None  # see ``report_to``
+
+    def report_to(self, on_started: Callable[[float], None]) -> None:
+        """Hand the seconds each waiter waited, as its GPUs are claimed, to ``on_started``
+        (the service's /metrics keeps a histogram of waits)."""
+        self.on_started = on_started
 
     @property
     def pool(self) -> Any:
@@ -207,6 +213,8 @@ class WaitQueue:
             self.ledger.queue.remove(entry.waiter.id)
             self.ledger.queue.estimate_started(entry.waiter.id, self.clock())
             self.eta.started(self.clock(), entry.waiter.request.total_gpu_milli)
+            if self.on_started is not None:
+                self.on_started((self.clock() - entry.waiter.since).total_seconds())
         self._shown.discard(entry.waiter.id)
         self.order.claimed(entry.waiter.user)  # admission records it now: held from here on
         return entry.waiter.id, entry.placement

@@ -37,13 +37,22 @@ class QueueReports:
         self.threads = threads
         self._summary: tuple[float, dict[str, dict[str, Any]]] | None = None
 
-    def summary(self) -> dict[str, dict[str, Any]]:
-        """Per pool model: how many wait for it and when one more GPU of it is expected."""
+    def waiting_per_model(self) -> dict[str, int]:
+        """Per pool model, the waiters that would take it (not those whose GPUs are reserved:
+        they start at their next ask): one that accepts several models (or any) counts under
+        each of them, so the sum can pass the queue's length."""
         ordered = self.order.ordered()
-        out: dict[str, dict[str, Any]] = {}
+        out = {}
         for model in sorted(self.inventory.models()):
             key = normalize_model(model)
-            n = sum(1 for w in ordered if w.request.models is None or key in w.request.models)
+            out[model] = sum(1 for w in ordered if w.request.models is None or key in w.request.models)
+        return out
+
+    def summary(self) -> dict[str, dict[str, Any]]:
+        """Per pool model: how many wait for it and when one more GPU of it is expected."""
+        out: dict[str, dict[str, Any]] = {}
+        for model, n in self.waiting_per_model().items():
+            key = normalize_model(model)
             eta = est = None
             if n:
                 probe = Waiter(id="?", user="", server="", request=Request(gpus=1, models=frozenset({key})),

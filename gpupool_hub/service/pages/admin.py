@@ -20,11 +20,15 @@ from tornado import web
 from ...ledger import SORTS, IdempotencyConflict
 from ...names import name_problem
 from ...units import AmountError, format_tokens, from_milli, parse_amount
+from ..api.base import database_trouble
 from ..api.httpargs import INT64_MAX
+from ..core.accounts import grant_text
 from .base import PageHandler
 
 ACCOUNTS_PAGE = 50
 AUDIT_PAGE = 100
+#: account names the grant form's user field suggests (the first by name)
+NAMES_SUGGESTED = 500
 
 
 class AdminPage(PageHandler):
@@ -89,14 +93,22 @@ class GrantHandler(AdminPage):
 
     title = "Grant tokens"
 
-    def get(self) -> None:
-        self.show(form={"user": self.get_argument("user", "")[:255], "amount": "", "reason": ""})
+    async def get(self) -> None:
+        await self.show(form={"user": self.get_argument("user", "")[:255], "amount": "", "reason": ""})
 
-    def show(self, *, form: dict[str, str], error: str | None = None, result: dict[str, Any] | None = None,
-             status: int = 200) -> None:
+    async def show(self, *, form: dict[str, str], error: str | None = None, result: dict[str, Any] | None = None,
+                   status: int = 200) -> None:
+        # the user field suggests known account names (a <datalist>: no script); a form with
+        # no suggestions still works while the database is away (submitting it answers 503)
+        try:
+            rows, _ = await self.manager.records.search_accounts.off_loop(limit=NAMES_SUGGESTED)
+        except Exception as e:
+            if database_trouble(e) is None:
+                raise
+            rows = []
         self.set_status(status)
         self.render_page("admin/grant.html", form=form, error=error, result=result, key=uuid.uuid4().hex,
-                         max_grant=self.context.max_grant)
+                         max_grant=self.context.max_grant, names=[r.name for r in rows])
 
     async def post(self) -> None:
         form = {k: self.get_body_argument(k, "") for k in ("user", "amount", "reason", "key")}
@@ -105,7 +117,7 @@ class GrantHandler(AdminPage):
             if not await self.known_user(user):
                 raise GrantError(f"No user {user!r} in the ledger or the hub.")
         except GrantError as e:
-            return self.show(form=form, error=str(e), status=400)
+            return await self.show(form=form, error=str(e), status=400)
         groups = await self.groups_of(user)
         m = self.manager
 
@@ -113,11 +125,12 @@ class GrantHandler(AdminPage):
         try:
             entry, created = await m.accounts.grant.off_loop(user, amount, reason, self.user["name"], f"page:{key}")
         except IdempotencyConflict:
-            return self.show(form=form, status=409,
+            return await self.show(form=form, status=409,
                              error="This form was already used for a different grant; nothing was changed.")
         balance = await m.records.balance.off_loop(user)
-        result = {"entry": entry, "created": created, "user": user, "balance": format_tokens(balance)}
-        self.show(form={"user": "", "amount": "", "reason": ""}, result=result, status=201 if created else 200)
+        result = {"entry": entry, "created": created, "user": user, "balance": format_tokens(balance),
+                  "text": grant_text(entry.amount, user)}
+        await self.show(form={"user": "", "amount": "", "reason": ""}, result=result, status=201 if created else 200)
 
 
 class TeamsHandler(AdminPage):

@@ -25,7 +25,7 @@ import hashlib
 import logging
 import time
 from datetime import datetime
-from decimal import Decimal
+from decimal import ROUND_HALF_UP, Decimal
 from importlib import resources
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -72,6 +72,14 @@ def tokens(value: Any, signed: bool = False) -> str:
     if signed and amount > 0:
         text = "+" + text
     return text.replace("-", MINUS)
+
+
+def balance(value: Any) -> str:
+    """A balance as the lab widget shows it (``formatAmount`` in labextension/src/format.ts):
+    one decimal, half away from zero, a real minus, never a negative zero ("−3.25" → "−3.3")."""
+    amount = Decimal(str(value)).quantize(Decimal("0.1"), rounding=ROUND_HALF_UP)
+    text = f"{abs(amount):.1f}"
+    return MINUS + text if amount < 0 else text
 
 
 def _host_port(netloc: str, scheme: str) -> tuple[str, int] | None:
@@ -132,6 +140,7 @@ ENV = Environment(
     auto_reload=False,  # the templates ship with the package: no file check on every page (~1 ms each)
 )
 ENV.filters["tokens"] = tokens
+ENV.filters["balance"] = balance
 ENV.filters["q"] = lambda value: quote(str(value), safe="")  # a name as one URL path segment or query value
 STATIC_VERSION = _static_version()
 

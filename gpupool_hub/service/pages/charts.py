@@ -144,8 +144,11 @@ def _x_ticks(days: Sequence[date], xs: Sequence[float]) -> list[Tick]:
     return [Tick(xs[i], f"{days[i]:%b} {days[i].day}") for i in picked]
 
 
-def balance_chart(points: Sequence[DayPoint], floor: Decimal | None) -> LineChart:
-    """A line of end-of-day balances with markers on days with credits or debits."""
+def balance_chart(points: Sequence[DayPoint], floor: Decimal | None,
+                  days: Sequence[date] | None = None) -> LineChart:
+    """A line of end-of-day balances with markers on days with credits or debits. ``days``:
+    the days of the x axis, when the line covers only the last of them (an account opened
+    within the range starts its line on that day)."""
     values = [p.balance for p in points] or [Decimal(0)]
     low = min([*values, Decimal(0), *([floor] if floor is not None else [])])
     high = max([*values, Decimal(0)])
@@ -158,19 +161,21 @@ def balance_chart(points: Sequence[DayPoint], floor: Decimal | None) -> LineChar
     def y(value: Decimal) -> float:
         return round(bottom - (float(value - y_low) / span) * (bottom - top), 2)
 
-    n = len(points)
+    axis = list(days) if days is not None else [p.day for p in points]
+    n = len(axis)
     xs = [round(left + (right - left) * (i / (n - 1) if n > 1 else 1.0), 2) for i in range(n)]
+    x_of = dict(zip(axis, xs))
     out = [
-        Point(xs[i], y(p.balance), p.day, format_tokens(p.balance),
+        Point(x_of[p.day], y(p.balance), p.day, format_tokens(p.balance),
               format_tokens(p.credits) if p.credits else None,
               format_tokens(p.debits) if p.debits else None, p.day.isoformat(), day_label(p.day))
-        for i, p in enumerate(points)
+        for p in points
     ]
     path = " ".join(f"{'M' if i == 0 else 'L'}{p.x},{p.y}" for i, p in enumerate(out))
     return LineChart(
         points=out, path=path,
         y_ticks=[Tick(y(t), _label(t)) for t in ticks],
-        x_ticks=_x_ticks([p.day for p in points], xs),
+        x_ticks=_x_ticks(axis, xs),
         floor_y=y(floor) if floor is not None else None, zero_y=y(Decimal(0)),
     )
 

@@ -33,6 +33,8 @@ TOP_HOLDERS = 20
 ALLOCATIONS_SHOWN = 100
 #: nodes needing attention listed on a summary
 ATTENTION_SHOWN = 50
+#: waiting servers listed (the queue's order: the next to start first)
+WAITING_SHOWN = 100
 
 
 @dataclass
@@ -111,8 +113,9 @@ class PoolMapHandler(AdminPage):
         inventory = m.inventory
         attention = [(name, inventory.unavailable.get(name) or inventory.problems.get(name))
                      for name in sorted({*inventory.unavailable, *inventory.problems})]
+        queue = await m.queue.reports.report.off_loop()  # who waits for what (GET queue's report)
         self.render_page(
-            "admin/pool.html", nodes=nodes, legend=legend, free=free.per_model,
+            "admin/pool.html", nodes=nodes, waiting=queue["waiting"][:WAITING_SHOWN], waiting_total=len(queue["waiting"]), legend=legend, free=free.per_model,
             eta_accuracy=await m.queue.eta.accuracy.off_loop(),  # the wait estimates' record: a read-only query
             outside=self.context.reconcile_report(),
             reclaims=(await m.reclaims.team_report.off_loop())["reclaims"],  # the writer changes them

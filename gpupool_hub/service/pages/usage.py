@@ -35,8 +35,32 @@ PAGE = 50
 
 
 @dataclass(frozen=True)
+class Voice:
+    """Whose page it is, in words: the user's own ("You paid", "your GPUs") or an admin's
+    view of someone else's ("bob paid", "bob's GPUs")."""
+
+    name: str | None = None  # None: the reader's own page
+
+    @property
+    def subject(self) -> str:
+        return "You" if self.name is None else self.name
+
+    @property
+    def possessive(self) -> str:
+        return "your" if self.name is None else f"{self.name}'s"
+
+    def verb(self, you: str, they: str) -> str:
+        """``you`` after "You", else ``they`` ("reach"/"reaches")."""
+        return you if self.name is None else they
+
+
+OWN = Voice()
+
+
+@dataclass(frozen=True)
 class UsageView:
     user: str
+    voice: Voice
     me: dict[str, Any]
     days: int
     balance_chart: LineChart
@@ -59,16 +83,19 @@ class GpuDay:
     charged: Decimal
     held_hours: Decimal
     busy_percent: int | None
+    voice: Voice = OWN
 
     @property
     def sentence(self) -> str:
-        paid = f"You paid {format_tokens(self.charged)} tokens"
+        v = self.voice
+        paid = f"{v.subject} paid {format_tokens(self.charged)} tokens"
         if self.busy_percent is None:
-            return f"{paid}; how busy your GPUs were is not known for that day."
-        return f"{paid}; your GPUs were busy {self.busy_percent} % of that time."
+            return f"{paid}; how busy {v.possessive} GPUs were is not known for that day."
+        return f"{paid}; {v.possessive} GPUs were busy {self.busy_percent} % of that time."
 
 
-def gpu_days(day_list: list[date], spend: dict[date, dict[str, Decimal]], use: dict[date, GpuUse]) -> list[GpuDay]:
+def gpu_days(day_list: list[date], spend: dict[date, dict[str, Decimal]], use: dict[date, GpuUse],
+             voice: Voice = OWN) -> list[GpuDay]:
     """Days with GPU time charged or held, newest first. Busy is over the measured time only
     (time whose use is unknown counts neither way)."""
     out = []
@@ -80,7 +107,7 @@ def gpu_days(day_list: list[date], spend: dict[date, dict[str, Decimal]], use: d
         measured = 0 if u is None else u.held_milli - u.unknown_milli
         busy = None if measured <= 0 else round(100 * u.busy_milli / measured)  # type: ignore[union-attr]
         held = Decimal(0) if u is None else (Decimal(u.held_milli) / 3_600_000).quantize(Decimal("0.01"))
-        out.append(GpuDay(day, charged, held, busy))
+        out.append(GpuDay(day, charged, held, busy, voice))
     return out
 
 
@@ -111,19 +138,31 @@ def daily_series(window: Window, day_list: list[date]) -> tuple[list[DayPoint], 
     return points, spent
 
 
-def forecast_text(me: dict[str, Any], now: datetime, tz: Any) -> str:
+def since_opening(points: list[DayPoint], window: Window, tz: Any) -> list[DayPoint]:
+    """The days from the account's opening on (or its first entry's day, if earlier): before
+    it the user had no balance, not a balance of 0."""
+    first = len(points) - 1 if points else 0
+    if window.opened_at is not None:
+        opened = window.opened_at.astimezone(tz).date()
+        first = next((i for i, p in enumerate(points) if p.day >= opened), first)
+    first = min([first, *(t.day for t in window.totals)])
+    return points[max(0, first):]
+
+
+def forecast_text(me: dict[str, Any], now: datetime, tz: Any, voice: Voice = OWN) -> str:
     """"At −3.5/h you reach the floor on Tue 14:00", from the ``me`` view."""
     burn = Decimal(me["burn_rate_per_hour"])
     floor = tokens(me["floor"])
     seconds = me.get("time_to_floor_seconds")
+    who = voice.subject if voice.name is not None else "you"
     if burn <= 0 or seconds is None:
-        return "Nothing is charging now: your balance only changes with credits and grants."
+        return f"Nothing is charging now: {voice.possessive} balance only changes with credits and grants."
     rate = f"At {MINUS}{tokens(burn)}/h"
     if seconds <= 0:
-        return f"{rate} you are at the floor ({floor}): servers holding GPUs are stopped."
+        return f"{rate} {who} {voice.verb('are', 'is')} at the floor ({floor}): servers holding GPUs are stopped."
     reach = (now + timedelta(seconds=seconds)).astimezone(tz)
     fmt = "%a %H:%M" if reach - now.astimezone(tz) < timedelta(days=6) else "%a %-d %b %H:%M"
-    return f"{rate} you reach the floor ({floor}) on {reach.strftime(fmt)}."
+    return f"{rate} {who} {voice.verb('reach', 'reaches')} the floor ({floor}) on {reach.strftime(fmt)}."
 
 
 def next_credits(me: dict[str, Any]) -> list[tuple[str, datetime, str]]:
@@ -139,8 +178,9 @@ def next_credits(me: dict[str, Any]) -> list[tuple[str, datetime, str]]:
 
 
 async def build_view(manager: PoolManager, user: str, me: dict[str, Any], days: int,
-                     before: int | None) -> UsageView:
-    """The page's numbers (``me`` is the user's ``GET me`` view), read on a reader thread."""
+                     before: int | None, voice: Voice = OWN) -> UsageView:
+    """The page's numbers (``me`` is the user's ``GET me`` view), read on a reader thread;
+    ``voice``: whose page it is to the reader."""
     now = manager.clock()
     tz = manager.settings.tz
     day_list = local_days(now, tz, days)
@@ -149,12 +189,13 @@ async def build_view(manager: PoolManager, user: str, me: dict[str, Any], days: 
     use = await manager.records.gpu_use.off_loop(user, day_list[0], day_list[-1])
     points, spend = daily_series(window, day_list)
     return UsageView(
-        user=user, me=me, days=days, balance_chart=balance_chart(points, Decimal(me["floor"])),
+        user=user, voice=voice, me=me, days=days,
+        balance_chart=balance_chart(since_opening(points, window, tz), Decimal(me["floor"]), days=day_list),
         spend_chart=stacked_bars(day_list, spend),
         spend_total=sum((v for per in spend.values() for v in per.values()), Decimal(0)),
-        forecast=forecast_text(me, now, manager.settings.tz), next_credits=next_credits(me),
+        forecast=forecast_text(me, now, tz, voice), next_credits=next_credits(me),
         history=history, next_before=history[-1].id if len(history) == PAGE else None, before=before,
-        gpu_days=gpu_days(day_list, spend, use),
+        gpu_days=gpu_days(day_list, spend, use, voice),
     )
 
 
@@ -180,7 +221,7 @@ class UsageBase(PageHandler):
     def subject(self) -> str:
         raise NotImplementedError("Subclass must provide implementation")
 
-    async def render_usage(self, user: str, base: str, csv_url: str) -> None:
+    async def render_usage(self, user: str, base: str, csv_url: str, voice: Voice = OWN) -> None:
         days = self.int_arg("days", RANGES[0])
         if days not in RANGES:
             raise web.HTTPError(400, f"days must be one of {RANGES}, got {days}")
@@ -188,7 +229,7 @@ class UsageBase(PageHandler):
         m = self.manager
         # as GET me: opens the account and posts credits due, on the writer only when it must
         me = await m.views.serve_me(user, await self.groups_of(user))
-        view = await build_view(m, user, me, days, before)
+        view = await build_view(m, user, me, days, before, voice)
         self.render_page("usage.html", view=view, base=base, csv_url=csv_url, ranges=RANGES)
 
     async def send_csv(self, user: str) -> None:
@@ -241,7 +282,9 @@ class UserUsageHandler(AdminUserMixin):
         user = await self.known(name)
         self.title = f"GPU usage of {user}"
         base = self.url(f"admin/users/{quote(user, safe='')}")
-        await self.render_usage(user, base, base + "/history.csv")
+        # an admin reads "bob's GPUs", not "your GPUs" (their own page at admin/users/ too)
+        voice = OWN if user == self.user["name"] else Voice(user)
+        await self.render_usage(user, base, base + "/history.csv", voice)
 
 
 class UserHistoryCSVHandler(AdminUserMixin):
