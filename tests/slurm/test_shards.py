@@ -155,7 +155,7 @@ def test_shard_start_check_refuses_fractional_profiles_without_shards(slurm_clus
     # sacct charges gres/gpu only: charging shares from it would charge nothing, so that is refused too
     (tmp_path / "sacct").mkdir()
     with pytest.raises(SystemExit) as e:
-        start(tmp_path / "sacct", config + '        c.GPUPoolService.usage_preset = "slurm"\n')
+        start(tmp_path / "sacct", config.rstrip() + '\n        c.GPUPoolService.usage_preset = "slurm"\n')
     assert "'half-a6000'" in str(e.value) and "usage_preset" in str(e.value) and "charged nothing" in str(e.value)
     # without fractional profiles the plain cluster is fine
     (tmp_path / "whole").mkdir()
