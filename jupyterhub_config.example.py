@@ -192,6 +192,10 @@ c.GPUPoolService.debit_interval = 3600         # charge closed hours
 # With priced GPUs the service starts only if Slurm keeps each job to its GPUs (a device cgroup):
 # slurm.conf ProctrackType=proctrack/cgroup and TaskPlugin=task/cgroup, and in the cgroup.conf next to it
 # ConstrainDevices=yes (docs/slurm.md); or set c.GPUPool.slurm_allow_env_only_gpu_hiding = True.
+# Share profiles (half-a6000 above) run as Slurm shards: slurm.conf GresTypes=gpu,shard, each node's
+# Gres= with its shards (Gres=gpu:a6000:4,shard:a6000:32) and per GPU a gres.conf line
+# "NodeName=gpu-a Name=shard Type=a6000 Count=8 File=/dev/nvidia0"; the service does not start
+# without them (the message names the lines), nor with usage_preset = "slurm" (docs/slurm.md, "GPU shares").
 # SERVERS_PYTHON = "/opt/jupyterhub/bin"    # CHANGE: a venv every user may run, same path on every node
 # c.JupyterHub.spawner_class = "gpupool-slurm"
 # c.JupyterHub.hub_connect_ip = "10.0.0.1"   # CHANGE: where jobs on the nodes reach the hub

@@ -238,6 +238,7 @@ class GPUPoolService(Application):
         profiles = self._check_profiles()
         self.spawner_secret = self._spawner_secret()
         self.settings_ = GPUPool(parent=self)
+        check_slurm_share_charging(self, profiles)
         try:
             db_url = ledger_url(self.settings_)
         except DbUrlFileError as e:
@@ -253,6 +254,7 @@ class GPUPoolService(Application):
             source=self.inventory_source,
         )
         self._check_slurm_gpu_boundary()
+        check_slurm_shares(self, profiles)
         restored = self.manager.restore()
         teams = self.settings_.team_table()
         owed = max((q.total for q in teams.quotas.values()), default=0) // 1000 if teams.enabled else None
@@ -455,6 +457,53 @@ class GPUPoolService(Application):
         except Exception as e:  # it expires by itself
             self.log.warning("gpupool: jobs lease not released (%s); it expires in %.0f s", e, self.jobs_lease_ttl)
         IOLoop.current().stop()
+
+def configures_slurm_spawner(service: GPUPoolService) -> bool:
+    """Whether the configuration runs the hub with gpupool-slurm."""
+    spawner_class = service.config.get("JupyterHub", {}).get("spawner_class", "")
+    name = spawner_class if isinstance(spawner_class, str) else (
+        f"{getattr(spawner_class, '__module__', '')}.{getattr(spawner_class, '__name__', '')}")
+    return name in ("gpupool-slurm", "gpupool_hub.slurm.spawner.GPUPoolSlurmSpawner") or \
+        "GPUPoolSlurmSpawner" in service.config
+
+
+def check_slurm_share_charging(service: GPUPoolService, profiles: list[Profile]) -> None:
+    """The 'slurm' usage preset charges sacct's gres/gpu only: a share, a shard job, would be charged
+    nothing. Until sacct's gres/shard is read, a gpu_fraction profile with gpupool-slurm is charged
+    from the pool's own records (usage_preset 'gpupool', the share held), or the service does not start."""
+    shares = [p.slug for p in profiles if p.gpu_milli]
+    if shares and service.usage_preset == "slurm" and configures_slurm_spawner(service):
+        problem = (f"profile(s) {', '.join(map(repr, shares))} give a share of a GPU, which gpupool-slurm asks "
+                   "of Slurm as shards (gres/shard), but usage_preset = 'slurm' charges only whole GPUs "
+                   "from sacct (gres/gpu): these servers would be charged nothing. Leave "
+                   "c.GPUPoolService.usage_preset at 'gpupool' (charges the share each allocation held), "
+                   "or take the profiles out (docs/slurm.md, 'GPU shares')")
+        service.log.critical("%s", problem)
+        raise SystemExit(f"gpupool: {problem}")
+
+
+def check_slurm_shares(service: GPUPoolService, profiles: list[Profile]) -> None:
+    """With gpupool-slurm, a gpu_fraction profile is asked of Slurm as shards (gres/shard): every
+    node with GPUs of its models must have them (slurm/shares.py), else the service does not start,
+    naming the profile and the lines to add. slurmctld not answering is only a warning."""
+    from ..slurm import SlurmCommandError, SlurmError, SlurmInventory
+    from ..slurm.shares import share_problems
+
+    s = service.settings_
+    if not any(p.gpu_milli for p in profiles) or not configures_slurm_spawner(service) or not s.slurm_gpu_models:
+        return
+    try:
+        nodes = SlurmInventory(s.slurm_gpu_models, env=s.slurm_env(), skip_unmapped=True).nodes()
+    except SlurmCommandError as e:
+        log.warning("gpupool: could not check that Slurm has shards for the GPU-share profiles: %s", e)
+        return
+    except SlurmError as e:
+        raise SystemExit(f"gpupool: {e}") from None
+    problems = share_problems(profiles, nodes, s.slurm_gpu_models)
+    if problems:
+        service.log.critical("%s", "; ".join(problems))
+        raise SystemExit("gpupool: " + "; ".join(problems))
+
 
 
 class UpgradeDB(Application):

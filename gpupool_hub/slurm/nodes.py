@@ -26,7 +26,8 @@ from typing import Any
 from .commands import SlurmOutputError, UnmappedGresType
 from .parse import NODE_FREE_TEXT, NODE_KEYS, _NULL, _first, _int_field, _records, parse_gres, parse_record
 
-__all__ = ["NodeState", "SlurmGpu", "SlurmNode", "check_models", "parse_node", "parse_node_state", "parse_nodes"]
+__all__ = ["NodeState", "SlurmGpu", "SlurmNode", "check_models", "parse_node", "parse_node_state", "parse_nodes",
+           "shards_per_gpu"]
 
 
 # ---------------------------------------------------------------------------
@@ -123,6 +124,8 @@ class SlurmNode:
     gpus: tuple[SlurmGpu, ...]
     #: GRES type -> GPU count of the types missing from the model map (left out; ``skip_unmapped``)
     unmapped: Mapping[str, int] = field(default_factory=dict)
+    #: GRES type -> shards per GPU (``Gres=gpu:a6000:2,shard:a6000:16`` -> {"a6000": 8}); no entry: no shards
+    shards_per_gpu: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def takes_placements(self) -> bool:
@@ -214,6 +217,11 @@ def _node_gpus(name: str, gres: str, used: str | None, models: Mapping[str, str]
     in_use: set[int] = set()
     if used is not None:
         for item in parse_gres(used, f"{where} GresUsed="):
+            if item.name == "shard" and item.count and item.indices and item.type in layout:
+                # shard:a6000:2(IDX:0-1): GPUs 0 and 1 have shards in use (22.05 counts GPUs here,
+                # not shards); such a GPU is busy for a whole-GPU job
+                in_use.update(i for i in item.indices if i in layout[item.type])
+                continue
             if item.name != "gpu" or item.count == 0 or item.type in skipped:
                 continue
             if item.type is None or item.type not in layout:
@@ -254,7 +262,8 @@ def parse_node(line: str, models: Mapping[str, str], skip_unmapped: bool = False
         raise SlurmOutputError(f"{where}: {e}") from None
     reason = _first(pairs, "Reason")
     unmapped: dict[str, int] | None = {} if skip_unmapped else None
-    gpus = _node_gpus(name, _first(pairs, "Gres") or "(null)", _first(pairs, "GresUsed"), models, unmapped)
+    gres = _first(pairs, "Gres") or "(null)"
+    gpus = _node_gpus(name, gres, _first(pairs, "GresUsed"), models, unmapped)
     return SlurmNode(
         name=name,
         cpus=cpus,
@@ -265,7 +274,24 @@ def parse_node(line: str, models: Mapping[str, str], skip_unmapped: bool = False
         reason=reason if reason and reason not in _NULL else None,
         gpus=gpus,
         unmapped=unmapped or {},
+        shards_per_gpu=shards_per_gpu(gres, where),
     )
+
+
+def shards_per_gpu(gres: str, where: str = "GRES") -> dict[str, int]:
+    """GRES type -> shards per GPU from a node's ``Gres=`` (``gpu:a6000:2,shard:a6000:16`` -> {"a6000": 8}).
+
+    Slurm counts a node's shards per type, not per GPU; the gres.conf lines give each GPU the
+    same ``Count=`` (docs/slurm.md), so the per-GPU number is the quotient. A type whose shards
+    do not divide evenly among its GPUs is left out (the start check then names it)."""
+    items = parse_gres(gres, f"{where} Gres=")
+    gpus: dict[str, int] = {}
+    shards: dict[str, int] = {}
+    for item in items:
+        if item.name in ("gpu", "shard") and item.type is not None:
+            table = gpus if item.name == "gpu" else shards
+            table[item.type] = table.get(item.type, 0) + item.count
+    return {t: n // gpus[t] for t, n in shards.items() if gpus.get(t) and n and n % gpus[t] == 0}
 
 
 def parse_nodes(text: str, models: Mapping[str, str], skip_unmapped: bool = False) -> list[SlurmNode]:

@@ -244,7 +244,8 @@ def parse_gres(text: str, where: str = "GRES") -> list[GresItem]:
                 extra.append((key, value))
         if count is None:
             count = len(indices) if indices is not None else 1
-        if indices is not None and indices and count != len(indices):
+        # a shard's count is shards, its IDX the GPUs they are on: "shard:a6000:8(IDX:1)"
+        if indices is not None and indices and count != len(indices) and name not in ("shard", "mps"):
             raise SlurmOutputError(
                 f"{where}: {raw!r} counts {count} but lists {len(indices)} indices"
             )
@@ -284,9 +285,15 @@ class SlurmJob:
     gpus: Mapping[str, Mapping[str, tuple[int, ...]]] = field(default_factory=dict)
     exit_code: str | None = None  # "127:0" (status:signal) once the job ended
     stdout: str | None = None  # the batch script's output file, as slurmctld resolved it
+    #: node -> GRES type -> (GPU indices whose shards it holds, shard count): ``GRES=shard:a6000:8(IDX:1)``
+    shards: Mapping[str, Mapping[str, tuple[tuple[int, ...], int]]] = field(default_factory=dict)
 
     def gpu_indices(self, node: str) -> tuple[int, ...]:
         return tuple(sorted(i for idx in self.gpus.get(node, {}).values() for i in idx))
+
+    def shard_indices(self, node: str) -> tuple[int, ...]:
+        """The GPUs whose shards (``gres/shard``) the job holds on ``node``."""
+        return tuple(sorted({i for idx, _ in self.shards.get(node, {}).values() for i in idx}))
 
 
 def parse_job(text: str) -> SlurmJob:
@@ -304,6 +311,7 @@ def parse_job(text: str) -> SlurmJob:
         raise SlurmOutputError(f"{where}: JobState= is missing")
     reason = _first(pairs, "Reason")
     gpus: dict[str, dict[str, tuple[int, ...]]] = {}
+    shards: dict[str, dict[str, tuple[tuple[int, ...], int]]] = {}
     current: list[str] = []
     seen_nodes = False
     for key, value in pairs:
@@ -312,6 +320,12 @@ def parse_job(text: str) -> SlurmJob:
             seen_nodes = True
         elif key == "GRES" and seen_nodes:
             for item in parse_gres(value, f"{where} GRES="):
+                if item.name == "shard" and item.count and item.indices:
+                    for node in current:  # shard:a6000:8(IDX:1): 8 shards of GPU 1
+                        idx, n = shards.setdefault(node, {}).get(item.type or "", ((), 0))
+                        shards[node][item.type or ""] = (tuple(sorted(set(idx) | set(item.indices))),
+                                                         n + item.count)
+                    continue
                 if item.name != "gpu" or item.count == 0:
                     continue
                 if item.indices is None:
@@ -330,6 +344,7 @@ def parse_job(text: str) -> SlurmJob:
         gpus=gpus,
         exit_code=_first(pairs, "ExitCode"),
         stdout=_first(pairs, "StdOut") or None,
+        shards=shards,
     )
 
 

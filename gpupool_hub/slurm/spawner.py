@@ -2,13 +2,14 @@
 
 The pool decides before anything is submitted (``gpupool_prepare``); the job
 then asks Slurm for exactly that: ``--nodelist=<node> --gres=gpu:<type>:<n>``
-plus the profile's CPUs and memory, all through batchspawner's ``req_*``
+(a share of one GPU: ``--gres=shard:<type>:<n>``, n of the GPU's shards) plus the profile's CPUs and memory, all through batchspawner's ``req_*``
 traits (template variables of ``batch_script``), set as allocation overrides.
 Only those traits reach the script: raw user options never do.
 
 Once the job runs, the GPU indices Slurm really bound (``scontrol -d show
 job``: ``GRES=gpu:a6000:2(IDX:1-2)``) are recorded in the allocation
-(``PATCH allocations/{id}``), so the pool map shows the true devices. Stop is
+(``PATCH allocations/{id}``), so the pool map shows the true devices; a share
+moves to the GPU whose shards Slurm gave (``GRES=shard:a6000:8(IDX:1)``). Stop is
 ``scancel`` (batchspawner); a job gone from the queue makes ``poll`` report the
 server gone, and the mixin gives the GPUs back.
 
@@ -32,6 +33,7 @@ import os
 import re
 import shlex
 import shutil
+from decimal import Decimal
 from urllib.parse import quote
 from collections.abc import Mapping
 from typing import Any
@@ -48,7 +50,7 @@ from .inventory import SlurmInventory
 from .job import SlurmJobStart
 from .owners import ALLOCATION_COMMENT
 
-__all__ = ["GPUPoolSlurmSpawner", "JOB_NAME", "command_argv", "mem_for_slurm"]
+__all__ = ["GPUPoolSlurmSpawner", "JOB_NAME", "command_argv", "mem_for_slurm", "shard_request"]
 
 #: one for the hub process: a poll per server must not log slurmctld's outage once per server
 slurm_outage = OutageLog(logging.getLogger("gpupool.spawner.slurm"))
@@ -81,6 +83,21 @@ def hub_executable(name: str) -> str:
                              "c.GPUPoolSlurmSpawner.exec_prefix / batch_*_cmd.", reason=SpawnFailure.CONFIG,
                              status_code=500)
     return found
+
+
+def shard_request(node: str, gres_type: str, milli: int, per_gpu: int) -> str:
+    """``--gres`` for a share of ``milli``/1000 of one ``gres_type`` GPU with ``per_gpu`` shards each.
+
+    The share must be a whole number of shards (the start check, :mod:`gpupool_hub.slurm.shares`,
+    refuses profiles that are not): what Slurm holds is then exactly what the pool charges."""
+    shards = milli * per_gpu / 1000
+    if per_gpu <= 0 or shards != int(shards):
+        why = ("has no shards (gres/shard)" if per_gpu <= 0 else
+               f"has {per_gpu} shards per GPU, and {milli / 1000:g} of a GPU is not a whole number of them")
+        raise GPUPoolRefused(f"Slurm cannot give {milli / 1000:g} of a GPU here: node {node}'s {gres_type} GPU "
+                             f"{why}. Ask an admin to configure shards (docs/slurm.md, 'GPU shares').",
+                             reason=SpawnFailure.CONFIG, status_code=500)
+    return f"shard:{gres_type}:{int(shards)}"
 
 
 #: every server job's name (what squeue shows; the 'slurm' usage preset knows servers by their comment)
@@ -175,6 +192,8 @@ echo "jupyterhub-singleuser ended gracefully"
     req_job_name = Unicode(JOB_NAME, help="Slurm job name of every server.")
     req_nodelist = Unicode("", help="Set per spawn: the node the pool chose (--nodelist).")
     req_comment = Unicode("", help="Set per spawn: gpupool-allocation=<id> (--comment).")
+    #: set per spawn: (GRES type, milli) of a share of one GPU, asked of Slurm as shards; None: whole GPUs
+    gpupool_share: tuple[str, int] | None = None
 
     # squeue -h -j 42 -o '%T %B %r'  ->  "RUNNING gpu-a None" / "PENDING n/a Resources"
     batch_query_cmd = Unicode("squeue -h -j {job_id} -o '%T %B %r'").tag(config=True)
@@ -237,16 +256,23 @@ echo "jupyterhub-singleuser ended gracefully"
             values["req_nprocs"] = str(max(int(round(profile.cpu)), 1))
         if profile is not None and profile.memory is not None:
             values["req_memory"] = mem_for_slurm(profile.memory)
+        self.gpupool_share = None
         if allocation:
             gpus = allocation.get("gpus", [])
-            if any(g.get("milli", 1000) < 1000 for g in gpus):
-                raise GPUPoolRefused("Slurm cannot share a GPU between jobs; fractional GPU profiles are not "
-                                     "available on this hub.", reason=SpawnFailure.CONFIG, status_code=400)
-            counts: dict[str, int] = {}
-            for g in gpus:
-                t = self.gres_type(g["model"])
-                counts[t] = counts.get(t, 0) + 1
-            values["req_gres"] = ",".join(f"gpu:{t}:{n}" for t, n in sorted(counts.items()))
+            # the pool's allocation gives a share as "fraction" ("0.5"); before issue 40.3 this read a
+            # "milli" it never has, so a share was submitted as a whole GPU
+            milli = int(Decimal(str(gpus[0].get("fraction", 1))) * 1000) if len(gpus) == 1 else 1000
+            if milli < 1000:
+                # a share of one GPU: Slurm's shards (gres/shard); how many is read from the node
+                # when the job is submitted (submit_batch_script), here only what is asked
+                self.gpupool_share = (self.gres_type(gpus[0]["model"]), milli)
+                values["req_gres"] = ""
+            else:
+                counts: dict[str, int] = {}
+                for g in gpus:
+                    t = self.gres_type(g["model"])
+                    counts[t] = counts.get(t, 0) + 1
+                values["req_gres"] = ",".join(f"gpu:{t}:{n}" for t, n in sorted(counts.items()))
             values["req_nodelist"] = allocation["node"]
             values["req_comment"] = f"{ALLOCATION_COMMENT}{allocation['id']}"  # whose bill (usage preset 'slurm')
         self.gpupool_allocation_overrides.set(values)
@@ -291,7 +317,18 @@ echo "jupyterhub-singleuser ended gracefully"
 
     # batchspawner's three commands, as argv (its versions join the filled-in templates into one string)
 
+    async def shard_gres(self, node: str, gres_type: str, milli: int) -> str:
+        """``shard:<type>:<n>`` for a share of ``milli``/1000 of one GPU of ``node``: n shards of the
+        node's shards per GPU (``Gres=gpu:a6000:2,shard:a6000:16``: 8 per GPU, half = 8). Slurm picks
+        which GPU's shards; :meth:`gpupool_record_bound_gpus` moves the pool's share there."""
+        nodes = await asyncio.get_running_loop().run_in_executor(None, self.slurm_inventory().nodes)
+        per_gpu = next((n.shards_per_gpu.get(gres_type, 0) for n in nodes if n.name == node), 0)
+        return shard_request(node, gres_type, milli, per_gpu)
+
     async def submit_batch_script(self) -> str:
+        if self.gpupool_share is not None and self.gpupool_allocation:
+            gres = await self.shard_gres(self.gpupool_allocation["node"], *self.gpupool_share)
+            self.gpupool_allocation_overrides.set({"req_gres": gres})
         argv = self.slurm_argv(self.batch_submit_cmd)
         script = await self._get_batch_script(cmd=self.cmd_formatted_for_batch())
         self.log.info("Submitting the server of %s: %s", self._log_name, argv)
@@ -367,7 +404,12 @@ echo "jupyterhub-singleuser ended gracefully"
         except (SlurmError, ValueError) as e:
             self.log.warning("Could not read the GPUs of job %s: %s", self.job_id, e)
             return
-        indices = list(job.gpu_indices(alloc["node"])) if job else []
+        if job is None:
+            indices = []
+        elif self.gpupool_share is not None:  # shard:a6000:8(IDX:1): the GPU whose shards it got
+            indices = list(job.shard_indices(alloc["node"]))
+        else:
+            indices = list(job.gpu_indices(alloc["node"]))
         if not indices:
             return
         status, body = await self.gpupool_request("PATCH", f"/allocations/{quote(alloc['id'], safe='')}", {"gpu_indices": indices})

@@ -1,0 +1,250 @@
+"""Issue 40.3: GPU shares on Slurm through ``gres/shard``, against a real cluster with shards.
+
+``shard_slurm_cluster`` runs Slurm 22.05 with ``GresTypes=gpu,shard``, a node
+``Gres=gpu:a6000:2,shard:a6000:16`` and, in gres.conf, one
+``Name=shard Type=a6000 Count=8 File=<the GPU's device file>`` line per GPU (the
+lines docs/slurm.md gives). What Slurm does with them, seen here: a job asking
+``--gres=shard:a6000:4`` gets 4 shards of one GPU, the first with room, and
+``scontrol -d show job`` names it (``GRES=shard:a6000:4(IDX:0)``); a job cannot
+name the GPU. The node shows which GPUs have shards in use
+(``GresUsed=gpu:a6000:0(IDX:N/A),shard:a6000:2(IDX:0-1)``: a count of GPUs, not of
+shards), and a GPU with shards in use is not given whole, nor shards of a GPU
+given whole. So the pool picks the node, Slurm the GPU, and the spawner moves the
+pool's share to that GPU.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+
+from gpupool_hub.slurm import SlurmInventory
+from tests.fixtures.hub import wait_for
+from tests.fixtures.slurm import MODELS, NodeSpec, running_cluster
+from tests.fixtures.unix_accounts import unix_account  # noqa: F401 (fixture)
+from tests.slurm.test_spawner_hub import PROFILES, pool_gpus, slurm_config
+from tests.slurm.test_usage_config import start
+from tests.spawner.conftest import allocations, set_balance, spawn, spawner_hub, stop_server, wait_spawned
+
+pytestmark = [pytest.mark.integration, pytest.mark.loaded]
+
+#: one node, so that the pool's node is Slurm's; two A6000s of 8 shards each: half a GPU is 4 shards
+SHARD_NODES = (NodeSpec("sgpu-a", cpus=8, memory_mib=16000, gpus=(("a6000", 2),)),)
+SHARDS = 8
+HALF = {"slug": "half-a6000", "display_name": "Half an RTX A6000", "gpu_fraction": 0.5,
+        "models": ["RTX A6000"], "cpu": 1, "memory": "1G"}
+SHARE_PROFILES = [*PROFILES, HALF]
+HALF_GPU = Decimal("0.5")
+
+
+@pytest.fixture(scope="module")
+def shard_slurm_cluster():
+    yield from running_cluster(SHARD_NODES, {"gpu": ["sgpu-a"]}, shards=SHARDS, accounting=False)
+
+
+@pytest.fixture(scope="module")
+def shard_hub(tmp_path_factory, shard_slurm_cluster):
+    workdir = tmp_path_factory.mktemp("shardhub")
+    config = slurm_config(workdir, shard_slurm_cluster) + f"c.GPUPoolSpawner.profiles = {SHARE_PROFILES!r}\n"
+    for hub in spawner_hub(tmp_path_factory, "shardhub", config):
+        hub.slurm_workdir = workdir
+        yield hub
+
+
+def server_jobs(cluster) -> dict[int, object]:
+    inventory = SlurmInventory(MODELS, env=cluster.env)
+    jobs = {j: inventory.job(j) for j in cluster.job_ids()}
+    return {j: job for j, job in jobs.items() if job is not None and job.name == "gpupool-server"}
+
+
+def held_outside(hub) -> dict[str, list[int]]:
+    r = hub.service("GET", "/pool", hub.tester_token)
+    r.raise_for_status()
+    return {n["node"]: n["held_outside"] for n in r.json()["nodes"] if n.get("held_outside")}
+
+
+def alloc_of(hub, user: str) -> dict:
+    [alloc] = [a for a in allocations(hub) if a["user"] == user]
+    return alloc
+
+
+def test_shard_share_spawns_with_shards_on_the_gpu_slurm_gave(shard_hub, shard_slurm_cluster, unix_account):
+    cluster, hub = shard_slurm_cluster, shard_hub
+    cluster.reset()
+    user = unix_account("sharda")
+    set_balance(hub, user, "100")
+    try:
+        ok, message = wait_spawned(hub, user, "", spawn(hub, user, {"profile": "half-a6000"}))
+        assert ok, f"did not start: {message}\n{hub.log_tail(40)}"
+        [(job_id, job)] = server_jobs(cluster).items()
+        raw = cluster.run(["scontrol", "--details", "show", "job", "--oneliner", str(job_id)]).stdout
+        assert "TresPerNode=gres:shard:a6000:4" in raw and "gres:gpu" not in raw, raw
+        assert job.gpu_indices("sgpu-a") == () and len(job.shard_indices("sgpu-a")) == 1, raw
+        [given] = job.shard_indices("sgpu-a")
+        alloc = alloc_of(hub, user)
+        assert alloc["node"] == "sgpu-a"
+        assert [(g["index"], Decimal(g["fraction"])) for g in alloc["gpus"]] == [(given, HALF_GPU)], alloc
+        wait_for(lambda: not held_outside(hub), 30, "nothing held outside the hub")
+        gpus = pool_gpus(hub)["sgpu-a"]
+        assert [h["allocation"] for h in gpus[given]["holders"]] == [alloc["id"]], gpus
+    finally:
+        stop_server(hub, user)
+        wait_for(lambda: not allocations(hub), 30, "the allocation to be released")
+        cluster.reset()
+
+
+def test_shard_shares_pack_one_gpu_and_never_book_past_it(shard_hub, shard_slurm_cluster, unix_account):
+    """Two halves, then a whole GPU, then a third half: Slurm and the pool agree on every GPU, the
+    fourth request finds no room in the pool (nothing is submitted), and nothing is held outside."""
+    cluster, hub = shard_slurm_cluster, shard_hub
+    cluster.reset()
+    users = [unix_account(f"shard{c}") for c in "bcde"]
+    for u in users:
+        set_balance(hub, u, "100")
+    try:
+        for u, profile in zip(users[:3], ["half-a6000", "half-a6000", "a6000"]):
+            ok, message = wait_spawned(hub, u, "", spawn(hub, u, {"profile": profile}))
+            assert ok, f"{u} did not start: {message}\n{hub.log_tail(40)}"
+        jobs = server_jobs(cluster)
+        assert len(jobs) == 3
+        slurm_gpus = sorted((job.shard_indices("sgpu-a"), job.gpu_indices("sgpu-a")) for job in jobs.values())
+        pool = {u: [(g["index"], Decimal(g["fraction"])) for g in alloc_of(hub, u)["gpus"]] for u in users[:3]}
+        # both halves on one GPU, the whole GPU on the other, in Slurm and in the pool alike
+        half_gpu = pool[users[0]][0][0]
+        assert pool[users[1]] == [(half_gpu, HALF_GPU)] and pool[users[0]] == [(half_gpu, HALF_GPU)], pool
+        assert pool[users[2]] == [(1 - half_gpu, 1)], pool
+        assert slurm_gpus == [((), (1 - half_gpu,)), ((half_gpu,), ()), ((half_gpu,), ())], slurm_gpus
+        wait_for(lambda: not held_outside(hub), 30, "nothing held outside the hub")
+        # charged as held: a half costs half a whole A6000
+        whole = Decimal(alloc_of(hub, users[2])["price_per_hour"])
+        assert Decimal(alloc_of(hub, users[0])["price_per_hour"]) * 2 == whole
+        # no room left: refused by the pool (or queued), never a third share on a full GPU
+        before = set(server_jobs(cluster))
+        r = spawn(hub, users[3], {"profile": "half-a6000"})
+        ok, message = wait_spawned(hub, users[3], "", r) if r.status_code < 400 else (False, r.text)
+        assert not ok, message
+        assert set(server_jobs(cluster)) == before
+    finally:
+        for u in users:
+            stop_server(hub, u)
+        wait_for(lambda: not allocations(hub), 30, "the allocations to be released")
+        cluster.reset()
+
+
+def test_shard_start_check_refuses_fractional_profiles_without_shards(slurm_cluster, shard_slurm_cluster, tmp_path):
+    config = f"""
+        c.JupyterHub.spawner_class = "gpupool-slurm"
+        c.GPUPoolService.spawner_token = "shard-test-spawner-token-0123456789abcdef"
+        c.GPUPool.inventory = "slurm"
+        c.GPUPool.slurm_gpu_models = {MODELS!r}
+        c.GPUPool.slurm_conf = {str(shard_slurm_cluster.conf)!r}
+        c.GPUPool.slurm_allow_env_only_gpu_hiding = True
+        c.GPUPool.default_price = 1
+        c.GPUPoolSpawner.profiles = {SHARE_PROFILES!r}
+    """
+    start(tmp_path, config)  # shards configured: starts
+    plain = config.replace(str(shard_slurm_cluster.conf), str(slurm_cluster.conf))
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(SystemExit) as e:
+        start(tmp_path / "plain", plain)
+    message = str(e.value)
+    assert "profile 'half-a6000'" in message, message
+    assert "GresTypes=gpu,shard" in message and "Gres=gpu:a6000:4,shard:a6000:8" in message, message
+    assert "NodeName=gpu-a Name=shard Type=a6000 Count=2" in message, message
+    # sacct charges gres/gpu only: charging shares from it would charge nothing, so that is refused too
+    (tmp_path / "sacct").mkdir()
+    with pytest.raises(SystemExit) as e:
+        start(tmp_path / "sacct", config.rstrip() + '\n        c.GPUPoolService.usage_preset = "slurm"\n')
+    assert "'half-a6000'" in str(e.value) and "usage_preset" in str(e.value) and "charged nothing" in str(e.value)
+    # without fractional profiles the plain cluster is fine
+    (tmp_path / "whole").mkdir()
+    start(tmp_path / "whole", plain.replace(f"c.GPUPoolSpawner.profiles = {SHARE_PROFILES!r}",
+                                            f"c.GPUPoolSpawner.profiles = {PROFILES!r}"))
+
+
+# --------------------------------------------------------------- without a cluster
+
+#: what Slurm 22.05 printed on the shard cluster (scontrol -d show job -o / show node -o, cut)
+SHARD_JOB = ("JobId=8 JobName=wrap UserId=root(0) JobState=RUNNING Reason=None NodeList=sgpu-a "
+             "JOB_GRES=shard:a6000:2   Nodes=sgpu-a CPU_IDs=1 GRES=shard:a6000:2(IDX:1) MinCPUsNode=1 "
+             "TresPerNode=gres:shard:a6000:2")
+
+
+def test_shard_job_gres_names_the_gpu_whose_shards_it_holds():
+    from gpupool_hub.slurm.parse import parse_job
+
+    job = parse_job(SHARD_JOB)
+    assert job.shard_indices("sgpu-a") == (1,) and job.gpu_indices("sgpu-a") == ()
+    assert job.shards == {"sgpu-a": {"a6000": ((1,), 2)}}
+
+
+def test_shard_counts_per_gpu_and_shard_use_marks_gpus_busy():
+    from gpupool_hub.slurm.nodes import parse_nodes, shards_per_gpu
+
+    assert shards_per_gpu("gpu:a6000:2,shard:a6000:16") == {"a6000": 8}
+    assert shards_per_gpu("gpu:a6000:2(S:0-1),gpu:rtx3090:1,shard:a6000:8(S:0-1)") == {"a6000": 4}
+    assert shards_per_gpu("gpu:a6000:2,shard:a6000:3") == {}  # uneven: left out, the start check names it
+    line = ("NodeName=sgpu-a CPUTot=8 RealMemory=16000 State=MIXED Partitions=gpu "
+            "Gres=gpu:a6000:2,shard:a6000:16 GresUsed=gpu:a6000:0(IDX:N/A),shard:a6000:1(IDX:1)")
+    (node,) = parse_nodes(line, MODELS)
+    assert node.shards_per_gpu == {"a6000": 8} and node.gpus_in_use == {1}
+
+
+def test_shard_request_is_a_whole_number_of_shards():
+    from gpupool_hub.slurm.spawner import shard_request
+    from gpupool_hub.spawner.errors import GPUPoolRefused
+
+    assert shard_request("sgpu-a", "a6000", 500, 8) == "shard:a6000:4"
+    assert shard_request("sgpu-a", "a6000", 250, 8) == "shard:a6000:2"
+    with pytest.raises(GPUPoolRefused, match="has no shards"):
+        shard_request("gpu-a", "a6000", 500, 0)
+    with pytest.raises(GPUPoolRefused, match="not a whole number"):
+        shard_request("gpu-a", "a6000", 300, 8)
+
+
+def test_shard_problems_name_the_profile_and_the_lines():
+    from gpupool_hub.profiles import parse_profiles
+    from gpupool_hub.slurm.nodes import parse_nodes
+    from gpupool_hub.slurm.shares import share_problems
+
+    profiles = parse_profiles([HALF, {"slug": "tenth", "display_name": "A tenth", "gpu_fraction": 0.1}])
+    plain = parse_nodes("NodeName=gpu-a CPUTot=8 RealMemory=16000 State=IDLE Gres=gpu:a6000:4 "
+                        "GresUsed=gpu:a6000:0(IDX:N/A)", MODELS)
+    problems = share_problems(profiles, plain, MODELS)
+    assert len(problems) == 2 and "profile 'half-a6000'" in problems[0] and "profile 'tenth'" in problems[1]
+    # one shard count for every profile: 10 per GPU fits both 0.5 and 0.1
+    assert "Gres=gpu:a6000:4,shard:a6000:40" in problems[0] and "Count=10" in problems[0]
+    uneven = parse_nodes("NodeName=gpu-a CPUTot=8 RealMemory=16000 State=IDLE Gres=gpu:a6000:4,shard:a6000:16 "
+                         "GresUsed=gpu:a6000:0(IDX:N/A)", MODELS)
+    assert share_problems(profiles[:1], uneven, MODELS) == []
+    [problem] = share_problems(profiles, uneven, MODELS)
+    assert "'tenth'" in problem and "not a whole number of shards" in problem and "multiple of 10" in problem
+    assert share_problems(parse_profiles(PROFILES[:3]), plain, MODELS) == []  # no shares: nothing to check
+
+
+def test_shard_rebind_moves_the_share_and_its_price_stays_the_share_held(tmp_path):
+    """The spawner's PATCH after Slurm chose the GPU: the share moves with its size and class, the
+    other GPU keeps its room, and the price per hour is the share's (half an A6000: 2 of 4)."""
+    from gpupool_hub.placement import Request
+    from tests.fixtures.manager import make_manager
+
+    node = {"name": "sgpu-a", "cpu_milli": 8000, "memory_mib": 16000,
+            "gpus": [{"index": i, "uuid": f"sgpu-a/gpu{i}", "model": "NVIDIA RTX A6000"} for i in (0, 1)]}
+    m = make_manager([node], {"RTX A6000": 4}, f"sqlite:///{tmp_path}/ledger.sqlite")
+    first = m.admission.admit("u1", [], "", Request(gpu_milli=500), ["RTX A6000"])
+    [g] = first.gpus
+    other = 1 - g["index"]
+    moved = m.inventory.rebind(m.ledger, first.id, [other])
+    assert [(x["index"], x["milli"], x["uuid"]) for x in moved.gpus] == [(other, 500, f"sgpu-a/gpu{other}")]
+    assert {k: v for k, v in moved.gpus[0].items() if k not in ("index", "uuid")} == \
+        {k: v for k, v in g.items() if k not in ("index", "uuid")}
+    assert moved.price_per_hour == Decimal(2)
+    # a whole GPU and another half still fit: the moved share left its first GPU free
+    whole = m.admission.admit("u2", [], "", Request(gpus=1), ["RTX A6000"])
+    assert [x["index"] for x in whole.gpus] == [g["index"]]
+    second = m.admission.admit("u3", [], "", Request(gpu_milli=500), ["RTX A6000"])
+    assert [x["index"] for x in second.gpus] == [other]
+    with pytest.raises(ValueError, match="held by another allocation"):  # Slurm never gives a full GPU's shards
+        m.inventory.rebind(m.ledger, second.id, [g["index"]])
+    assert [x["index"] for x in m.ledger.allocations.get(second.id).gpus] == [other]
