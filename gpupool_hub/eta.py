@@ -49,6 +49,7 @@ import math
 from bisect import bisect_right, insort
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -70,6 +71,8 @@ MIN_CALIBRATION = 50
 CALIBRATION_SPAN = 500
 #: seconds added to both waits of a calibration ratio (a wait "within a minute" has no useful ratio)
 CALIBRATION_PAD = 15.0
+#: waits shorter than this are said in whole minutes ("1–3 min") and their error measured in seconds
+SHORT_S = 300.0
 #: the window over which the queue's service rate is measured, and the starts it needs
 DRAIN_WINDOW = 600.0
 MIN_DRAIN_STARTS = 10
@@ -147,52 +150,123 @@ def _quantile(xs: Sequence[float], q: float) -> float:
 
 
 class Calibration:
-    """How the model's point estimate compared with the real wait, for recent starts."""
+    """How the model's point estimate compared with the real wait, for recent starts: in all,
+    and per set of models the waiters accepted (an A6000 waiter's range is scaled by how far
+    off the estimates of A6000 waiters were, once there are enough of them)."""
 
-    def __init__(self, pairs: Iterable[tuple[float, float]] = ()) -> None:
-        """``pairs``: (the model's point estimate, the real wait) in seconds, oldest first."""
+    def __init__(self, pairs: Iterable[tuple[float, float] | tuple[float, float, Any]] = ()) -> None:
+        """``pairs``: (the model's point estimate, the real wait) in seconds, oldest first, with the
+        waiter's models (a frozenset, None: any) as a third item where known."""
         self.ratios: deque[float] = deque(maxlen=CALIBRATION_SPAN)
-        self._sorted: list[float] | None = None
-        for model_s, real_s in pairs:
-            self.add(model_s, real_s)
+        self.by_models: dict[Any, deque[float]] = {}
+        self._sorted: dict[Any, list[float]] = {}
+        for pair in pairs:
+            self.add(*pair)
 
-    def add(self, model_s: float, real_s: float) -> None:
-        self.ratios.append((max(0.0, real_s) + CALIBRATION_PAD) / (max(0.0, model_s) + CALIBRATION_PAD))
-        self._sorted = None
+    def add(self, model_s: float, real_s: float, models: Any = "") -> None:
+        """``models``: the set of models the waiter accepted (None: any; "": not known)."""
+        ratio = (max(0.0, real_s) + CALIBRATION_PAD) / (max(0.0, model_s) + CALIBRATION_PAD)
+        self.ratios.append(ratio)
+        if models != "":
+            self.by_models.setdefault(models, deque(maxlen=CALIBRATION_SPAN)).append(ratio)
+        self._sorted = {}
 
     @property
     def enough(self) -> bool:
         return len(self.ratios) >= MIN_CALIBRATION
 
-    def scale(self, model_s: float, q: float) -> float:
-        """The wait at quantile ``q`` for a model estimate of ``model_s`` seconds."""
-        if self._sorted is None:
-            self._sorted = sorted(self.ratios)
-        return max(0.0, (model_s + CALIBRATION_PAD) * _quantile(self._sorted, q) - CALIBRATION_PAD)
+    def _ratios(self, models: Any) -> tuple[Any, deque[float]]:
+        mine = self.by_models.get(models)
+        return (models, mine) if mine is not None and len(mine) >= MIN_CALIBRATION else ("", self.ratios)
+
+    def scale(self, model_s: float, q: float, models: Any = "") -> float:
+        """The wait at quantile ``q`` for a model estimate of ``model_s`` seconds, from the misses
+        of waiters accepting ``models`` when there are enough of them, else of all."""
+        key, ratios = self._ratios(models)
+        got = self._sorted.get(key)
+        if got is None:
+            got = self._sorted[key] = sorted(ratios)
+        return max(0.0, (model_s + CALIBRATION_PAD) * _quantile(got, q) - CALIBRATION_PAD)
 
 
 class Drain:
-    """The GPU share the queue was served lately: starts of waiters, per second.
+    """The GPU share the queue was served lately, per model: starts of waiters, per second.
 
     Why: while a queue builds, the sessions that ended are the short ones, and
     the release model learns from them that GPUs free up fast. The rate at
-    which waiters really started says how fast the queue moves now."""
+    which waiters really started says how fast the queue moves now. Per model,
+    because an A6000 waiter starts as fast as A6000s free up, not as fast as
+    the whole pool does."""
 
     def __init__(self) -> None:
-        self.starts: deque[tuple[float, int]] = deque()  # (seconds, GPU share in milli), oldest first
+        # (seconds, GPU share in milli, model key: None when unknown), oldest first
+        self.starts: deque[tuple[float, int, str | None]] = deque()
 
-    def add(self, at: float, milli: int) -> None:
-        """A waiter started at ``at`` (seconds on any fixed clock) with ``milli`` of GPU share."""
-        self.starts.append((at, milli))
+    def add(self, at: float, milli: int, model: str | None = None) -> None:
+        """A waiter started at ``at`` (seconds on any fixed clock) with ``milli`` of GPU share of ``model``."""
+        self.starts.append((at, milli, model))
 
-    def rate(self, now: float) -> float | None:
-        """Milli-GPUs served per second over the last ``DRAIN_WINDOW``; None with too few starts."""
+    def rates(self, now: float) -> Rates | None:
+        """Milli-GPUs served per second over the last ``DRAIN_WINDOW``, per model; None with too
+        few starts in all."""
         cut = now - DRAIN_WINDOW
         while self.starts and self.starts[0][0] < cut:
             self.starts.popleft()
         if len(self.starts) < MIN_DRAIN_STARTS:
             return None
-        return sum(m for _, m in self.starts) / max(now - max(cut, self.starts[0][0]), 1.0)
+        span = max(now - max(cut, self.starts[0][0]), 1.0)
+        milli: dict[str | None, float] = {}
+        count: dict[str | None, int] = {}
+        for _, m, model in self.starts:
+            milli[model] = milli.get(model, 0.0) + m / span
+            count[model] = count.get(model, 0) + 1
+        return Rates(milli, count)
+
+    def rate(self, now: float) -> float | None:
+        """Milli-GPUs served per second over the last ``DRAIN_WINDOW``, all models; None with too few starts."""
+        got = self.rates(now)
+        return got.of(None) if got is not None else None
+
+
+@dataclass(frozen=True)
+class Rates:
+    """What :meth:`Drain.rates` measured: milli-GPUs served per second and starts, per model
+    (``None``: starts whose model is not known, counted for waiters that take any model)."""
+
+    milli: Mapping[str | None, float]
+    starts: Mapping[str | None, int]
+
+    @classmethod
+    def pooled(cls, milli_per_s: float) -> Rates:
+        """One rate for the whole pool (models not told apart)."""
+        return cls({None: milli_per_s}, {None: MIN_DRAIN_STARTS})
+
+    def _sum(self, table: Mapping[str | None, Any], models: frozenset[str] | None) -> Any:
+        if models is None or set(table) == {None}:
+            return sum(table.values())
+        return sum(v for k, v in table.items() if k is not None and k in models)
+
+    def of(self, models: frozenset[str] | None) -> float | None:
+        """The rate at which GPUs of ``models`` (None: any) were served; None with fewer than
+        ``MIN_DRAIN_STARTS`` starts of them (the release model answers instead: never the
+        whole pool's rate for one model, nor the typical session)."""
+        if self._sum(self.starts, models) < MIN_DRAIN_STARTS:
+            return None
+        return self._sum(self.milli, models) or None
+
+    def share(self, ahead: frozenset[str] | None, mine: frozenset[str] | None) -> float:
+        """The part of a waiter ahead (accepting ``ahead``) that takes GPUs of ``mine``: of what
+        waiters like it were served, the share that was of ``mine``'s models (all of it when
+        ``ahead`` accepts only models ``mine`` accepts too)."""
+        if mine is None or (ahead is not None and ahead <= mine):
+            return 1.0
+        both = mine if ahead is None else ahead & mine
+        if not both:
+            return 0.0
+        total = self._sum(self.milli, ahead)
+        if not total:
+            return 1.0
+        return min(1.0, self._sum(self.milli, both) / total)
 
 
 @dataclass(frozen=True)
@@ -307,7 +381,7 @@ def estimate_ranges(ordered: Sequence[Waiter], free_milli: Mapping[str, int], ru
                     quantiles: tuple[float, float, float] = (LOW, MID, HIGH),
                     curves: dict[frozenset[str] | None, tuple[list[float], list[float], float, int]] | None = None,
                     only: str | None = None, calibration: Calibration | None = None,
-                    drain: float | None = None, coverage: float = COVERAGE) -> dict[str, Estimate]:
+                    drain: float | Rates | None = None, coverage: float = COVERAGE) -> dict[str, Estimate]:
     """Each waiter's start range, in queue order (``ordered``: fair order, the head first).
 
     A waiter needs the GPU share of its models that it and everyone ahead of it
@@ -321,19 +395,33 @@ def estimate_ranges(ordered: Sequence[Waiter], free_milli: Mapping[str, int], ru
     ``calibration``: past estimates against real starts; once it has enough, the
     range is the model's point estimate scaled by the middle ``coverage`` of its ratios (the
     point estimate by their median).
-    ``drain``: the GPU share (milli) the queue has lately been served per second; when
-    given, the point estimate is the need ahead over that rate (what a busy pool's
-    record says), not the release model's (which ended sessions alone bias short).
+    ``drain``: the GPU share (milli) the queue has lately been served per second, per model
+    (:meth:`Drain.rates`; a number: the whole pool's); where enough waiters of the waiter's
+    models started lately, the point estimate is the need ahead of those models over that
+    rate (what a busy pool's record says), not the release model's (which ended sessions
+    alone bias short). A waiter ahead that accepts more models counts for the part of it
+    that went to this waiter's models. Too few starts of its models: the release model of
+    its models answers, never the whole pool's rate.
 
     A waiter that needs more than the pool holds of its models (a small pool, a
     deep queue) waits for GPUs to be freed, taken by those ahead and freed again:
     each such round adds a whole session (its quantile, from the pool's sessions
     of the waiter's shape) to the time the held servers take to free the rest."""
-    if not history.enough:
+    rates = Rates.pooled(drain) if isinstance(drain, (int, float)) and drain else \
+        drain if isinstance(drain, Rates) else None
+    if not history.enough and rates is None:
         return {}
     groups: dict[str, list[tuple[int, int, list[float]]]] | None = None
     curves = {} if curves is None else curves
     calibrated = (0.5 - coverage / 2, quantiles[1], 0.5 + coverage / 2)
+    shares: dict[tuple[frozenset[str] | None, frozenset[str] | None], float] = {}
+
+    def _share(ahead: frozenset[str] | None, mine: frozenset[str] | None) -> float:
+        got = shares.get((ahead, mine))
+        if got is None:
+            got = shares[(ahead, mine)] = rates.share(ahead, mine) if rates is not None else 1.0
+        return got
+
     demand: dict[frozenset[str] | None, int] = {}
     out: dict[str, Estimate] = {}
     for w in ordered:
@@ -342,19 +430,26 @@ def estimate_ranges(ordered: Sequence[Waiter], free_milli: Mapping[str, int], ru
         demand[key] = demand.get(key, 0) + w.request.total_gpu_milli
         if only is not None and w.id != only:
             continue
-        need = sum(d for k, d in demand.items() if k is None or key is None or k & key)
-        need -= sum(m for model, m in free_milli.items() if models is None or model in models)
+        free = sum(m for model, m in free_milli.items() if models is None or model in models)
+        rate = rates.of(key) if rates is not None else None
+        if rate:
+            # of each waiter ahead, the part that takes GPUs this one could use (as the queue was served)
+            need = sum(d * _share(k, key) for k, d in demand.items() if k is None or key is None or k & key) - free
+        else:
+            need = sum(d for k, d in demand.items() if k is None or key is None or k & key) - free
         if need <= 0:
             out[w.id] = Estimate(now, now, now, "history", 0.0)
             continue
-        if drain:
-            model_s = need / drain
+        if rate:
+            model_s = need / rate
             if calibration is not None and calibration.enough:
-                secs = [calibration.scale(model_s, q) for q in calibrated]
+                secs = [calibration.scale(model_s, q, key) for q in calibrated]
             else:
                 secs = [model_s] * 3
             out[w.id] = Estimate(*(now + timedelta(seconds=t) for t in secs), "history", model_s)
             continue
+        if not history.enough:
+            continue  # no measured rate for its models and no history: the caller's rule, said as such
         if key not in curves:
             if groups is None:
                 groups = _groups(running, history)
@@ -370,7 +465,7 @@ def estimate_ranges(ordered: Sequence[Waiter], free_milli: Mapping[str, int], ru
 
         model_s = first(MID)
         if calibration is not None and calibration.enough and model_s is not None:
-            at: list[float | None] = [calibration.scale(model_s, q) for q in calibrated]
+            at: list[float | None] = [calibration.scale(model_s, q, key) for q in calibrated]
         else:
             at = [first(q) for q in quantiles]
         out[w.id] = Estimate(*(now + timedelta(seconds=t) if t is not None else None for t in at), "history",
@@ -378,67 +473,109 @@ def estimate_ranges(ordered: Sequence[Waiter], free_milli: Mapping[str, int], ru
     return out
 
 
-def _minutes(seconds: float) -> int:
-    return max(0, round(seconds / 60))
+def shown(low_s: float | None, high_s: float | None) -> tuple[str, float, float]:
+    """The words a range is said in, and the waits in seconds those words cover.
+
+    One function for both, so that "inside the range" in the replay and on the admin
+    page is what a researcher read. A range whose end is under ``SHORT_S`` is said in
+    whole minutes from the floor of its start to the ceiling of its end ("under a
+    minute", "under 3 min", "1–3 min"): a two-minute wait said as "about 2–2 min"
+    promises a precision nobody has. Longer ones are rounded ("about 20–45 min",
+    "about 1.0–2.2 hours"), and cover what rounds to them."""
+    if low_s is None:
+        return f"more than {HORIZON / 86400 / 7:g} weeks", HORIZON, math.inf
+    low_s = max(0.0, low_s)
+    if high_s is None:
+        lo = round(low_s / 60)
+        text = f"{lo} min" if lo < 90 else f"{lo / 60:.1f} hours"
+        return f"at least {text}", max(0.0, lo - 0.5) * 60, math.inf
+    high_s = max(low_s, high_s)
+    if high_s <= 60:
+        return "under a minute", 0.0, 60.0
+    if high_s < SHORT_S:
+        lo, hi = math.floor(low_s / 60), math.ceil(high_s / 60)
+        return (f"under {hi} min" if lo == 0 else f"{lo}–{hi} min"), lo * 60.0, hi * 60.0
+    lo, hi = round(low_s / 60), round(high_s / 60)
+    if hi >= 90:
+        a, b = f"{low_s / 3600:.1f}", f"{high_s / 3600:.1f}"
+        text = f"about {a}–{b} hours" if a != b else f"about {b} hours"
+        return text, max(0.0, float(a) - 0.05) * 3600, (float(b) + 0.05) * 3600
+    text = f"about {lo}–{hi} min" if lo != hi else f"about {hi} min"
+    return text, max(0.0, lo - 0.5) * 60, (hi + 0.5) * 60
 
 
 def range_text(est: Estimate, now: datetime) -> str:
-    """"about 20–45 min" (or hours); "within a minute"; "more than 2 weeks" when not within the horizon."""
-    if est.low is None:
-        return f"more than {HORIZON / 86400 / 7:g} weeks"
-    lo = _minutes((est.low - now).total_seconds())
-    hi = _minutes((est.high - now).total_seconds()) if est.high is not None else None
-    if hi is not None and hi <= 1:
-        return "within a minute"
-    if hi is None:
-        return f"at least {_span(lo)}"
-    if hi >= 90:
-        a, b = lo / 60, hi / 60
-        return f"about {a:.1f}–{b:.1f} hours" if f"{a:.1f}" != f"{b:.1f}" else f"about {b:.1f} hours"
-    return f"about {lo}–{hi} min" if lo != hi else f"about {hi} min"
-
-
-def _span(minutes: int) -> str:
-    return f"{minutes} min" if minutes < 90 else f"{minutes / 60:.1f} hours"
+    """"about 20–45 min" (or hours); "under a minute", "1–3 min"; "more than 2 weeks" when not
+    within the horizon (:func:`shown`)."""
+    low = (est.low - now).total_seconds() if est.low is not None else None
+    high = (est.high - now).total_seconds() if est.high is not None else None
+    return shown(low, high)[0]
 
 
 @dataclass(frozen=True)
 class Accuracy:
-    """How the shown estimates fared: the share of starts inside the shown range, and the
-    median |point estimate - real wait| as a share of the real wait."""
+    """How the shown estimates fared: the share of starts inside the shown range (the waits its
+    words cover, :func:`shown`), the median |point estimate - real wait| as a share of the real
+    wait (a wait under a minute counted as one), and the same split where it means something
+    to a researcher: as a share of the wait for waits of ``SHORT_S`` or more, in seconds for
+    shorter ones (a two-minute wait estimated as three is a good estimate)."""
 
     starts: int
     in_range: float | None
     median_error: float | None
+    median_error_long: float | None = None
+    median_error_short_s: float | None = None
+    long_starts: int = 0
 
     def text(self, days: int) -> str:
-        """"last 30 days: 78 % of starts inside the range, median error 22 %"."""
+        """"last 30 days: 78 % of starts inside the range, median error 22 % for waits of 5 min
+        or more, 40 s for shorter ones (120 starts)"."""
         if not self.starts or self.in_range is None or self.median_error is None:
             return f"last {days} days: no waiting server has started yet, so no accuracy to show"
+        parts = []
+        if self.median_error_long is not None:
+            parts.append(f"{self.median_error_long:.0%} for waits of {SHORT_S / 60:g} min or more")
+        if self.median_error_short_s is not None:
+            parts.append(f"{self.median_error_short_s:.0f} s for shorter ones" if parts
+                         else f"{self.median_error_short_s:.0f} s for waits under {SHORT_S / 60:g} min")
         return (f"last {days} days: {self.in_range:.0%} of starts inside the range, median error "
-                f"{self.median_error:.0%} ({self.starts} starts)").replace("%", " %")
+                f"{', '.join(parts)} ({self.starts} starts)").replace("%", " %")
 
     def json(self, days: int) -> dict[str, object]:
         return {"days": days, "starts": self.starts, "in_range": self.in_range, "median_error": self.median_error,
+                "median_error_long": self.median_error_long, "median_error_short_s": self.median_error_short_s,
                 "text": self.text(days)}
+
+
+def _median(xs: list[float]) -> float | None:
+    if not xs:
+        return None
+    xs.sort()
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
 
 
 def accuracy(rows: Iterable[tuple[float | None, float | None, float | None, float]]) -> Accuracy:
     """From (low, mid, high, real) waits in seconds; a ``None`` bound is "not within the horizon".
 
-    The range is shown in whole minutes, so a start counts as inside when it rounds
-    to a minute within the shown range ("within a minute": up to one); a wait under a minute
-    counts as a minute in the error (the page says "within a minute")."""
+    A start counts as inside when its wait is within what the shown words cover
+    (:func:`shown`: "about 10–20 min" holds 9.5 to 20.5 minutes, "1–3 min" 1 to 3)."""
     inside = n = 0
-    errors = []
+    errors, long_errors, short_errors = [], [], []
     for low, mid, high, real in rows:
         n += 1
-        shown_low = math.floor(low / 60 + 0.5) - 0.5 if low is not None else math.inf  # minutes, as shown
-        shown_high = max(math.floor(high / 60 + 0.5) + 0.5, 1.0) if high is not None else math.inf
-        inside += shown_low <= real / 60 <= shown_high
-        errors.append(abs((mid if mid is not None else HORIZON) - real) / max(real, 60.0))
+        _, lo, hi = shown(low, high)
+        inside += lo <= real <= hi
+        point = mid if mid is not None else HORIZON
+        errors.append(abs(point - real) / max(real, 60.0))
+        if real >= SHORT_S:
+            long_errors.append(abs(point - real) / real)
+        else:
+            short_errors.append(abs(point - real))
     if not n:
         return Accuracy(0, None, None)
-    errors.sort()
-    median = errors[n // 2] if n % 2 else (errors[n // 2 - 1] + errors[n // 2]) / 2
-    return Accuracy(n, round(inside / n, 3), round(median, 3))
+    short = _median(short_errors)
+    long = _median(long_errors)
+    return Accuracy(n, round(inside / n, 3), round(_median(errors) or 0.0, 3),
+                    None if long is None else round(long, 3), None if short is None else round(short, 1),
+                    len(long_errors))
