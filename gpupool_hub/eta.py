@@ -71,6 +71,8 @@ MIN_CALIBRATION = 50
 CALIBRATION_SPAN = 500
 #: seconds added to both waits of a calibration ratio (a wait "within a minute" has no useful ratio)
 CALIBRATION_PAD = 15.0
+#: estimates within this factor of each other are calibrated together, once there are enough (1: off)
+CALIBRATION_BUCKET = 2.0
 #: waits shorter than this are said in whole minutes ("1–3 min") and their error measured in seconds
 SHORT_S = 300.0
 #: the window over which the queue's service rate is measured, and the starts it needs
@@ -84,6 +86,11 @@ AGE_BUCKET = 1.05
 LOG_BUCKET = math.log(AGE_BUCKET)
 
 FALLBACK_NOTE = "no session history yet: estimated from the typical session length"
+DEADLINE_NOTE = "from when a server holding such GPUs is due to stop"
+#: a shown range is kept while a new point estimate falls within it, widened by this share of the
+#: time left to its end and at least ``STEADY_S`` seconds (:func:`steady`)
+STEADY_SHARE = 0.15
+STEADY_S = 60.0
 
 
 def _grid() -> list[float]:
@@ -151,38 +158,52 @@ def _quantile(xs: Sequence[float], q: float) -> float:
 
 class Calibration:
     """How the model's point estimate compared with the real wait, for recent starts: in all,
-    and per set of models the waiters accepted (an A6000 waiter's range is scaled by how far
-    off the estimates of A6000 waiters were, once there are enough of them)."""
+    per set of models the waiters accepted (an A6000 waiter's range is scaled by how far off
+    the estimates of A6000 waiters were, once there are enough of them), and per size of the
+    estimate (within a factor ``CALIBRATION_BUCKET``: the model is off differently for a wait of
+    seconds than for one of an hour)."""
 
     def __init__(self, pairs: Iterable[tuple[float, float] | tuple[float, float, Any]] = ()) -> None:
         """``pairs``: (the model's point estimate, the real wait) in seconds, oldest first, with the
         waiter's models (a frozenset, None: any) as a third item where known."""
         self.ratios: deque[float] = deque(maxlen=CALIBRATION_SPAN)
-        self.by_models: dict[Any, deque[float]] = {}
+        self.by_key: dict[Any, deque[float]] = {}
         self._sorted: dict[Any, list[float]] = {}
         for pair in pairs:
             self.add(*pair)
+
+    @staticmethod
+    def _bucket(model_s: float) -> int:
+        if CALIBRATION_BUCKET <= 1:
+            return 0
+        return int(math.log(max(0.0, model_s) + CALIBRATION_PAD) / math.log(CALIBRATION_BUCKET))
 
     def add(self, model_s: float, real_s: float, models: Any = "") -> None:
         """``models``: the set of models the waiter accepted (None: any; "": not known)."""
         ratio = (max(0.0, real_s) + CALIBRATION_PAD) / (max(0.0, model_s) + CALIBRATION_PAD)
         self.ratios.append(ratio)
-        if models != "":
-            self.by_models.setdefault(models, deque(maxlen=CALIBRATION_SPAN)).append(ratio)
+        bucket = self._bucket(model_s)
+        for key in ((models, bucket), ("", bucket), models) if models != "" else (("", bucket),):
+            self.by_key.setdefault(key, deque(maxlen=CALIBRATION_SPAN)).append(ratio)
         self._sorted = {}
 
     @property
     def enough(self) -> bool:
         return len(self.ratios) >= MIN_CALIBRATION
 
-    def _ratios(self, models: Any) -> tuple[Any, deque[float]]:
-        mine = self.by_models.get(models)
-        return (models, mine) if mine is not None and len(mine) >= MIN_CALIBRATION else ("", self.ratios)
+    def _ratios(self, model_s: float, models: Any) -> tuple[Any, deque[float]]:
+        bucket = self._bucket(model_s)
+        for key in ((models, bucket), ("", bucket), models):
+            mine = self.by_key.get(key)
+            if mine is not None and len(mine) >= MIN_CALIBRATION:
+                return key, mine
+        return "", self.ratios
 
     def scale(self, model_s: float, q: float, models: Any = "") -> float:
         """The wait at quantile ``q`` for a model estimate of ``model_s`` seconds, from the misses
-        of waiters accepting ``models`` when there are enough of them, else of all."""
-        key, ratios = self._ratios(models)
+        of waiters accepting ``models`` with estimates of about that size when there are enough
+        of them, else of any models with such estimates, else of those models, else of all."""
+        key, ratios = self._ratios(model_s, models)
         got = self._sorted.get(key)
         if got is None:
             got = self._sorted[key] = sorted(ratios)
@@ -291,6 +312,14 @@ class Estimate:
     high: datetime | None
     basis: str
     model_s: float | None = None  # the release model's own point estimate, seconds from now (for calibration)
+    #: where the figure came from, for the words beside it (:func:`source_note`): ``"history"`` (the
+    #: pool's record), ``"deadline"`` (a holder's known end), ``"typical"`` (the typical session
+    #: length), ``"free"`` (GPUs free now); by default what ``basis`` implies
+    source: str = ""
+
+    @property
+    def origin(self) -> str:
+        return self.source or ("history" if self.basis == "history" else "typical")
 
 
 def remaining_cdf(samples: Sequence[float], age: float, deadline: float | None = None) -> list[float]:
@@ -579,3 +608,43 @@ def accuracy(rows: Iterable[tuple[float | None, float | None, float | None, floa
     return Accuracy(n, round(inside / n, 3), round(_median(errors) or 0.0, 3),
                     None if long is None else round(long, 3), None if short is None else round(short, 1),
                     len(long_errors))
+
+
+def fallback_source(at: datetime | None, known_ends: Iterable[datetime], now: datetime) -> str:
+    """Where a single-point estimate (``waitqueue.estimate_starts``) came from: ``"free"`` when
+    it is now, ``"deadline"`` when it is one of the holders' known ends (a reclaim, idle or
+    floor stop), else ``"typical"`` (a held server's start plus the typical session)."""
+    if at is None:
+        return "typical"
+    if at <= now:
+        return "free"
+    return "deadline" if any(abs((at - max(end, now)).total_seconds()) < 1.0 for end in known_ends) else "typical"
+
+
+def source_note(source: str, typical_hours: float | None = None) -> str | None:
+    """The words that say where an estimate came from, beside it; None for the pool's history
+    (the range itself says it is learned) and for GPUs free now."""
+    if source == "deadline":
+        return DEADLINE_NOTE
+    if source == "typical":
+        return FALLBACK_NOTE + (f" of {typical_hours:g} h" if typical_hours else "")
+    return None
+
+
+def steady(previous: Estimate | None, new: Estimate, now: datetime) -> Estimate:
+    """The range to show now, given the one shown before (pure; the caller keeps the last one).
+
+    Why: estimates are recomputed every few seconds from inputs that jitter (a holder's floor
+    deadline moves with each debit, a start or a release moves the rate), and a researcher who
+    reads "about 9 min", "about 8 min", "about 9 min" trusts none of them. So the shown range,
+    as times, is kept while the new point estimate lies within it, widened by ``STEADY_SHARE``
+    of the time left to its end (at least ``STEADY_S``), it has not passed, and the figure's
+    source is the same: its words then only count down. A real change (a release, a deadline
+    that moved by more than that) shows at once."""
+    if previous is None or new.mid is None or previous.low is None or previous.high is None or \
+            previous.origin != new.origin or previous.high < now:
+        return new
+    slack = timedelta(seconds=max(STEADY_S, STEADY_SHARE * (previous.high - now).total_seconds()))
+    if previous.low - slack <= new.mid <= previous.high + slack:
+        return Estimate(previous.low, previous.mid, previous.high, new.basis, new.model_s, new.source)
+    return new

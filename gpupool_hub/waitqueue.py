@@ -496,10 +496,10 @@ def wait_text(position: int, eta: datetime | None, now: datetime, span: str | No
               note: str | None = None) -> str:
     """"you are 2nd, about 20 minutes" — what the progress page says; with ``span`` (a range
     from the pool's history, :func:`gpupool_hub.eta.range_text`) "about 20–45 min"; ``note``
-    says why in parentheses (no history yet)."""
+    says where the figure came from in parentheses (a holder's known end, the typical session)."""
     nth = _nth(position)
     if span is not None:
-        if span == "within a minute":
+        if span == "under a minute":
             return f"You are {nth} in the queue; a GPU should free up within a minute."
         return f"You are {nth} in the queue, {span}."
     if note:

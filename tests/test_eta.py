@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -56,7 +56,7 @@ def test_queue_order_adds_up_and_free_gpus_start_at_once() -> None:
     ests = eta.estimate_ranges([waiter("a"), waiter("b"), waiter("c")], {A100: 1000}, running,
                                minutes_history(), NOW)
     assert ests["a"].low == ests["a"].high == NOW
-    assert eta.range_text(ests["a"], NOW) == "within a minute"
+    assert eta.range_text(ests["a"], NOW) == "under a minute"
     assert minutes(ests["b"])[1] < minutes(ests["c"])[1]
     assert minutes(ests["c"])[2] <= 20.5
 
@@ -109,13 +109,16 @@ def test_profile_keys() -> None:
 def test_accuracy_counts_starts_inside_the_shown_minutes_and_the_median_error() -> None:
     rows = [(600, 900, 1200, 1000.0),   # inside, error 0.1
             (600, 900, 1200, 1220.0),   # inside: 20 min 20 s is "20 min" of "about 10–20 min"
-            (60, 120, 180, 600.0),      # late: outside, error 0.8
-            (0, 0, 0, 30.0),            # "within a minute": inside, error 30/60
+            (60, 120, 180, 600.0),      # "1–3 min", 10 min late: outside, error 0.8
+            (0, 0, 0, 30.0),            # "under a minute": inside, error 30/60
             (None, None, None, 4000.0)]  # no estimate within the horizon: outside
     acc = eta.accuracy(rows)
     assert (acc.starts, acc.in_range) == (5, 0.6)
     assert acc.median_error == 0.5
-    assert acc.text(30) == "last 30 days: 60 % of starts inside the range, median error 50 % (5 starts)"
+    # waits of 5 min or more: errors 0.1, 0.26, 0.8 and the horizon's; the one shorter wait: 30 s off
+    assert (acc.median_error_long, acc.median_error_short_s) == (0.531, 30.0)
+    assert acc.text(30) == ("last 30 days: 60 % of starts inside the range, median error 53 % for waits of "
+                            "5 min or more, 30 s for shorter ones (5 starts)")
     assert eta.accuracy([]).text(30).startswith("last 30 days: no waiting server has started")
 
 
@@ -158,3 +161,97 @@ def test_a_measured_drain_rate_gives_the_need_ahead_over_that_rate() -> None:
     assert round(minutes(ests["c"])[1], 3) == 3.0
     assert round(minutes(ests["d"])[1], 3) == 5.0
     assert ests["d"].model_s == 300.0
+
+
+def at(seconds: float) -> datetime:
+    return NOW + timedelta(seconds=seconds)
+
+
+def test_short_waits_are_said_in_whole_minutes_and_count_as_inside_by_those_words() -> None:
+    assert eta.shown(0, 45) == ("under a minute", 0.0, 60.0)
+    assert eta.shown(70, 150) == ("1–3 min", 60.0, 180.0)
+    assert eta.shown(20, 150) == ("under 3 min", 0.0, 180.0)
+    assert eta.shown(600, 1200) == ("about 10–20 min", 570.0, 1230.0)
+    assert eta.shown(5400, 9000)[0] == "about 1.5–2.5 hours"
+    est = eta.Estimate(at(70), at(100), at(150), "history")
+    assert eta.range_text(est, NOW) == "1–3 min"
+    # a start after 2 min 50 s is inside "1–3 min"; one after 3 min 10 s is not
+    assert eta.accuracy([(70, 100, 150, 170.0)]).in_range == 1.0
+    assert eta.accuracy([(70, 100, 150, 190.0)]).in_range == 0.0
+
+
+def test_an_a6000_waiter_is_estimated_from_how_fast_a6000s_free_up() -> None:
+    # the queue was served 20 A6000 starts and 20 A100 starts in the last 10 minutes, A6000s
+    # at a fifth of the A100s' rate. An A6000 waiter behind one A6000 waiter and one that takes
+    # either model counts that one for the share of such waiters that went to A6000s (1/6).
+    drain = eta.Drain()
+    for k in range(20):
+        drain.add(k * 30.0, 100, "a6000")
+        drain.add(k * 30.0, 500, "a100")
+    rates = drain.rates(600.0)
+    assert rates is not None and rates.of(frozenset({"a6000"})) == pytest.approx(2000 / 600)
+
+    def w(wid: str, models: frozenset[str]) -> Waiter:
+        return Waiter(id=wid, user=wid, server="", request=Request(gpus=1, models=models), since=NOW)
+    ws = [w("a", frozenset({"a6000"})), w("b", frozenset({"a6000", "a100"})), w("c", frozenset({"a6000"}))]
+    history = minutes_history()
+    ests = eta.estimate_ranges(ws, {}, [], history, NOW, drain=rates)
+    need = 1000 + 1000 * (1 / 6) + 1000
+    assert ests["c"].model_s == pytest.approx(need / (2000 / 600))
+    # the pooled rate would have said it starts six times sooner
+    assert eta.estimate_ranges(ws, {}, [], history, NOW, drain=drain.rate(600.0))["c"].model_s < ests["c"].model_s / 4
+
+
+def test_too_few_starts_of_its_models_leave_the_release_model_of_those_models() -> None:
+    drain = eta.Drain()
+    for k in range(20):
+        drain.add(k * 30.0, 1000, "a100")
+    rates = drain.rates(600.0)
+    assert rates is not None and rates.of(frozenset({"v100"})) is None
+    v100 = Waiter(id="v", user="v", server="", request=Request(gpus=1, models=frozenset({"v100"})), since=NOW)
+    running = [eta.Running("v100", 1000, "1x1000", "ann", age=0.0)]
+    got = eta.estimate_ranges([v100], {}, running, minutes_history(), NOW, drain=rates)["v"]
+    plain = eta.estimate_ranges([v100], {}, running, minutes_history(), NOW)["v"]
+    assert got == plain and got.basis == "history"  # never the A100s' rate, never the typical session
+
+
+def test_calibration_per_model_set_once_it_has_enough() -> None:
+    cal = eta.Calibration([(60.0, 60.0)] * eta.MIN_CALIBRATION)
+    a6000 = frozenset({"a6000"})
+    for _ in range(eta.MIN_CALIBRATION - 1):
+        cal.add(60.0, 600.0, a6000)
+    pooled = cal.scale(60.0, 0.5, a6000)
+    cal.add(60.0, 600.0, a6000)
+    assert cal.scale(60.0, 0.5, a6000) == pytest.approx(600.0) and pooled < 600.0
+    assert cal.scale(60.0, 0.5, frozenset({"a100"})) == pytest.approx(cal.scale(60.0, 0.5))
+
+
+def test_a_shown_range_does_not_flip_back_and_forth() -> None:
+    # a holder's floor deadline says 9 min, then 8, then 9 again within a minute: the waiter
+    # keeps reading the first figure counting down, not 9, 8, 9
+    first = eta.Estimate(at(540), at(540), at(540), "fallback", source="deadline")
+    shown = eta.steady(None, first, NOW)
+    texts = []
+    for t, mid in ((20, 20 + 480), (40, 40 + 540), (60, 60 + 480)):
+        now = at(t)
+        got = eta.Estimate(at(mid), at(mid), at(mid), "fallback", source="deadline")
+        shown = eta.steady(shown, got, now)
+        texts.append(round((shown.mid - now).total_seconds() / 60))
+    assert texts == sorted(texts, reverse=True) and shown.mid == first.mid
+    # a real change (the deadline moved by 5 minutes) shows at once
+    moved = eta.Estimate(at(900), at(900), at(900), "fallback", source="deadline")
+    assert eta.steady(shown, moved, at(60)) == moved
+    # so does a change of source
+    typical = eta.Estimate(at(540), at(540), at(540), "fallback", source="typical")
+    assert eta.steady(shown, typical, at(60)) == typical
+
+
+def test_the_note_names_the_real_source_of_the_figure() -> None:
+    deadline = at(540)
+    assert eta.fallback_source(deadline, [deadline, at(9000)], NOW) == "deadline"
+    assert eta.fallback_source(at(4 * 3600), [deadline], NOW) == "typical"
+    assert eta.fallback_source(NOW, [], NOW) == "free"
+    assert eta.source_note("deadline") == "from when a server holding such GPUs is due to stop"
+    assert eta.source_note("typical", 4) == ("no session history yet: estimated from the typical session length "
+                                             "of 4 h")
+    assert eta.source_note("history") is None

@@ -104,18 +104,17 @@ def service_away(queued: GPUPoolRefused) -> GPUPoolRefused:
 def full_text(entries: Iterable[Mapping[str, Any]], now: datetime | None = None) -> str:
     """"full — 2 waiting, about 20–45 min" for a profile none of whose models has room, from
     ``GET models`` entries (``waiting``; ``eta_text`` when learned from history, else ``eta``:
-    "about 20 min"); "full" when nobody waits."""
+    "about 20 min"); "full — none waiting, about 20 min" when nobody waits yet (the pool
+    estimates a full model before anyone waits for it); "full" without an estimate."""
     entries = list(entries)
     waiting = max((int(e.get("waiting") or 0) for e in entries), default=0)
-    if not waiting:
-        return "full"
     etas = []
     for e in entries:
         try:
             etas.append(datetime.fromisoformat(str(e["eta"]).replace("Z", "+00:00")))
         except (KeyError, ValueError):
             continue
-    text = f"full — {waiting} waiting"
+    text = f"full — {waiting} waiting" if waiting else "full — none waiting"
     # a range learned from the pool's history ("about 20–45 min"): the model expected soonest
     ranged = sorted((str(e.get("eta_low") or ""), str(e["eta_text"])) for e in entries
                     if e.get("eta_basis") == "history" and e.get("eta_text"))
@@ -123,5 +122,6 @@ def full_text(entries: Iterable[Mapping[str, Any]], now: datetime | None = None)
         return f"{text}, {ranged[0][1]}"
     if etas:
         minutes = max(0, round((min(etas) - (now or datetime.now(timezone.utc))).total_seconds() / 60))
-        text += f", about {minutes} min" if minutes < 90 else f", about {minutes / 60:.1f} h"
-    return text
+        return text + (", under a minute" if minutes < 1 else f", about {minutes} min" if minutes < 90
+                       else f", about {minutes / 60:.1f} h")
+    return text if waiting else "full"

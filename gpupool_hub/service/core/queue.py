@@ -212,7 +212,8 @@ class WaitQueue:
         if stored:
             self.ledger.queue.remove(entry.waiter.id)
             self.ledger.queue.estimate_started(entry.waiter.id, self.clock())
-            self.eta.started(self.clock(), entry.waiter.request.total_gpu_milli)
+            gpus = entry.placement.gpus
+            self.eta.started(self.clock(), entry.waiter.request.total_gpu_milli, gpus[0].model if gpus else None)
             if self.on_started is not None:
                 self.on_started((self.clock() - entry.waiter.since).total_seconds())
         self._shown.discard(entry.waiter.id)
@@ -357,8 +358,9 @@ class WaitQueue:
         # those far back ask less often: every retry is work on the writer thread
         retry = now + timedelta(seconds=min(10, 2 + position // 20))
         history = est.basis == "history"
-        text = (wait_text(position, eta, now, eta_rules.range_text(est, now) if history else None,
-                          None if history else eta_rules.FALLBACK_NOTE)
+        text = (wait_text(position, eta if history else est.mid, now,  # est: held steady (eta.steady)
+                          eta_rules.range_text(est, now) if history else None,
+                          None if history else eta_rules.source_note(est.origin, self.settings.expected_session_hours))
                 + self.unavailable_note(entry.waiter.request))
         return Refused(RefusalReason.QUEUED, text, retry_at=retry, details={
             "position": position, "queue_length": self.order.waiting_count(), "eta": iso(eta),

@@ -53,9 +53,10 @@ def _profile(request: dict[str, Any]) -> str:
 def range_json(est: eta_rules.Estimate | None, now: datetime) -> dict[str, Any]:
     """The fields the spawn page and widget show: ``eta_low``/``eta_high``, ``eta_text``, ``eta_basis``."""
     if est is None:
-        return {"eta_low": None, "eta_high": None, "eta_text": None, "eta_basis": None}
+        return {"eta_low": None, "eta_high": None, "eta_text": None, "eta_basis": None, "eta_source": None}
     text = eta_rules.range_text(est, now) if est.basis == "history" or est.low is not None else None
-    return {"eta_low": iso(est.low), "eta_high": iso(est.high), "eta_text": text, "eta_basis": est.basis}
+    return {"eta_low": iso(est.low), "eta_high": iso(est.high), "eta_text": text, "eta_basis": est.basis,
+            "eta_source": est.origin}
 
 
 class QueueEstimates:
@@ -78,10 +79,12 @@ class QueueEstimates:
         self._curve_cache: tuple[list[AllocationRecord], eta_rules.SessionHistory, dict[Any, Any]] | None = None
         self._calibration: tuple[float, eta_rules.Calibration] | None = None
         self.served = eta_rules.Drain()  # the GPU share started from the queue lately (for the ranges)
+        self._steady: dict[str, eta_rules.Estimate] = {}  # per entry, the range last shown (eta.steady)
 
-    def started(self, at: datetime, gpu_milli: int) -> None:
-        """A waiter's GPUs were handed over: the queue was served that share at ``at``."""
-        self.served.add(at.timestamp(), gpu_milli)
+    def started(self, at: datetime, gpu_milli: int, model: str | None = None) -> None:
+        """A waiter's GPUs (of ``model``, a pool model string) were handed over: the queue was
+        served that share at ``at``."""
+        self.served.add(at.timestamp(), gpu_milli, normalize_model(model) if model else None)
 
     # ------------------------------------------------- expected starts (today's rule)
 
@@ -189,7 +192,7 @@ class QueueEstimates:
             out = eta_rules.estimate_ranges(self.order.ordered() + ([extra] if extra else []), {},
                                             self._held_for_estimates(now), history, now, curves=self._curves(history),
                                             only=extra.id if extra else only, calibration=self.calibration(),
-                                            drain=self.served.rate(stamp))
+                                            drain=self.served.rates(stamp))
             if extra is not None or only is not None:
                 return out
             self._ranges = (stamp, out)
@@ -215,11 +218,22 @@ class QueueEstimates:
         return cache[2]
 
     def range_of(self, entry_id: str, eta: datetime | None) -> eta_rules.Estimate:
-        """The entry's range from history, else today's estimate as a point (``basis`` "fallback")."""
+        """The entry's range from history, else today's estimate as a point (``basis`` "fallback",
+        its ``source`` a holder's known end or the typical session), held steady against the
+        one it was shown last (``eta.steady``)."""
         got = self.ranges().get(entry_id)
-        if got is None and self.history().enough:  # a newcomer: not in the cached ranges yet
-            got = self.ranges(only=entry_id).get(entry_id)
-        return got if got is not None else eta_rules.Estimate(eta, eta, eta, "fallback")
+        if got is None and (self.history().enough or self.served.rates(self.clock().timestamp())):
+            got = self.ranges(only=entry_id).get(entry_id)  # a newcomer: not in the cached ranges yet
+        now = self.clock()
+        if got is None:
+            _, known = self.held_ends()
+            got = eta_rules.Estimate(eta, eta, eta, "fallback",
+                                     source=eta_rules.fallback_source(eta, known.values(), now))
+        shown = self._steady[entry_id] = eta_rules.steady(self._steady.get(entry_id), got, now)
+        if len(self._steady) > 4 * max(16, self.order.waiting_count()):  # entries that left: forget them
+            waiting = {w.id for w in self.order.ordered()}
+            self._steady = {k: v for k, v in self._steady.items() if k in waiting}
+        return shown
 
     @reads
     def accuracy(self) -> dict[str, Any]:

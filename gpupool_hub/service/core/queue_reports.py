@@ -49,12 +49,15 @@ class QueueReports:
         return out
 
     def summary(self) -> dict[str, dict[str, Any]]:
-        """Per pool model: how many wait for it and when one more GPU of it is expected."""
+        """Per pool model: how many wait for it and when one more GPU of it is expected, also
+        when nobody waits but none of it is free (a full profile shows an estimate before
+        anyone waits for it)."""
         out: dict[str, dict[str, Any]] = {}
+        free = self.eta.free_milli()
         for model, n in self.waiting_per_model().items():
             key = normalize_model(model)
             eta = est = None
-            if n:
+            if n or free.get(key, 0) < 1000:
                 probe = Waiter(id="?", user="", server="", request=Request(gpus=1, models=frozenset({key})),
                                since=self.clock(), priority=99)
                 eta = self.eta.estimates(probe).get("?")
