@@ -319,8 +319,7 @@ class Replay:
             self.served.add(self.now, pod.request.total_gpu_milli,
                             normalize_model(placement.gpus[0].model) if placement.gpus else None)
             if pod.name in self.model_s:
-                models = pod.request.models
-                self.calibration.add(self.model_s.pop(pod.name), real, frozenset(models) if models else None)
+                self.calibration.add(self.model_s.pop(pod.name), real, eta.calibration_class(pod.request))
         self.held[pod.name] = (pod, self.now, placement)
         self.order_kept = None  # the user's round moved
         self.held_by_user[pod.user] = self.held_by_user.get(pod.user, 0) + 1

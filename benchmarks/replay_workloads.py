@@ -100,17 +100,18 @@ def _mix(pods: List[Pod], kind: Any, share: float, rng: random.Random) -> List[P
 
 
 def _named(pods: List[Pod], nodes: Sequence[dict], rng: random.Random) -> List[Pod]:
-    """A third of the pods name one or two models among those of nodes they fit on."""
+    """A third of the pods name one or two models: those of GPUs they fit on, drawn in proportion
+    to how many such GPUs there are (people ask for the models a pool has many of)."""
     out = []
     for p in pods:
         r = p.request
         if r.models is None and rng.random() < NAMED_MODEL:
-            fits = sorted({n["gpus"]["model"].casefold() for n in nodes
-                           if n["cpu_milli"] >= r.cpu_milli and n["memory_mib"] >= r.memory_mib
-                           and n["gpus"]["count"] >= max(r.gpus, 1)})
+            fits = [n for n in nodes if n["cpu_milli"] >= r.cpu_milli and n["memory_mib"] >= r.memory_mib
+                    and n["gpus"]["count"] >= max(r.gpus, 1)]
             if fits:
-                picked = frozenset(rng.sample(fits, min(len(fits), rng.choice((1, 1, 2)))))
-                p = replace(p, request=replace(r, models=picked))
+                weights = [n["gpus"]["count"] for n in fits]
+                picked = {n["gpus"]["model"].casefold() for n in rng.choices(fits, weights, k=rng.choice((1, 1, 2)))}
+                p = replace(p, request=replace(r, models=frozenset(picked)))
         out.append(p)
     return out
 

@@ -75,6 +75,10 @@ CALIBRATION_PAD = 15.0
 CALIBRATION_BUCKET = 2.0
 #: waits shorter than this are said in whole minutes ("1–3 min") and their error measured in seconds
 SHORT_S = 300.0
+#: a range ending within this many seconds is said "under a minute"; a longer short one spans at
+#: least this many whole minutes ("1–3 min"): a wait of a minute or two is not known to the second
+UNDER_A_MINUTE_S = 30.0
+SHORT_MIN_WIDTH = 2
 #: the window over which the queue's service rate is measured, and the starts it needs
 DRAIN_WINDOW = 600.0
 MIN_DRAIN_STARTS = 10
@@ -149,6 +153,15 @@ class SessionHistory:
         return chosen
 
 
+def calibration_class(request: Any) -> tuple[frozenset[str] | None, str]:
+    """What a waiter's estimates are calibrated with: the models it accepts and its shape (a
+    share of one GPU, one GPU, several: a multi-GPU request waits for a node to drain, not for
+    the flow of releases, and the model is off for it differently)."""
+    models = request.models
+    shape = "multi" if request.gpus > 1 else "one" if request.gpus or request.mig else "share"
+    return (frozenset(models) if models is not None else None, shape)
+
+
 def _quantile(xs: Sequence[float], q: float) -> float:
     """The ``q`` quantile of sorted ``xs``, interpolated between neighbours."""
     pos = q * (len(xs) - 1)
@@ -178,12 +191,20 @@ class Calibration:
             return 0
         return int(math.log(max(0.0, model_s) + CALIBRATION_PAD) / math.log(CALIBRATION_BUCKET))
 
-    def add(self, model_s: float, real_s: float, models: Any = "") -> None:
-        """``models``: the set of models the waiter accepted (None: any; "": not known)."""
+    @staticmethod
+    def _keys(model_s: float, klass: Any) -> tuple[Any, ...]:
+        """From the most to the least specific: the waiter's class (:func:`calibration_class`)
+        with estimates of about this size, its shape with them, any with them, its class."""
+        bucket = Calibration._bucket(model_s)
+        if klass == "":
+            return (("", bucket),)
+        return ((klass, bucket), (klass[1], bucket), ("", bucket), klass)
+
+    def add(self, model_s: float, real_s: float, klass: Any = "") -> None:
+        """``klass``: the waiter's :func:`calibration_class` ("": not known)."""
         ratio = (max(0.0, real_s) + CALIBRATION_PAD) / (max(0.0, model_s) + CALIBRATION_PAD)
         self.ratios.append(ratio)
-        bucket = self._bucket(model_s)
-        for key in ((models, bucket), ("", bucket), models) if models != "" else (("", bucket),):
+        for key in self._keys(model_s, klass):
             self.by_key.setdefault(key, deque(maxlen=CALIBRATION_SPAN)).append(ratio)
         self._sorted = {}
 
@@ -191,19 +212,17 @@ class Calibration:
     def enough(self) -> bool:
         return len(self.ratios) >= MIN_CALIBRATION
 
-    def _ratios(self, model_s: float, models: Any) -> tuple[Any, deque[float]]:
-        bucket = self._bucket(model_s)
-        for key in ((models, bucket), ("", bucket), models):
+    def _ratios(self, model_s: float, klass: Any) -> tuple[Any, deque[float]]:
+        for key in self._keys(model_s, klass):
             mine = self.by_key.get(key)
             if mine is not None and len(mine) >= MIN_CALIBRATION:
                 return key, mine
         return "", self.ratios
 
-    def scale(self, model_s: float, q: float, models: Any = "") -> float:
+    def scale(self, model_s: float, q: float, klass: Any = "") -> float:
         """The wait at quantile ``q`` for a model estimate of ``model_s`` seconds, from the misses
-        of waiters accepting ``models`` with estimates of about that size when there are enough
-        of them, else of any models with such estimates, else of those models, else of all."""
-        key, ratios = self._ratios(model_s, models)
+        of the most alike waiters there are enough of (:meth:`_keys`), else of all."""
+        key, ratios = self._ratios(model_s, klass)
         got = self._sorted.get(key)
         if got is None:
             got = self._sorted[key] = sorted(ratios)
@@ -472,7 +491,7 @@ def estimate_ranges(ordered: Sequence[Waiter], free_milli: Mapping[str, int], ru
         if rate:
             model_s = need / rate
             if calibration is not None and calibration.enough:
-                secs = [calibration.scale(model_s, q, key) for q in calibrated]
+                secs = [calibration.scale(model_s, q, calibration_class(w.request)) for q in calibrated]
             else:
                 secs = [model_s] * 3
             out[w.id] = Estimate(*(now + timedelta(seconds=t) for t in secs), "history", model_s)
@@ -494,7 +513,7 @@ def estimate_ranges(ordered: Sequence[Waiter], free_milli: Mapping[str, int], ru
 
         model_s = first(MID)
         if calibration is not None and calibration.enough and model_s is not None:
-            at: list[float | None] = [calibration.scale(model_s, q, key) for q in calibrated]
+            at: list[float | None] = [calibration.scale(model_s, q, calibration_class(w.request)) for q in calibrated]
         else:
             at = [first(q) for q in quantiles]
         out[w.id] = Estimate(*(now + timedelta(seconds=t) if t is not None else None for t in at), "history",
@@ -519,10 +538,11 @@ def shown(low_s: float | None, high_s: float | None) -> tuple[str, float, float]
         text = f"{lo} min" if lo < 90 else f"{lo / 60:.1f} hours"
         return f"at least {text}", max(0.0, lo - 0.5) * 60, math.inf
     high_s = max(low_s, high_s)
-    if high_s <= 60:
+    if high_s <= UNDER_A_MINUTE_S:
         return "under a minute", 0.0, 60.0
     if high_s < SHORT_S:
-        lo, hi = math.floor(low_s / 60), math.ceil(high_s / 60)
+        lo = math.floor(low_s / 60)
+        hi = max(math.ceil(high_s / 60), lo + SHORT_MIN_WIDTH)
         return (f"under {hi} min" if lo == 0 else f"{lo}–{hi} min"), lo * 60.0, hi * 60.0
     lo, hi = round(low_s / 60), round(high_s / 60)
     if hi >= 90:

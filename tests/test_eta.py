@@ -168,7 +168,10 @@ def at(seconds: float) -> datetime:
 
 
 def test_short_waits_are_said_in_whole_minutes_and_count_as_inside_by_those_words() -> None:
-    assert eta.shown(0, 45) == ("under a minute", 0.0, 60.0)
+    assert eta.shown(0, 25) == ("under a minute", 0.0, 60.0)
+    # a short range spans at least two whole minutes: nobody knows a wait of one to the second
+    assert eta.shown(0, 45) == ("under 2 min", 0.0, 120.0)
+    assert eta.shown(130, 170) == ("2–4 min", 120.0, 240.0)
     assert eta.shown(70, 150) == ("1–3 min", 60.0, 180.0)
     assert eta.shown(20, 150) == ("under 3 min", 0.0, 180.0)
     assert eta.shown(600, 1200) == ("about 10–20 min", 570.0, 1230.0)
@@ -217,13 +220,13 @@ def test_too_few_starts_of_its_models_leave_the_release_model_of_those_models() 
 
 def test_calibration_per_model_set_once_it_has_enough() -> None:
     cal = eta.Calibration([(60.0, 60.0)] * eta.MIN_CALIBRATION)
-    a6000 = frozenset({"a6000"})
+    a6000 = eta.calibration_class(Request(gpus=1, models=frozenset({"a6000"})))
     for _ in range(eta.MIN_CALIBRATION - 1):
         cal.add(60.0, 600.0, a6000)
     pooled = cal.scale(60.0, 0.5, a6000)
     cal.add(60.0, 600.0, a6000)
     assert cal.scale(60.0, 0.5, a6000) == pytest.approx(600.0) and pooled < 600.0
-    assert cal.scale(60.0, 0.5, frozenset({"a100"})) == pytest.approx(cal.scale(60.0, 0.5))
+    assert cal.scale(60.0, 0.5, eta.calibration_class(Request(gpu_milli=500))) == pytest.approx(cal.scale(60.0, 0.5))
 
 
 def test_a_shown_range_does_not_flip_back_and_forth() -> None:

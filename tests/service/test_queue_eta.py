@@ -39,8 +39,33 @@ def test_without_history_the_wait_is_todays_rule_and_says_so(tmp_path):
     r = queued(m, "bob")
     assert r.details["eta_basis"] == "fallback"
     assert r.details["eta_low"] == r.details["eta_high"] == r.details["eta"] == "2025-03-03T13:00:00Z"
+    assert r.details["eta_source"] == "typical"
     assert r.message == ("You are 1st in the queue, about 4.0 hours "
-                         f"({eta.FALLBACK_NOTE}).")
+                         f"({eta.FALLBACK_NOTE} of 4 h).")
+
+
+def test_a_figure_from_a_holders_floor_deadline_says_so_and_holds_steady(tmp_path):
+    # issue 39.3: alice's tokens reach the floor in about 9 minutes, which stops her server;
+    # bob, waiting for her GPU, reads that figure with that source (not "the typical session"),
+    # and as her balance is debited the figure counts down instead of bouncing 9, 8, 9
+    from decimal import Decimal
+
+    clock = Clock()
+    m = manager(tmp_path, clock=clock)
+    admit(m, "alice")  # opens her account with its first credit
+    floor = m.settings.base_rules().floor
+    m.accounts.grant("alice", floor + Decimal("0.15") - m.ledger.balances(["alice"])["alice"],
+                     "test: 9 minutes above the floor at 1 token an hour", "test", None)
+    r = queued(m, "bob")
+    assert r.details["eta_source"] == "deadline"
+    assert r.message == f"You are 1st in the queue, about 9 minutes ({eta.DEADLINE_NOTE})."
+    minutes = []
+    for _ in range(6):
+        keep_waiting(m, clock, 20)
+        r = queued(m, "bob")
+        assert r.details["eta_source"] == "deadline"
+        minutes.append(int(r.message.split("about ")[1].split(" ")[0]))
+    assert minutes == sorted(minutes, reverse=True) and minutes[-1] in (7, 8)
 
 
 def test_history_gives_a_range_that_is_recorded_and_scored_against_the_real_start(tmp_path):
@@ -113,6 +138,21 @@ def test_the_spawn_page_says_full_with_the_range():
     assert full_text(entries, now) == "full — 2 waiting, about 20–45 min"
     # today's rule keeps today's text
     assert full_text([{**entries[0], "eta_basis": "fallback"}], now) == "full — 2 waiting, about 20 min"
+
+
+def test_a_full_model_shows_an_estimate_before_anyone_waits(tmp_path):
+    # issue 39.3: alice holds the one GPU, nobody waits yet: the spawn page's profile for it
+    # already says when a GPU is expected, with the range learned from past sessions
+    from gpupool_hub.spawner.wait_rules import full_text
+
+    clock = Clock()
+    m = manager(tmp_path, clock=clock)
+    past_sessions(m, clock)
+    admit(m, "alice")
+    (entry,) = m.queue.reports.summary().values()
+    assert entry["waiting"] == 0 and entry["eta_basis"] == "history" and entry["eta_source"] == "history"
+    assert full_text([entry], clock()) == f"full — none waiting, {entry['eta_text']}"
+    assert entry["eta_text"].startswith("about ")
 
 
 def test_the_range_is_calibrated_on_how_far_off_past_estimates_were(tmp_path):

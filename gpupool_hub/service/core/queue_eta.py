@@ -80,6 +80,10 @@ class QueueEstimates:
         self._calibration: tuple[float, eta_rules.Calibration] | None = None
         self.served = eta_rules.Drain()  # the GPU share started from the queue lately (for the ranges)
         self._steady: dict[str, eta_rules.Estimate] = {}  # per entry, the range last shown (eta.steady)
+        # per holder: (balance, tokens an hour, floor deadline) when last read. The balance moves only
+        # when an interval is charged, so "now + balance / rate" would drift later with the clock
+        # between debits (a waiter read 9, 8, 9 min): the deadline is kept until the balance moves
+        self._floor_seen: dict[str, tuple[Decimal, Decimal, datetime]] = {}
 
     def started(self, at: datetime, gpu_milli: int, model: str | None = None) -> None:
         """A waiter's GPUs (of ``model``, a pool model string) were handed over: the queue was
@@ -261,9 +265,16 @@ class QueueEstimates:
         floor_at: dict[str, datetime] = {}
         balances = self.ledger.balances(u for u, rate in burn.items() if rate > 0)
         floor = self.settings.base_rules().floor
+        seen = {}
         for user, balance in balances.items():  # no account, no floor to reach
-            left = balance - floor
-            floor_at[user] = now + timedelta(hours=float(max(left, Decimal(0)) / burn[user]))
+            kept = self._floor_seen.get(user)
+            if kept is not None and kept[:2] == (balance, burn[user]):
+                floor_at[user] = kept[2]  # not debited since: the same deadline, not one that drifts with now
+            else:
+                left = balance - floor
+                floor_at[user] = now + timedelta(hours=float(max(left, Decimal(0)) / burn[user]))
+            seen[user] = (balance, burn[user], floor_at[user])
+        self._floor_seen = seen
         out = {}
         for r in held:
             at = min((x for x in (ends.get(r.id), floor_at.get(r.user)) if x is not None), default=None)
