@@ -320,12 +320,16 @@ async def test_pool_map_shows_the_live_accuracy_of_wait_estimates(service):
     [line] = attrs((await admin.get("admin/pool")).body.decode(), 'data-gpupool="eta-accuracy"')
     assert line["data-starts"] == "0" and line["data-in-range"] == ""
     now = m.clock()
-    # three waiting servers started: two inside the range they were shown, one late
+    # four waiting servers started: two inside the range they were shown, one late, and one
+    # told "1–3 min" that started after 2 min 20 s (inside, 20 s off)
     for i, (low, mid, high, waited) in enumerate([(600, 900, 1200, 1000), (600, 900, 1200, 750),
-                                                  (60, 120, 180, 600)]):
+                                                  (60, 120, 180, 600), (70, 120, 150, 140)]):
         m.ledger.queue.estimate_shown(f"e{i}", "bob", now - timedelta(seconds=waited), [low, mid, high], "history")
         m.ledger.queue.estimate_started(f"e{i}", now)
     page = (await admin.get("admin/pool")).body.decode()
     [line] = attrs(page, 'data-gpupool="eta-accuracy"')
-    assert line["data-starts"] == "3" and line["data-in-range"] == "0.667"
-    assert "last 30 days: 67 % of starts inside the range, median error 20 % (3 starts)" in page
+    # the same measures as the replay's (eta.accuracy): long waits as a share, short ones in seconds
+    assert line["data-starts"] == "4" and line["data-in-range"] == "0.75"
+    assert line["data-median-error-long"] == "0.2" and line["data-median-error-short-s"] == "20.0"
+    assert ("last 30 days: 75 % of starts inside the range, median error 20 % for waits of 5 min or more, "
+            "20 s for shorter ones (4 starts)") in page
