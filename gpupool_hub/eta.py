@@ -65,10 +65,12 @@ MIN_USER_SESSIONS = 10
 #: past sessions that must outlive a server's age; below that its tail is taken as memoryless
 MIN_TAIL = 5
 #: the share of recent starts a calibrated range spans (the middle of how far off the model was)
-COVERAGE = 0.8
+COVERAGE = 0.9
 #: started waiters whose estimate is known before the range is calibrated on them, and the most kept
 MIN_CALIBRATION = 50
 CALIBRATION_SPAN = 500
+#: the range around a service-rate estimate before there are ``MIN_CALIBRATION`` starts to calibrate on
+UNCALIBRATED_SPREAD = (0.5, 2.0)
 #: seconds added to both waits of a calibration ratio (a wait "within a minute" has no useful ratio)
 CALIBRATION_PAD = 15.0
 #: estimates within this factor of each other are calibrated together, once there are enough (1: off)
@@ -79,6 +81,9 @@ SHORT_S = 300.0
 #: least this many whole minutes ("1–3 min"): a wait of a minute or two is not known to the second
 UNDER_A_MINUTE_S = 30.0
 SHORT_MIN_WIDTH = 2
+#: whole minutes a short range starts before its calibrated start: a short queue often moves
+#: faster than the starts it was calibrated on (the burst that built it has passed)
+SHORT_EARLY_MIN = 1
 #: the window over which the queue's service rate is measured, and the starts it needs
 DRAIN_WINDOW = 600.0
 MIN_DRAIN_STARTS = 10
@@ -429,7 +434,7 @@ def estimate_ranges(ordered: Sequence[Waiter], free_milli: Mapping[str, int], ru
                     quantiles: tuple[float, float, float] = (LOW, MID, HIGH),
                     curves: dict[frozenset[str] | None, tuple[list[float], list[float], float, int]] | None = None,
                     only: str | None = None, calibration: Calibration | None = None,
-                    drain: float | Rates | None = None, coverage: float = COVERAGE) -> dict[str, Estimate]:
+                    drain: float | Rates | None = None, coverage: float | None = None) -> dict[str, Estimate]:
     """Each waiter's start range, in queue order (``ordered``: fair order, the head first).
 
     A waiter needs the GPU share of its models that it and everyone ahead of it
@@ -461,6 +466,7 @@ def estimate_ranges(ordered: Sequence[Waiter], free_milli: Mapping[str, int], ru
         return {}
     groups: dict[str, list[tuple[int, int, list[float]]]] | None = None
     curves = {} if curves is None else curves
+    coverage = COVERAGE if coverage is None else coverage
     calibrated = (0.5 - coverage / 2, quantiles[1], 0.5 + coverage / 2)
     shares: dict[tuple[frozenset[str] | None, frozenset[str] | None], float] = {}
 
@@ -492,8 +498,8 @@ def estimate_ranges(ordered: Sequence[Waiter], free_milli: Mapping[str, int], ru
             model_s = need / rate
             if calibration is not None and calibration.enough:
                 secs = [calibration.scale(model_s, q, calibration_class(w.request)) for q in calibrated]
-            else:
-                secs = [model_s] * 3
+            else:  # no record of misses yet: the point estimate, halved to doubled
+                secs = [model_s * UNCALIBRATED_SPREAD[0], model_s, model_s * UNCALIBRATED_SPREAD[1]]
             out[w.id] = Estimate(*(now + timedelta(seconds=t) for t in secs), "history", model_s)
             continue
         if not history.enough:
@@ -543,6 +549,7 @@ def shown(low_s: float | None, high_s: float | None) -> tuple[str, float, float]
     if high_s < SHORT_S:
         lo = math.floor(low_s / 60)
         hi = max(math.ceil(high_s / 60), lo + SHORT_MIN_WIDTH)
+        lo = max(0, lo - SHORT_EARLY_MIN)
         return (f"under {hi} min" if lo == 0 else f"{lo}–{hi} min"), lo * 60.0, hi * 60.0
     lo, hi = round(low_s / 60), round(high_s / 60)
     if hi >= 90:
