@@ -376,6 +376,8 @@ class Replay:
                     self.snapshot.add(key[1], key[0], x)
             self.snapshot_at = self.now
         if stale:
+            self.calibration.waiting((self.model_s[n], self.now - pod.arrive, eta.calibration_class(pod.request))
+                                     for n, (pod, _) in self.waiting.items() if n in self.model_s)
             self.curves = {}
             self.running = [eta.Running(normalize_model(placement.gpus[0].model), placement.gpu_milli,
                                         eta.profile_key(pod.request.gpus, pod.request.gpu_milli), pod.user,

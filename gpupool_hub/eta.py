@@ -187,6 +187,8 @@ class Calibration:
         self.ratios: deque[float] = deque(maxlen=CALIBRATION_SPAN)
         self.by_key: dict[Any, deque[float]] = {}
         self._sorted: dict[Any, list[float]] = {}
+        # lower bounds of the misses of waiters still waiting past their estimate (:meth:`waiting`)
+        self.open: dict[Any, list[float]] = {}
         for pair in pairs:
             self.add(*pair)
 
@@ -213,24 +215,42 @@ class Calibration:
             self.by_key.setdefault(key, deque(maxlen=CALIBRATION_SPAN)).append(ratio)
         self._sorted = {}
 
+    def waiting(self, rows: Iterable[tuple[float, float, Any]]) -> None:
+        """Waiters still waiting: (the model's estimate, seconds waited so far, class).
+
+        Why: while a queue builds, the starts the ratios come from are the waiters that started
+        soon; those still waiting long past their estimate are not among them, and the range
+        would stay too short for as long as the queue grows (at load 0.9 of the replay, waits of
+        5-15 minutes were shown "under 3 min"). Each one waiting past its estimate counts with
+        the ratio it has reached so far (a lower bound: a censored observation), the longest
+        waiting first, at most ``CALIBRATION_SPAN`` of them."""
+        bounds = sorted(((waited + CALIBRATION_PAD) / (model_s + CALIBRATION_PAD), model_s, klass)
+                        for model_s, waited, klass in rows if waited > model_s)[-CALIBRATION_SPAN:]
+        self.open = {}
+        for ratio, model_s, klass in bounds:
+            for key in (*self._keys(model_s, klass), ""):
+                self.open.setdefault(key, []).append(ratio)
+        self._sorted = {}
+
     @property
     def enough(self) -> bool:
         return len(self.ratios) >= MIN_CALIBRATION
 
-    def _ratios(self, model_s: float, klass: Any) -> tuple[Any, deque[float]]:
+    def _ratios(self, model_s: float, klass: Any) -> tuple[Any, list[float]]:
         for key in self._keys(model_s, klass):
             mine = self.by_key.get(key)
             if mine is not None and len(mine) >= MIN_CALIBRATION:
-                return key, mine
-        return "", self.ratios
+                return key, [*mine, *self.open.get(key, ())]
+        return "", [*self.ratios, *self.open.get("", ())]
 
     def scale(self, model_s: float, q: float, klass: Any = "") -> float:
         """The wait at quantile ``q`` for a model estimate of ``model_s`` seconds, from the misses
         of the most alike waiters there are enough of (:meth:`_keys`), else of all."""
-        key, ratios = self._ratios(model_s, klass)
+        key = next((k for k in self._keys(model_s, klass)
+                    if len(self.by_key.get(k, ())) >= MIN_CALIBRATION), "")
         got = self._sorted.get(key)
         if got is None:
-            got = self._sorted[key] = sorted(ratios)
+            got = self._sorted[key] = sorted(self._ratios(model_s, klass)[1])
         return max(0.0, (model_s + CALIBRATION_PAD) * _quantile(got, q) - CALIBRATION_PAD)
 
 

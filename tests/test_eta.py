@@ -261,3 +261,14 @@ def test_the_note_names_the_real_source_of_the_figure() -> None:
     assert eta.source_note("typical", 4) == ("no session history yet: estimated from the typical session length "
                                              "of 4 h")
     assert eta.source_note("history") is None
+
+
+def test_waiters_still_waiting_past_their_estimate_widen_the_calibration() -> None:
+    # 50 starts came in on time; 50 waiters have already waited 10 times their estimate and
+    # still wait: the median miss counts them (a lower bound), so the range does not stay
+    # "on time" for as long as the queue grows
+    cal = eta.Calibration([(60.0, 60.0)] * eta.MIN_CALIBRATION)
+    on_time = cal.scale(60.0, 0.95)
+    cal.waiting([(60.0, 750.0, "")] * eta.MIN_CALIBRATION + [(600.0, 30.0, "")] * 10)  # the last: not yet late
+    assert on_time == pytest.approx(60.0)
+    assert cal.scale(60.0, 0.95) == pytest.approx(750.0)

@@ -67,6 +67,16 @@ class Queue:
         with self.db.read() as conn:
             return [(r.low_s, r.mid_s, r.high_s, (r.started_at - r.shown_at).total_seconds()) for r in conn.execute(q)]
 
+    def shown_model_estimates(self, entry_ids: list[str]) -> list[tuple[int, datetime]]:
+        """(the model's estimate in seconds, when shown) of those entries that have one (the
+        waiters still waiting: their misses so far count in the calibration)."""
+        if not entry_ids:
+            return []
+        q = sa.select(estimates.c.model_s, estimates.c.shown_at).where(
+            estimates.c.id.in_(entry_ids), estimates.c.model_s.is_not(None), estimates.c.started_at.is_(None))
+        with self.db.read() as conn:
+            return [(r.model_s, aware(r.shown_at)) for r in conn.execute(q)]
+
     def calibration_pairs(self, since: datetime, limit: int) -> list[tuple[int, float]]:
         """(the model's estimate, the real wait) in seconds of the ``limit`` latest starts since
         ``since`` that had one, oldest first: what the next ranges are calibrated on."""

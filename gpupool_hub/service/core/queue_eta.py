@@ -173,13 +173,19 @@ class QueueEstimates:
         return self._history[1]
 
     def calibration(self) -> eta_rules.Calibration:
-        """The model's estimates against the real starts of the latest waiters (reread every
-        ``RELEASES_TTL`` seconds): once there are enough, ranges are scaled by them."""
+        """The model's estimates against the real starts of the latest waiters, and the misses so
+        far of those still waiting past theirs (reread every ``RELEASES_TTL`` seconds): once
+        there are enough, ranges are scaled by them."""
         stamp = self.clock().timestamp()
         if self._calibration is None or stamp - self._calibration[0] >= RELEASES_TTL:
             since = self.clock() - timedelta(days=HISTORY_DAYS)
             pairs = self.ledger.queue.calibration_pairs(since, eta_rules.CALIBRATION_SPAN)
-            self._calibration = (stamp, eta_rules.Calibration(pairs))
+            cal = eta_rules.Calibration(pairs)
+            now = self.clock()
+            waiting = [w.id for w in self.order.ordered()][:eta_rules.CALIBRATION_SPAN * 4]
+            cal.waiting((model_s, (now - shown_at).total_seconds(), "")
+                        for model_s, shown_at in self.ledger.queue.shown_model_estimates(waiting))
+            self._calibration = (stamp, cal)
         return self._calibration[1]
 
     def ranges(self, extra: Waiter | None = None, only: str | None = None) -> dict[str, eta_rules.Estimate]:
