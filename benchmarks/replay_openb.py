@@ -11,16 +11,21 @@ for no GPU are left out (they never wait in the GPU queue).
 Each pod gets one of ``USERS`` synthetic users (by a hash of its name) and each
 user one of ``TEAMS`` teams with equal quotas; the trace has neither.
 
+Workloads are the pod lists of the trace folder, found by file name
+(``benchmarks/replay_workloads.py``; ``--workload all``), with variants made
+from them (``--derive``); one without times is reported as skipped.
+
 Schedulers, each on a fresh ``gpupool_hub.placement.Pool`` with FGD:
 
 - ``fifo-fgd``   plain first come, first served, no backfill (the baseline)
-- ``today``      the hub's queue (``waitqueue.fair_order`` + ``waitqueue.dispatch``:
-                 round-robin across users, backfill around a reserved node) and
-                 today's estimate (known ends, else a typical session of 4 h)
-- ``project``    the same queue with the ETA learned from the replay's own
-                 history (``gpupool_hub.eta``): the need ahead over the rate
-                 the queue was served at in the last 10 minutes, the range
-                 calibrated on the starts so far (``eta.Calibration``)
+- ``project``    the hub's queue (``waitqueue.fair_order`` + ``waitqueue.dispatch``:
+                 round-robin across users, backfill around a reserved node, old
+                 waiters closing their nodes) with the ETA of ``gpupool_hub.eta``:
+                 the need ahead over the rate the queue was served GPUs of the
+                 waiter's models in the last 10 minutes, the range calibrated on
+                 the starts so far and the misses of those still waiting; with
+                 ``--today``, today's estimate (known ends, else a typical session
+                 of 4 h) is scored on the same waiters
 - with ``--variants``, dispatch rules for tuning: ``fifo-backfill`` (arrival
   order, backfill around a reserved node) and ``rr-nobackfill`` (round-robin,
   no backfill)
@@ -30,18 +35,19 @@ once), mean GPU utilisation over the arrivals and its course, fragmentation
 loss (GPU-hours of a model that sat free while someone waited for that
 model), the longest wait (starvation), each team's share of the GPU time held
 while the queue was not empty against its max-min fair share, and ETA
-accuracy: for each pod that waited, the range shown when it joined against
-its real start (fraction inside the range; median |point - real| as a share
-of the real wait, a wait under a minute counted as one minute since the page
-says "within a minute").
+accuracy as the admin page measures it (``eta.accuracy``): for each pod that
+waited, the range shown when it joined against its real start (the share
+inside what the range's words cover; the median error as a share of the wait
+for waits of 5 minutes or more, in seconds for shorter ones).
 
-    python benchmarks/replay_openb.py --workload default --load 1.1
-    python benchmarks/replay_openb.py --load 0.9 1.1 1.3 --variants
-    python benchmarks/replay_openb.py --nodes 1000 --pods 10000      # the speed target
+    python benchmarks/replay_openb.py --workload all --load 1.1
+    python benchmarks/replay_openb.py --workload all --load 0.9 1.1 1.3 --derive all --seed 42 43
+    python benchmarks/replay_openb.py --trace DIR --workload all
 
 The trace folder is found as ``placement_openb.py`` finds it (``--trace DIR``,
-``GPUPOOL_OPENB_TRACE``, or ``shared/traces/openb``). The last line of output
-is one JSON object with the figures.
+``GPUPOOL_OPENB_TRACE``, or ``shared/traces/openb``). Each run (workload,
+load, seed) prints one JSON line; the last line is the summary (the worst of
+each measure and where).
 """
 
 from __future__ import annotations
@@ -593,7 +599,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "(0: the trace's own)")
     ap.add_argument("--seed", type=int, nargs="+", default=[42])
     ap.add_argument("--variants", action="store_true", help=f"also run the dispatch rules {', '.join(VARIANTS)}")
-    ap.add_argument("--no-today", action="store_true", help="leave out today's estimate (compared, never shown)")
+    ap.add_argument("--today", action="store_true",
+                    help="also score today's single-point estimate on the same waiters (slower: about +40 %%)")
+    ap.add_argument("--no-today", action="store_true", help=argparse.SUPPRESS)  # the default now
     args = ap.parse_args(argv)
     kinds = list(DERIVED) if args.derive == "all" else [k for k in args.derive.split(",") if k]
     try:
@@ -640,7 +648,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     print(f"openb time replay: workload {wname}, seed {seed}, {len(nodes)} nodes "
                           f"({capacity // 1000} GPUs), {len(pods)} GPU pods arriving over {span_h:.1f} h, "
                           f"offered load {load:.0%}")
-                    rows = replay_one(nodes, pods, seed, schedulers, not args.no_today)
+                    rows = replay_one(nodes, pods, seed, schedulers, args.today and not args.no_today)
                     print_rows(rows)
                     proj, base = rows["project"], rows["fifo-fgd"]
                     got = checks(proj, base)

@@ -46,7 +46,7 @@ def tiny_trace(folder: Path) -> None:
 def test_replay_runs_every_workload_of_a_folder_and_its_variants(tmp_path):
     tiny_trace(tmp_path)
     cmd = [sys.executable, str(REPO / "benchmarks" / "replay_openb.py"), "--trace", str(tmp_path), "--workload",
-           "all", "--nodes", "0", "--pods", "0", "--load", "1.1", "--derive", "all", "--no-today"]
+           "all", "--nodes", "0", "--pods", "0", "--load", "1.1", "--derive", "all", "--today"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
                             env={**os.environ, "PYTHONPATH": str(REPO)}, start_new_session=True)
     out, err = communicate_or_kill(proc, 300)
