@@ -66,6 +66,9 @@ def test_a_figure_from_a_holders_floor_deadline_says_so_and_holds_steady(tmp_pat
         assert r.details["eta_source"] == "deadline"
         minutes.append(int(r.message.split("about ")[1].split(" ")[0]))
     assert minutes == sorted(minutes, reverse=True) and minutes[-1] in (7, 8)
+    # the widget (GET me) reads the same steady figure and source as the progress page
+    (mine,) = m.queue.reports.waiting_of("bob")
+    assert (mine["eta_low"], mine["eta_source"]) == (r.details["eta_low"], "deadline")
 
 
 def test_history_gives_a_range_that_is_recorded_and_scored_against_the_real_start(tmp_path):

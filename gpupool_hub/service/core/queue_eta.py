@@ -156,6 +156,10 @@ class QueueEstimates:
         cached = self._estimates  # one read: the writer thread may replace it
         return cached[1] if cached is not None else {}
 
+    def last_shown(self, entry_id: str) -> eta_rules.Estimate | None:
+        """The range the entry was last shown (``range_of``, held steady), never recomputed."""
+        return self._steady.get(entry_id)
+
     def last_ranges(self) -> dict[str, eta_rules.Estimate]:
         """The ranges last computed, never recomputed (as ``last_estimates``)."""
         cached = self._ranges

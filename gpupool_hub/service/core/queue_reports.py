@@ -112,7 +112,8 @@ class QueueReports:
                  "since": iso(e.waiter.since),
                  "position": order.index(e.waiter.id) + 1 if e.waiter.id in order else 0,
                  "queue_length": len(order), "eta": iso(estimates.get(e.waiter.id)),
-                 **range_json(ranges.get(e.waiter.id) or (
+                 # what its progress page was last told (held steady), else the last computed
+                 **range_json(self.eta.last_shown(e.waiter.id) or ranges.get(e.waiter.id) or (
                      eta_rules.Estimate(*[estimates.get(e.waiter.id)] * 3, "fallback")
                      if e.waiter.id in estimates else None), now)}
                 for e in sorted(mine, key=lambda e: e.waiter.since)]
