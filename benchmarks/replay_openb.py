@@ -560,8 +560,15 @@ def summarise(lines: List[Dict[str, Any]], skipped: List[Dict[str, Any]], wall: 
     """The worst of every measure over the workloads, loads and seeds run, and where it was."""
     ran = [x for x in lines if "skipped" not in x]
 
+    def judged(x: Dict[str, Any], key: str) -> bool:
+        """A median error counts where at least ``MIN_WAITS`` waits of its kind started."""
+        long = x["eta_long_estimates"]
+        if key == "eta_median_abs_error_long":
+            return long >= MIN_WAITS
+        return key != "eta_median_abs_error_short_s" or x["eta_estimates"] - long >= MIN_WAITS
+
     def worst(key: str, pick: Any) -> Dict[str, Any]:
-        have = [x for x in ran if x.get(key) is not None]
+        have = [x for x in ran if x.get(key) is not None and judged(x, key)]
         if not have:
             return {"value": None}
         x = pick(have, key=lambda y: y[key])
