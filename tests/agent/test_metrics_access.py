@@ -46,16 +46,6 @@ def start_agent(tmp_path: Path, name: str, *args: str) -> subprocess.Popen[str]:
                             start_new_session=True)
 
 
-@pytest.fixture
-def agents():
-    started: list[subprocess.Popen[str]] = []
-    yield started
-    for proc in started:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-
-
 def other_address() -> str | None:
     """This machine's first IPv4 address that is not loopback (``hostname -I``), if it has one."""
     for addresses in psutil.net_if_addrs().values():
