@@ -136,9 +136,9 @@ def free_mig(profile: Profile, catalog: Mapping[str, Any]) -> tuple[int, int] | 
 def free_gpus(profile: Profile, catalog: Mapping[str, Any]) -> tuple[int, int] | None:
     """(whole GPUs free, GPUs in the pool) over the models a GPU profile may use.
 
-    None for CPU-only and MIG profiles. For a fraction it counts whole GPUs too:
-    a share may also fit on a GPU that is not wholly free, so the card words it
-    as "whole GPUs free", never as "full".
+    None for CPU-only and MIG profiles. For a fraction it counts whole GPUs too; a
+    share also fits on a GPU already shared (``largest_share_milli``), which the
+    card says instead when no GPU is wholly free.
     """
     if not profile.needs_gpu or profile.mig:
         return None
@@ -173,10 +173,10 @@ class ProfileChoice:
     gpus_selected: int = 0  # the GPU count chosen in advance (a link's), 0: the first
     share_class: str = ""  # a share's guarantee class: "mig", "mps", "timeslice"; "" for whole GPUs
     guarantee: str = ""  # what that class promises, in words: "isolated", "memory capped", "shared, best effort"
-    gpu: str = ""  # "2 × NVIDIA GeForce RTX 3090", "½ of an NVIDIA RTX A6000, 24 GiB of its memory", "No GPU"
+    gpu: str = ""  # "2 × NVIDIA GeForce RTX 3090", "½ of one NVIDIA RTX A6000, 24 GiB of its memory", "none"
     class_label: str = ""  # "MIG", "MPS", "time-sliced" for a share
     resources: str = ""  # "8 CPUs · 32 GiB memory" (what the profile sets), "" when it sets neither
-    hours: str = ""  # "Your balance buys 12 h of it above the floor"
+    hours: str = ""  # "Your balance buys 12 h above the floor"
     full: bool = False  # no room now: the card highlights ``free``
     price_models: str = ""  # per model when they differ: "NVIDIA GeForce RTX 3090: 1, NVIDIA RTX A6000: 4"
 
@@ -202,7 +202,7 @@ def gpu_text(p: Profile, models: list[Mapping[str, Any]], gpus: int | None = Non
     names = [str(e["model"]) for e in models] or list(p.models)
     which = " or ".join(names) if names else "any GPU model"
     if not p.needs_gpu:
-        return "No GPU"
+        return "none"
     if p.mig:
         return f"One {p.mig} MIG instance on {which}" if names else f"One {p.mig} MIG instance"
     if p.gpu_milli:
@@ -245,10 +245,8 @@ def card(p: Profile, catalog: Mapping[str, Any] | None, account: Account | None,
             rules = CreditRules(initial=Decimal(0), monthly=Decimal(0), daily=Decimal(0), floor=account.floor)
             affordable = can_start(account.balance, cheapest, rules, min_hours, account.held_per_hour)
             bought = hours_bought(account.balance, account.floor, cheapest)
-            if account.balance <= account.floor:
-                hours = "Your balance is at the floor: it buys no GPU time"
-            elif bought is not None:
-                hours = f"Your balance buys {hours_text(bought)} of it above the floor"
+            if bought is not None and account.balance > account.floor:  # at the floor the balance line says so
+                hours = f"Your balance buys {hours_text(bought)} above the floor"
             if not affordable:
                 need = start_need(cheapest, account.held_per_hour, min_hours)
                 running = " together with your running GPU servers" if account.held_per_hour else ""
@@ -275,8 +273,10 @@ def _free_words(p: Profile, catalog: Mapping[str, Any]) -> tuple[str, bool]:
     counts = free_gpus(p, catalog)
     if counts is None or not counts[1]:
         return "", False
-    if p.gpu_milli:  # a share may fit beside others: never "full" from whole counts
-        return f"{counts[0]} of {plural(counts[1], 'GPU')} wholly free", False
-    if counts[0] < p.gpus:  # no room for this profile: how many wait, and for how long
+    if p.gpu_milli and not counts[0]:  # a share also fits beside others, on a GPU already shared
+        shared = max((int(e.get("largest_share_milli") or 0) for e in _priced(p, catalog)), default=0)
+        if shared >= p.gpu_milli:
+            return "room on a GPU already shared", False
+    if counts[0] < (1 if p.gpu_milli else p.gpus):  # no room: how many wait, and for how long
         return full_text(_priced(p, catalog)), True
     return f"{counts[0]} of {plural(counts[1], 'GPU')} free", False

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from enum import Enum
 from typing import Any
+from urllib.parse import unquote
 
 from jupyterhub.spawner import SpawnException
 from tornado import web
@@ -86,7 +87,7 @@ def for_viewer(refusal: GPUPoolRefused, handler: Any) -> GPUPoolRefused:
     if refusal.refusal is not RefusalReason.INSUFFICIENT_BALANCE or "needs" not in refusal.details:
         return refusal
     try:
-        zone = time_zone(handler.get_cookie(ZONE_COOKIE)) if handler is not None else None
+        zone = time_zone(unquote(handler.get_cookie(ZONE_COOKIE) or "")) if handler is not None else None
     except Exception:  # no request (a REST start from a script): the pool's wording stays
         zone = None
     at = None

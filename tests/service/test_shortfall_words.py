@@ -82,7 +82,7 @@ def test_the_spawner_words_the_refusal_again_in_the_viewers_zone(tmp_path):
         def get_cookie(self, name):
             return self.zone if name == "gpupool_tz" else None
 
-    tokyo = for_viewer(allocation_refusal(409, answer, "1 GPU"), Handler("Asia/Tokyo"))
+    tokyo = for_viewer(allocation_refusal(409, answer, "1 GPU"), Handler("Asia%2FTokyo"))  # encodeURIComponent
     assert tokyo.jupyterhub_message.endswith("from Tue 1 Dec 2026, 08:00 JST.")
     assert '<time datetime="2026-11-30T23:00:00Z" data-gpupool-time="year">Tue 1 Dec 2026, 08:00 JST</time>' \
         in tokyo.jupyterhub_html_message

@@ -45,20 +45,30 @@ def test_prices_free_gpus_and_affordability_come_from_the_catalog():
     assert {k: ctx["balance"][k] for k in ("value", "text", "floor", "daily")} == {
         "value": "-8.500", "text": "\u22128.5", "floor": "\u221210", "daily": "5"}
     cpu, a6000, quarter, h100 = ctx["profiles"]
-    assert (cpu.price, cpu.gpu, cpu.affordable, cpu.free) == ("free", "No GPU", True, "")
+    assert (cpu.price, cpu.gpu, cpu.affordable, cpu.free) == ("free", "none", True, "")
     assert (a6000.price, a6000.gpu) == ("4 tokens/h per GPU", "1 × NVIDIA RTX A6000")
-    assert a6000.hours == "Your balance buys 0.4 h of it above the floor"
+    assert a6000.hours == "Your balance buys 0.4 h above the floor"
     assert (a6000.affordable, a6000.free, a6000.gpu_counts) == (False, "1 of 4 GPUs free", (1, 2, 3))
     assert a6000.needs == "needs 4 tokens above your floor for its first 1 h; you have 1.5"
     assert quarter.price == "0.25–1 tokens/h"
     assert quarter.price_models == "NVIDIA GeForce RTX 3090: 0.25, NVIDIA RTX A6000: 1"
-    # a fraction may fit where no GPU is wholly free: never "full", and said as whole GPUs
-    assert quarter.affordable and quarter.free == "5 of 8 GPUs wholly free" and not quarter.full
+    assert quarter.affordable and quarter.free == "5 of 8 GPUs free" and not quarter.full
     assert (h100.price, h100.affordable, h100.needs) == ("no such GPU in this pool", False, None)
     stricter = form_context(make(profiles=PROFILES).gpupool_profiles, None, ACCOUNT,
                             dict(CATALOG, min_start_hours="8"))
     assert not stricter["profiles"][2].affordable
     assert stricter["profiles"][2].needs.startswith("needs 2 tokens above your floor for its first 8 h")
+
+
+def test_a_share_is_full_only_when_no_gpu_has_room_for_it():
+    quarter = make(profiles=PROFILES).gpupool_profiles[2]
+    taken = {"models": [dict(m, whole_free=0, largest_whole_block=0) for m in CATALOG["models"]],
+             "min_start_hours": "1"}
+    room = dict(taken, models=[dict(m, largest_share_milli=500) for m in taken["models"]])
+    assert form_context([quarter], None, ACCOUNT, room)["profiles"][0].free == "room on a GPU already shared"
+    crowded = dict(taken, models=[dict(m, largest_share_milli=200, waiting=1) for m in taken["models"]])
+    choice = form_context([quarter], None, ACCOUNT, crowded)["profiles"][0]
+    assert choice.full and choice.free.startswith("full — 1 waiting")
 
 
 def test_the_form_renders_when_the_service_is_unreachable():
@@ -89,7 +99,7 @@ def test_balance_and_prices_are_asked_for_at_the_same_time():
 
 def checked(page: str) -> list[str]:
     """The profiles whose radio input is checked, as the browser reads the page."""
-    return re.findall(r'<input type="radio" name="profile" id="[^"]*" value="([^"]*)"[^>]* checked>', page)
+    return re.findall(r'<input type="radio" name="profile" value="([^"]*)" checked', page)
 
 
 def test_previous_choice_is_preselected():
@@ -122,8 +132,8 @@ def test_after_a_floor_stop_cpu_only_is_preselected_and_after_a_refusal_the_refu
 def test_every_card_is_a_labelled_radio_input_described_by_its_facts():
     page = render_form(make(profiles=PROFILES), ACCOUNT, CATALOG)
     for slug in ("cpu", "a6000", "quarter", "h100"):
-        assert f'<input type="radio" name="profile" id="gpupool-profile-{slug}" value="{slug}" ' \
-               f'aria-describedby="gpupool-about-{slug}"' in page
+        assert re.search(f'<input type="radio" name="profile" value="{slug}"( checked)? id="gpupool-profile-{slug}" '
+                         f'aria-describedby="gpupool-about-{slug}">', page)
         assert f'<label class="gpupool-title" for="gpupool-profile-{slug}">' in page
         assert f'<div class="gpupool-card-body" id="gpupool-about-{slug}">' in page
 

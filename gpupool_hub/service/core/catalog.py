@@ -41,7 +41,8 @@ def catalog(inventory: "PoolInventory", min_start_hours: Decimal) -> dict[str, A
         e = free.get(model, {})
         entry: dict[str, Any] = {"model": model, "price_per_gpu_hour": price, "gpus": counts[model],
                                  "whole_free": e.get("whole_free", 0),
-                                 "largest_whole_block": e.get("largest_whole_block", 0)}
+                                 "largest_whole_block": e.get("largest_whole_block", 0),
+                                 "largest_share_milli": e.get("largest_share_milli", 0)}
         if model in memory:
             entry["memory_mib"] = memory[model]
         if model in instances:
