@@ -204,20 +204,6 @@ def affording_credit(
     return None
 
 
-def affordable_at(
-    balance: Decimal,
-    price_per_hour: Decimal,
-    rules: CreditRules,
-    now: datetime,
-    tz: tzinfo,
-    min_hours: Decimal = Decimal(1),
-    horizon_days: int = 400,
-) -> datetime | None:
-    """When :func:`affording_credit` makes the start affordable (None: already, or never)."""
-    found = affording_credit(balance, price_per_hour, rules, now, tz, min_hours, horizon_days)
-    return found.at if found else None
-
-
 def balance_status(balance: Decimal, rules: CreditRules, low_below: Decimal) -> str:
     """"fine", "low", "negative" or "floor": what the lab widget colours by."""
     if balance <= rules.floor:
