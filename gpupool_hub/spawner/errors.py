@@ -81,15 +81,17 @@ class GPUPoolRefused(SpawnException):
 
 def for_viewer(refusal: GPUPoolRefused, handler: Any) -> GPUPoolRefused:
     """A not-enough-tokens refusal worded again for the person who asked: the date in their own
-    zone (the ``gpupool_tz`` cookie that ``localtime.js`` sets; UTC without one) as text for the
-    spawn page, and as a ``<time>`` element in the HTML of the progress page. The figures stay
+    zone (the ``gpupool_tz`` cookie that ``localtime.js`` sets; without one the pool's words stay)
+    as text for the spawn page, and as a ``<time>`` element in the HTML of the progress page. The figures stay
     the service's (``shortfall.shortfall_message``); other refusals pass unchanged."""
     if refusal.refusal is not RefusalReason.INSUFFICIENT_BALANCE or "needs" not in refusal.details:
         return refusal
     try:
         zone = time_zone(unquote(handler.get_cookie(ZONE_COOKIE) or "")) if handler is not None else None
-    except Exception:  # no request (a REST start from a script): the pool's wording stays
+    except Exception:  # no request to read a cookie from
         zone = None
+    if zone is None:  # a REST start from a script, or no zone known: the pool's wording (its zone) stays
+        return refusal
     at = None
     if refusal.retry_at:
         try:

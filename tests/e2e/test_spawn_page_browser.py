@@ -16,7 +16,8 @@ saved under ``build/screenshots/`` (``scripts/update-screenshots.sh`` copies the
 - refused: at −7.5 tokens the A6000 (4 tokens/h) is refused; the banner and the
   card name the same 4 tokens, the banner the daily credit's day in Berlin
   time, and the refused profile stays selected;
-- after a floor stop: the stopped researcher's page preselects CPU only.
+- after a floor stop: the stopped researcher's page preselects CPU only;
+  her "My GPU usage" page words its dates in Berlin time too.
 """
 
 from __future__ import annotations
@@ -157,3 +158,9 @@ def test_the_spawn_page_normal_full_refused_and_after_a_floor_stop(example_hub_f
     expect(card(page, "1x2080")).not_to_contain_text("buys")  # never hours bought below the floor
     expect(page.locator(".gpupool-notice time")).to_have_text(re.compile(rf", \d\d:\d\d {ZONE}$"))
     shoot(page, "spawn-page-floor-stop.png")
+
+    # the service's pages word dates the same way, in the browser's zone
+    usage = page.get_by_role("link", name="My GPU usage").get_attribute("href")  # it opens a new tab
+    page.goto(f"{hub.url}{usage}", wait_until="domcontentloaded")
+    page.wait_for_url("**/services/gpupool/")
+    expect(page.locator("time[data-gpupool-local='1']").first).to_have_text(re.compile(rf", \d\d:\d\d {ZONE}$"))
