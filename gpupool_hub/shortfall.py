@@ -15,7 +15,7 @@ from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from .units import amount_text, plural
+from .units import amount_text, plural, rate_text
 
 __all__ = ["CREDIT_WORDS", "shortfall_message"]
 
@@ -41,13 +41,12 @@ def shortfall_message(details: Mapping[str, Any], retry_at: datetime | None,
     hours = _dec(details, "min_start_hours", "1")
     held = [h for h in details.get("held") or [] if isinstance(h, Mapping)]
     held_price = _dec(details, "held_price_per_hour")
-    msg = (f"Not enough tokens: your balance is {amount_text(balance)} and this server costs "
-           f"{amount_text(price)} tokens/h")
+    msg = f"Not enough tokens: your balance is {amount_text(balance)} and this server costs {rate_text(price)}"
     if held:
         servers = ", ".join(f"{h.get('server') or 'default'} ({amount_text(_dec(h, 'price_per_hour'))}/h)"
                             for h in held)
-        msg += (f"; you already run {plural(len(held), 'GPU server')} costing {amount_text(held_price)} "
-                f"tokens/h ({servers}), so starting this one needs {amount_text(needs)} tokens "
+        msg += (f"; you already run {plural(len(held), 'GPU server')} costing {rate_text(held_price)} "
+                f"({servers}), so starting this one needs {amount_text(needs)} tokens "
                 f"above the floor of {amount_text(floor)} for the first {amount_text(hours)} h of all of them.")
     else:
         msg += (f"; starting needs {amount_text(needs)} tokens above the floor of {amount_text(floor)} "

@@ -128,3 +128,8 @@ def hours_text(hours: Decimal) -> str:
 def plural(count: int, word: str, words: str | None = None) -> str:
     """"1 GPU server", "2 GPU servers": the count and its noun, never "server(s)"."""
     return f"{count} {word if count == 1 else (words or word + 's')}"
+
+
+def rate_text(amount: Decimal) -> str:
+    """A price per hour: "1 token/h", "0.5 tokens/h", "1,200 tokens/h"."""
+    return f"{amount_text(amount)} token{'' if amount == 1 else 's'}/h"

@@ -40,7 +40,7 @@ def test_places_refuses_finer_amounts():
 
 
 def test_amounts_hours_and_counts_read_one_way_for_people():
-    from gpupool_hub.units import amount_text, balance_text, hours_text, plural
+    from gpupool_hub.units import amount_text, balance_text, hours_text, plural, rate_text
 
     # issue 39.4: "220 h", "55.0 h" and "0.0 h" stood side by side
     assert [hours_text(Decimal(h)) for h in ("220", "55", "27.5", "9.94", "3", "0.44", "0")] == [
@@ -51,3 +51,4 @@ def test_amounts_hours_and_counts_read_one_way_for_people():
     # issue 39.5: "2 GPU server(s)"
     assert plural(1, "GPU server") == "1 GPU server" and plural(2, "GPU server") == "2 GPU servers"
     assert plural(0, "GPU") == "0 GPUs"
+    assert rate_text(Decimal(1)) == "1 token/h" and rate_text(Decimal("0.5")) == "0.5 tokens/h"

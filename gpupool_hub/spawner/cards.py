@@ -17,7 +17,7 @@ from typing import Any
 from ..credits import CreditRules, can_start, hours_bought, start_need
 from ..pricing import model_matches
 from ..profiles import Profile
-from ..units import amount_text, hours_text, plural
+from ..units import amount_text, hours_text, plural, rate_text
 from .wait_rules import full_text
 
 __all__ = ["Account", "ProfileChoice", "card", "free_gpus", "free_mig", "profile_prices"]
@@ -219,9 +219,9 @@ def gpu_text(p: Profile, models: list[Mapping[str, Any]], gpus: int | None = Non
 def _price_words(p: Profile, prices: list[tuple[str, Decimal]]) -> tuple[str, str]:
     lo, hi = prices[0][1], prices[-1][1]
     per = p.gpus if p.adjustable else 1
-    rng = amount_text(lo / per) if lo == hi else f"{amount_text(lo / per)}–{amount_text(hi / per)}"
+    rate = rate_text(lo / per) if lo == hi else f"{amount_text(lo / per)}–{amount_text(hi / per)} tokens/h"
     detail = ", ".join(f"{m}: {amount_text(pr / per)}" for m, pr in prices) if len(prices) > 1 else ""
-    return f"{rng} tokens/h{' per GPU' if p.adjustable else ''}", detail
+    return f"{rate}{' per GPU' if p.adjustable else ''}", detail
 
 
 def card(p: Profile, catalog: Mapping[str, Any] | None, account: Account | None, min_hours: Decimal,
