@@ -6,7 +6,6 @@ date the same way: the viewer's local time with its zone."""
 from __future__ import annotations
 
 from datetime import datetime, timezone, tzinfo
-from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from markupsafe import Markup
@@ -66,13 +65,6 @@ def time_zone(name: str | None) -> tzinfo | None:
         return None
 
 
-def script() -> str:
-    """The browser script that rewrites :func:`time_html` elements in the viewer's zone: served as a
-    file by the service's pages (their CSP allows no inline script), inlined in the spawn form."""
-    return SCRIPT.read_text(encoding="utf-8")
-
-
-SCRIPT = Path(__file__).parent / "service" / "pages" / "static" / "localtime.js"
 #: the cookie ``localtime.js`` sets to the browser's zone name, so that a message worded on the hub
 #: (a refusal shown as text) is in the viewer's zone too
 ZONE_COOKIE = "gpupool_tz"

@@ -6,7 +6,8 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from zoneinfo import ZoneInfo
 
-from gpupool_hub.timefmt import ZONE_COOKIE, script, time_html, time_zone, when_text
+from gpupool_hub.spawner.form import localtime_script
+from gpupool_hub.timefmt import ZONE_COOKIE, time_html, time_zone, when_text
 
 MIDNIGHT_BERLIN = datetime(2026, 12, 1, tzinfo=ZoneInfo("Europe/Berlin"))
 
@@ -28,7 +29,7 @@ def test_the_html_form_carries_the_instant_for_the_browser_and_the_words_for_eve
     assert 'data-gpupool-time="date"' in time_html(MIDNIGHT_BERLIN, fmt="%-d %b %Y")
     assert "&lt;b&gt;" in time_html(MIDNIGHT_BERLIN, text="<b>")  # words are escaped
     # the browser script rewrites exactly these elements and names the cookie the hub reads
-    js = script()
+    js = str(localtime_script())
     assert "time[data-gpupool-time]" in js and f"{ZONE_COOKIE}=" in js and "timeZoneName" in js
 
 

@@ -61,8 +61,9 @@ DATABASE_AWAY = ("The ledger database cannot be reached; nothing was changed. Re
 
 
 def _static_version() -> str:
-    """A hash of the stylesheet, so browsers fetch a new one after an upgrade."""
-    data = resources.files(__package__).joinpath("static", "pages.css").read_bytes()
+    """A hash of the stylesheet and the script, so browsers fetch new ones after an upgrade."""
+    static = resources.files(__package__).joinpath("static")
+    data = b"".join(static.joinpath(name).read_bytes() for name in ("pages.css", "localtime.js"))
     return hashlib.sha256(data).hexdigest()[:12]
 
 
