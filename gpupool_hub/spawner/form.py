@@ -3,8 +3,9 @@
 Three steps, each replaceable on its own: reading the submitted form
 (:func:`gpupool_options_from_form`, fields → ``user_options``); building what
 the form shows (:func:`form_context`: profiles plus the service's answers →
-plain values, the cards of ``cards.py``; dates as ``timefmt.time_html``); drawing it (a packaged Jinja2 template, ``form.html``,
-that admins override from ``c.GPUPoolSpawner.form_template_paths``).
+plain values, the cards of ``cards.py``; dates as ``timefmt.time_html``);
+drawing it (a packaged Jinja2 template, ``form.html``, that admins override
+from ``c.GPUPoolSpawner.form_template_paths``).
 
 Prices and free GPUs come from the service (``GET /models``), which knows the
 pool; the hub's configuration need not. When the service does not answer the
@@ -184,8 +185,10 @@ def render_form(spawner: Any, account: Mapping[str, Any] | None, catalog: Mappin
         confirm = (f"{chosen.display_name} costs tokens, so a link does not start it. "
                    "Check the choice below and press Start to start it.")
     env = template_environment(tuple(spawner.form_template_paths))
+    cpu_after_stop = chosen.display_name if stopped and chosen is not None and not chosen.needs_gpu else None
     return env.get_template(TEMPLATE).render(form_context(profiles, chosen, account, catalog, gpus),
-                                             pages_url=pages_url(spawner), confirm=confirm, floor_stopped=stopped)
+                                             pages_url=pages_url(spawner), confirm=confirm,
+                                             floor_stopped=cpu_after_stop)
 
 
 def pages_url(spawner: Any) -> str | None:

@@ -118,7 +118,7 @@ def test_after_a_floor_stop_cpu_only_is_preselected_and_after_a_refusal_the_refu
     s.user_options = {"profile": "a6000"}  # the server that was stopped at the floor
     stopped = dict(ACCOUNT, notices=[FLOOR_STOP])
     page = render_form(s, stopped, CATALOG)
-    assert checked(page) == ["cpu"] and "CPU only</strong> is chosen below" in page
+    assert checked(page) == ["cpu"] and "so <strong>CPU &lt;b&gt;only&lt;/b&gt;</strong> is chosen below" in page
     # the user picks the A6000 again and the pool refuses it: the refused profile stays selected
     s.gpupool_refused_at = datetime(2026, 11, 28, 1, 5, tzinfo=timezone.utc)
     assert checked(render_form(s, stopped, CATALOG)) == ["a6000"]
