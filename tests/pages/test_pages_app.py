@@ -85,7 +85,13 @@ async def test_every_page_sends_a_strict_content_security_policy_and_no_inline_s
         assert "default-src 'self'" in csp and "script-src 'self'" in csp and "unsafe-inline" not in csp, path
         assert r.headers["Cache-Control"] == "no-store"
         body = r.body.decode()
-        assert "<script" not in body and " style=" not in body and "<style" not in body, path
+        assert " style=" not in body and "<style" not in body, path
+        # scripts only as files of the service's own (localtime.js: dates in the viewer's zone), never inline
+        tags = re.findall(r"<script([^>]*)>(.*?)</script>", body, re.S)
+        assert all(' src="/services/gpupool/static/' in attrs and not inline for attrs, inline in tags), path
+        assert body.count("<script") == len(tags) == 1, path
+    js = await admin.get("static/localtime.js?v=1")
+    assert js.code == 200 and "data-gpupool-time" in js.body.decode()
     css = await admin.get("static/pages.css?v=1")
     assert css.code == 200 and "prefers-color-scheme: dark" in css.body.decode()
     assert "max-age" in css.headers["Cache-Control"]
