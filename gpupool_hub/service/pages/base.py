@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from datetime import datetime
+from datetime import datetime, timezone
 from decimal import ROUND_HALF_UP, Decimal
 from importlib import resources
 from typing import Any
@@ -350,3 +350,19 @@ def local(value: datetime | str | None, tz: Any, fmt: str = "%a %-d %b %Y %H:%M"
 
 
 ENV.filters["local"] = local
+
+
+def utc_words(value: datetime | str | None, now: datetime | None = None) -> str:
+    """A time as the text of a ``<time datetime="…Z">`` element: "14:02 UTC on Sat 28 Nov"
+    (the year too when it is not this one). The readable fallback of the viewer's local time,
+    which a script may write over it."""
+    if value is None:
+        return "—"
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    value = value.astimezone(timezone.utc)
+    year = "" if now is None or now.astimezone(timezone.utc).year == value.year else f" {value.year}"
+    return value.strftime(f"%H:%M UTC on %a %-d %b{year}")
+
+
+ENV.filters["utc_words"] = utc_words
