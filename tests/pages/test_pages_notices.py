@@ -15,33 +15,16 @@ from decimal import Decimal
 
 import pytest
 
-from gpupool_hub.cull import Culler
 from gpupool_hub.ledger import AuditEvent
 from gpupool_hub.reasons import AuditAction
 from gpupool_hub.service.core.admission import parse_request
-from gpupool_hub.service.jobs.cull import CullJob
-from tests.fixtures.manager import Clock, make_manager, units_for
+from tests.fixtures.cull import RecordingHub, cull_job
+from tests.fixtures.manager import Clock, make_manager
 
 from .inprocess import PagesService, attrs, field
 from .test_pages_app import MODELS, NODES
 
 T0 = datetime(2025, 3, 3, 9, 0, tzinfo=timezone.utc)
-
-
-class RecordingHub:
-    def __init__(self) -> None:
-        self.stopped: list[tuple[str, str]] = []
-
-    async def stop_server(self, user: str, server: str = "") -> None:
-        self.stopped.append((user, server))
-
-
-async def no_groups(user):
-    return []
-
-
-async def no_utilization(records):
-    return None
 
 
 @pytest.fixture
@@ -60,7 +43,7 @@ async def stopped_at_the_floor(m) -> None:
     m.accounts.ensure("bob")
     m.clock.advance(15 * 60)
     hub = RecordingHub()
-    await CullJob(hub, Culler(), no_groups, no_utilization, **units_for(CullJob, m))()
+    await cull_job(m, hub)()
     assert hub.stopped == [("alice", "")]
 
 

@@ -17,10 +17,9 @@ from decimal import Decimal
 import pytest
 
 from gpupool_hub.credits import floor_reached_at, uncharged_cost
-from gpupool_hub.cull import Culler
 from gpupool_hub.service.core.admission import parse_request
-from gpupool_hub.service.jobs.cull import CullJob
-from tests.fixtures.manager import Clock, make_manager, units_for
+from tests.fixtures.cull import RecordingHub, cull_job
+from tests.fixtures.manager import Clock, make_manager
 
 A6000 = "NVIDIA RTX A6000"
 NODES = [{"name": "node-a", "cpu_milli": 8000, "memory_mib": 32768, "gpus": {"count": 2, "model": A6000}}]
@@ -52,24 +51,6 @@ def test_floor_reached_at_counts_uncharged_time():
     assert floor_reached_at(Decimal(-9), Decimal(-10), [], T0, T0) is None  # nothing charging
 
 
-class RecordingHub:
-    """The hub's stop call as the cull job makes it; records who was stopped."""
-
-    def __init__(self) -> None:
-        self.stopped: list[tuple[str, str]] = []
-
-    async def stop_server(self, user: str, server: str = "") -> None:
-        self.stopped.append((user, server))
-
-
-async def no_groups(user):
-    return []
-
-
-async def no_utilization(records):
-    return None
-
-
 def at_minus_nine(tmp_path):
     """alice holds one A6000 (4 tokens/h) from 9:00 with −9 tokens posted: the floor (−10)
     is 15 minutes away, and the next debit (of 9:00–10:00) only at 10:00."""
@@ -96,7 +77,7 @@ def test_the_widget_counts_down_to_the_floor_between_debits(tmp_path):
 def test_the_floor_stops_the_server_when_reached_not_a_debit_later(tmp_path):
     m = at_minus_nine(tmp_path)
     hub = RecordingHub()
-    job = CullJob(hub, Culler(), no_groups, no_utilization, **units_for(CullJob, m))
+    job = cull_job(m, hub)
     m.clock.advance(14 * 60)  # owes −9.933: above the floor
     asyncio.run(job())
     assert hub.stopped == []
