@@ -21,7 +21,8 @@ from gpupool_hub.service.core.admission import parse_request
 from tests.fixtures.cull import RecordingHub, cull_job
 from tests.fixtures.manager import Clock, make_manager
 
-from .inprocess import PagesService, attrs, field
+from .conftest import SCREENSHOTS
+from .inprocess import PREFIX, PagesService, attrs, chromium_on, field
 from .test_pages_app import MODELS, NODES
 
 T0 = datetime(2025, 3, 3, 9, 0, tzinfo=timezone.utc)
@@ -114,3 +115,24 @@ async def test_the_page_names_no_notices_section_without_notices(service):
 async def test_the_dismiss_address_only_takes_forms(service):
     r = await service.client("alice-token").get("me/notices")
     assert r.code == 405
+
+
+async def test_alice_dismisses_her_floor_stop_notice_in_chromium(service):
+    """The page as a browser shows it (screenshot), and its Dismiss button as a browser submits it:
+    a real same-origin form with the login cookie and _xsrf, back to the page without the notice."""
+    m = service.manager
+    await stopped_at_the_floor(m)
+    async with chromium_on(service) as open_as:
+        page = await open_as("alice-token")
+        await page.goto(f"{service.origin}{PREFIX}")
+        notice = page.locator("[data-kind=floor_stop]")
+        headline = await notice.locator("[data-gpupool=notice-headline]").inner_text()
+        assert headline.startswith("Your GPU server was stopped at ") and headline.endswith(
+            "because your balance reached the floor (\u221210 tokens).")
+        assert await notice.locator("time").get_attribute("datetime") == m.views.me("alice")["notices"][0]["at"]
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        await page.screenshot(path=str(SCREENSHOTS / "my-usage-notice.png"), full_page=False)
+        await notice.get_by_role("button", name="Dismiss this notice").click()
+        await page.wait_for_url(f"{service.origin}{PREFIX}#notices")
+        assert await page.locator("[data-gpupool=notices]").count() == 0
+    assert m.views.me("alice")["notices"] == []

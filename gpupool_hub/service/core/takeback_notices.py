@@ -40,8 +40,9 @@ MINUS = "\u2212"
 
 #: why a floor stop happened, in a researcher's words (no trailing stop: the spawn page adds one)
 FLOOR_WHY = ("Servers holding GPUs stop when your balance reaches the floor, so it goes no further below "
-             "zero. GPU servers can start again once credits or a grant bring your balance back above the "
-             "floor; a server without GPUs can start now")
+             "zero; the GPU time used until the stop is charged with the next debit, which brings the balance "
+             "shown to the floor. GPU servers can start again once credits or a grant bring your balance back "
+             "above the floor; a server without GPUs can start now")
 
 
 @dataclass(frozen=True)
