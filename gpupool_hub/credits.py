@@ -213,3 +213,34 @@ def balance_status(balance: Decimal, rules: CreditRules, low_below: Decimal) -> 
     if balance < low_below:
         return "low"
     return "fine"
+
+
+def uncharged_cost(held: Iterable[tuple[Decimal, datetime]], charged_through: datetime, now: datetime) -> Decimal:
+    """What the GPU servers ``held`` (price per hour, start) owe for the time since the last
+    charged interval ended (``charged_through``), not yet in the balance. The debit job
+    charges GPU time an interval after it is used; the floor is about what the user owes,
+    so the floor stop counts this too (issue 39.6: with an hour's debit interval a server
+    ran on for up to an hour past the floor). Exact: Decimal, microseconds."""
+    owed = Decimal(0)
+    for price, started in held:
+        since = max(started, charged_through)
+        if now > since:
+            delta = now - since
+            seconds = Decimal(delta.days * 86400 + delta.seconds) + Decimal(delta.microseconds) / 1_000_000
+            owed += price * seconds / 3600
+    return owed
+
+
+def floor_reached_at(balance: Decimal, floor: Decimal, held: Iterable[tuple[Decimal, datetime]],
+                     charged_through: datetime, now: datetime) -> datetime | None:
+    """When the balance, counting GPU time used but not charged yet (:func:`uncharged_cost`),
+    reaches ``floor`` at the servers' price: the moment GPU servers are stopped. ``now``
+    when it already has; None when nothing is charging."""
+    held = list(held)
+    burn = sum((price for price, _ in held), Decimal(0))
+    if burn <= 0:
+        return None
+    left = balance - uncharged_cost(held, charged_through, now) - floor
+    if left <= 0:
+        return now
+    return now + timedelta(seconds=float(left / burn * 3600))

@@ -298,7 +298,9 @@ async def test_held_gpus_and_the_forecast_come_from_the_me_view(service):
     assert burn["data-value"] == me["burn_rate_per_hour"] == "8.000"
     # 100 tokens above a floor of -10 at 8/h: 13.75 h from now
     reach = (m.clock() + timedelta(seconds=me["time_to_floor_seconds"])).strftime("%a %H:%M")
-    assert f"At \u22128/h you reach the floor (\u221210) on {reach}." in body
+    [forecast] = re.findall(r'data-gpupool="forecast">(.*?)</p>', body)
+    assert re.sub("<[^>]+>", "", forecast) == \
+        f"At \u22128/h you reach the floor (\u221210) on {reach} UTC: your GPU servers stop then."
 
 
 async def test_admin_user_pages_take_any_name_quoted_once(service):
