@@ -40,7 +40,6 @@ ONE_GPU = [{"name": "node-a", "cpu_milli": 64000, "memory_mib": 262144, "gpus": 
 EXTRA = f"""
 c.GPUPool.nodes = {json.dumps(ONE_GPU)}
 c.GPUPoolService.queue_interval = 0.5
-c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0.5}}  # the spawn page hands over to the progress page
 # as the example configuration: the pages' OAuth asks no confirmation and may carry the admin scope
 c.JupyterHub.services[0].update(oauth_no_confirm=True, oauth_client_allowed_scopes=["custom:gpupool:admin"])
 """
