@@ -88,12 +88,19 @@ class WaitLoop:
         answered = hub_answered_at(handler, started)
         queued: GPUPoolRefused | None = None  # the last place in the queue this spawn was told
         waited_for_reclaim = False
+        asked = 0
         self.waiting = True
         try:
             while True:
                 try:
+                    asked += 1
                     return await self.ask(profile, gpus)
                 except GPUPoolRefused as e:
+                    if asked == 1 and "cancelled_at" in e.details:
+                        # The pool ends, once, the first request after a place was given up (a retry
+                        # of the left spawn still in flight). This is a new spawn: "Leave the queue"
+                        # then Start again queues anew at once, instead of failing once.
+                        continue
                     if queued is not None and e.reason == SpawnFailure.UNREACHABLE.value:
                         e = service_away(queued)  # restarting: the queue keeps the place meanwhile
                     elif e.refusal is RefusalReason.QUEUED:

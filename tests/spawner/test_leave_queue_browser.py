@@ -5,8 +5,9 @@ gpupool service and tiny servers; the pool has one RTX 3090, which alice holds.
 - bob queues from the spawn page. The progress page offers "Notify me when it is ready"; the
   browser's permission is asked for only when he clicks it (never on load). alice stops, bob's
   server starts, and the page shows the notification "Your server is ready" as it leaves for it.
-- carol queues and clicks "Leave the queue" on the progress page: it says "You left the queue",
-  stays where it is (no reload, no redirect), and the pool's queue no longer has her.
+- carol queues behind dave from the spawn page ("2nd"); dave gives up and her place moves up on
+  the same row of the event log ("1st"), no new row. She clicks "Leave the queue": the page says
+  "You left the queue", stays where it is (no reload, no redirect), and the queue no longer has her.
 - dave queues and leaves from the hub's home page: "You left the queue" there too.
 """
 
@@ -60,7 +61,7 @@ def queue_hub(chromium_executable, tmp_path_factory):  # noqa: F811 (the browser
     yield from spawner_hub(tmp_path_factory, "leavehub", EXTRA)
 
 
-def queue_from_the_spawn_page(page, hub: Hub, name: str) -> None:
+def queue_from_the_spawn_page(page, hub: Hub, name: str, place: re.Pattern[str] = PLACE) -> None:
     from playwright.sync_api import expect
 
     page.context.clear_cookies()
@@ -70,7 +71,7 @@ def queue_from_the_spawn_page(page, hub: Hub, name: str) -> None:
     page.check("input[name='profile'][value='1gpu']")
     page.locator("#spawn_form [type='submit']").click()
     page.wait_for_url(f"**/hub/spawn-pending/{name}**", timeout=60_000)
-    expect(page.locator("#progress-message")).to_contain_text(PLACE, timeout=60_000)
+    expect(page.locator("#progress-message")).to_contain_text(place, timeout=60_000)
     expect(page.locator("#stop-server-btn")).to_have_text("Leave the queue")
 
 
@@ -103,8 +104,19 @@ def test_ready_notification_on_request_and_leaving_the_queue(queue_hub, browser_
     page.wait_for_url("**/user/bob/**", timeout=60_000)
     assert json.loads(page.evaluate("sessionStorage.getItem('gpupool-notes')")) == ["Your server is ready"]
 
-    # carol waits and leaves from the progress page: told so, and the page stays put
-    queue_from_the_spawn_page(page, hub, "carol")
+    # carol waits behind dave; dave gives up, and her place moves up on the same row of the log
+    r = hub.hub_request("POST", "/users/dave/server", json={"user_options": {"profile": "1gpu"}})
+    assert r.status_code in (201, 202), r.text
+    wait_for(lambda: positions(hub).get("dave"), 30, "dave in the queue")
+    queue_from_the_spawn_page(page, hub, "carol", re.compile("You are 2nd in the queue"))
+    stop_server(hub, "dave")
+    expect(page.locator("#progress-message")).to_contain_text(PLACE, timeout=30_000)
+    page.locator("#progress-details summary").click()
+    rows = [row.strip() for row in page.locator("#progress-log .progress-log-event").all_inner_texts()]
+    assert [row for row in rows if "in the queue" in row] == [page.inner_text("#progress-message")], rows
+    assert all(rows) and all(a != b for a, b in zip(rows, rows[1:])), rows
+
+    # carol leaves from the progress page: told so, and the page stays put
     pending_url = page.url
     page.evaluate("window.gpupoolSamePage = true")  # gone if the page reloads or navigates
     navs: list[str] = []
