@@ -8,7 +8,8 @@ gpupool service and tiny servers; the pool has one RTX 3090, which alice holds.
 - carol queues behind dave from the spawn page ("2nd"); dave gives up and her place moves up on
   the same row of the event log ("1st"), no new row. She clicks "Leave the queue": the page says
   "You left the queue", stays where it is (no reload, no redirect), and the queue no longer has her.
-- dave queues and leaves from the hub's home page: "You left the queue" there too.
+- dave queues and leaves from the hub's home page: "You left the queue" there too; and again
+  with a named server, from its own line.
 """
 
 from __future__ import annotations
@@ -148,4 +149,16 @@ def test_ready_notification_on_request_and_leaving_the_queue(queue_hub, browser_
     expect(row).to_contain_text("You left the queue.")
     expect(page.locator("#start")).to_contain_text("Start My Server")
     wait_for(lambda: "dave" not in positions(hub), 30, "dave out of the queue")
+
+    # a named server waits and leaves the same way, from its own line
+    r = hub.hub_request("POST", "/users/dave/servers/lab", json={"user_options": {"profile": "1gpu"}})
+    assert r.status_code in (201, 202), r.text
+    wait_for(lambda: positions(hub).get("dave"), 30, "dave's server lab in the queue")
+    page.goto(f"{hub.url}/hub/home", wait_until="domcontentloaded")
+    named = page.locator(".gpupool-server[data-server-name='lab']")
+    expect(named).to_contain_text("Your server “lab” is waiting for a GPU")
+    expect(named).to_contain_text(PLACE)
+    named.locator(".gpupool-leave").click()
+    expect(named).to_contain_text("You left the queue.")
+    wait_for(lambda: "dave" not in positions(hub), 30, "dave's server lab out of the queue")
     assert (user_model(hub, "bob")["servers"][""]).get("ready")  # bob kept the GPU throughout
