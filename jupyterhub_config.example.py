@@ -20,6 +20,7 @@ import os
 import secrets
 import sys
 
+from gpupool_hub.hub_templates import TEMPLATE_PATH
 from gpupool_hub.service.configfile import hub_config_file
 
 c = get_config()  # noqa: F821  (provided by JupyterHub's config loader)
@@ -59,6 +60,10 @@ c.JupyterHub.allow_named_servers = True                  # each named server hol
 # (c.GPUPool.max_waiting_per_user, 2 by default).
 c.JupyterHub.named_server_limit_per_user = 5
 c.JupyterHub.cleanup_servers = False                     # a hub restart keeps servers and their GPUs
+# The hub's home and spawn-progress pages with the wait queue: a waiting server's place and
+# range, "Leave the queue", a browser notification when it is ready (templates that extend
+# JupyterHub's own; put your own folder first to change them: docs/spawner.md, "Hub pages").
+c.JupyterHub.template_paths = [TEMPLATE_PATH]
 
 # --------------------------------------------------- the gpupool service
 # The service runs as the hub's Unix user (root here) with its API token only in

@@ -5,7 +5,8 @@
 # tests/e2e/test_widget_hub.py (the widget, and the spawn page's class words),
 # tests/pages/test_pages_hub.py where present, tests/pages/test_pool_map_large.py,
 # tests/spawner/test_wait_range_browser.py, tests/e2e/test_spawn_page_browser.py (the spawn page:
-# normal, full, refused, after a floor stop), tests/pages/test_pages_notices.py) save their screenshots under
+# normal, full, refused, after a floor stop), tests/pages/test_pages_notices.py,
+# tests/e2e/test_wait_closed_tab.py: the demo's waiting progress page, home page and pool map) save their screenshots under
 # build/screenshots/, which git ignores, so running the test suite never
 # changes a tracked file. This script runs those tests and copies every PNG
 # found under build/screenshots/ into docs/images/; a PNG in a subfolder gets
@@ -29,7 +30,7 @@ if [ "${1:-}" != "--no-run" ]; then
     tests=(tests/labext/test_browser.py tests/labext/test_save_browser.py tests/e2e/test_widget_hub.py
            tests/agent/test_gpu_use_pages.py tests/pages/test_pool_map_large.py
            tests/spawner/test_wait_range_browser.py tests/e2e/test_spawn_page_browser.py
-           tests/pages/test_pages_notices.py)
+           tests/pages/test_pages_notices.py tests/e2e/test_wait_closed_tab.py)
     if [ -f tests/pages/test_pages_hub.py ]; then tests+=(tests/pages/test_pages_hub.py); fi
     "$python" -m pytest "${tests[@]}" -q
 fi

@@ -64,7 +64,6 @@ GIB = 1 << 30
 def widget_config(workdir: Path) -> str:
     return f"""
 c.GPUPool.nodes = {NODES!r}
-c.GPUPool.queue_enabled = True
 c.GPUPool.idle_after = 2
 c.GPUPool.idle_grace = 600
 c.GPUPool.min_runtime = 1

@@ -30,6 +30,7 @@ c.Culler.interval = 0.5
 c.Culler.grace_period = 3600
 c.Culler.pressure_allocated_fraction = 0.99
 c.Culler.pressure_refusal_window = 600
+c.GPUPool.queue_enabled = False  # test_12_11: a capacity refusal (not a place in the queue) puts the pool under pressure
 """
 
 

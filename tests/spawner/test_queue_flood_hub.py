@@ -27,7 +27,6 @@ from .test_queue_hub import ONE_GPU, queue
 pytestmark = pytest.mark.integration
 
 EXTRA = f"""
-c.GPUPool.queue_enabled = True
 c.GPUPool.nodes = {json.dumps(ONE_GPU)}
 c.GPUPoolService.queue_interval = 0.5
 c.JupyterHub.concurrent_spawn_limit = 3
