@@ -20,6 +20,7 @@ import os
 import secrets
 import sys
 
+from gpupool_hub.hub_templates import TEMPLATE_PATH
 from gpupool_hub.service.configfile import hub_config_file
 
 c = get_config()  # noqa: F821  (provided by JupyterHub's config loader)
@@ -59,6 +60,10 @@ c.JupyterHub.allow_named_servers = True                  # each named server hol
 # (c.GPUPool.max_waiting_per_user, 2 by default).
 c.JupyterHub.named_server_limit_per_user = 5
 c.JupyterHub.cleanup_servers = False                     # a hub restart keeps servers and their GPUs
+# The hub's home and spawn-progress pages with the wait queue: a waiting server's place and
+# range, "Leave the queue", a browser notification when it is ready (templates that extend
+# JupyterHub's own; put your own folder first to change them: docs/spawner.md, "Hub pages").
+c.JupyterHub.template_paths = [TEMPLATE_PATH]
 
 # --------------------------------------------------- the gpupool service
 # The service runs as the hub's Unix user (root here) with its API token only in
@@ -151,25 +156,30 @@ c.GPUPool.db_url = "sqlite:///gpupool.sqlite"   # the ledger; SQLite needs no se
 # pool: 8 × RTX 2080, 4 × RTX 3090 (NVLink pairs 0–3 and 1–2), 2 × RTX A6000.
 c.GPUPool.nodes = [
     {"name": "node-2080", "cpu_milli": 32000, "memory_mib": 131072,
-     "gpus": {"count": 8, "model": "NVIDIA GeForce RTX 2080"}},
+     "gpus": {"count": 8, "model": "NVIDIA GeForce RTX 2080", "memory_mib": 8192}},
     {"name": "node-3090", "cpu_milli": 32000, "memory_mib": 131072,
-     "gpus": {"count": 4, "model": "NVIDIA GeForce RTX 3090"},
+     "gpus": {"count": 4, "model": "NVIDIA GeForce RTX 3090", "memory_mib": 24576},
      "links": [{"gpus": [0, 3], "nvlinks": 4}, {"gpus": [1, 2], "nvlinks": 4}]},
     {"name": "node-a6000", "cpu_milli": 32000, "memory_mib": 131072,
-     "gpus": {"count": 2, "model": "NVIDIA RTX A6000"}},
+     "gpus": {"count": 2, "model": "NVIDIA RTX A6000", "memory_mib": 49152}},
 ]
 c.GPUPool.placement_policy = "fgd"   # fragmentation-aware packing (docs/placement.md)
 
 # --------------------------------------------------------------- profiles
-# What users pick on the spawn page; each shows its price per hour.
+# What users pick on the spawn page: a card each, with its price per hour, what is free and the
+# hours the user's balance buys (docs/spawner.md).
 c.GPUPoolSpawner.profiles = [
-    {"slug": "cpu", "display_name": "CPU only", "cpu": 2, "memory": "4G", "default": True},
-    {"slug": "1x2080", "display_name": "1 × RTX 2080", "gpus": 1, "models": ["RTX 2080"], "cpu": 4, "memory": "16G"},
-    {"slug": "2x3090", "display_name": "2 × RTX 3090 (NVLink)", "gpus": 2, "models": ["RTX 3090"],
-     "cpu": 8, "memory": "32G"},
-    {"slug": "1xa6000", "display_name": "1 × RTX A6000", "gpus": 1, "models": ["RTX A6000"], "cpu": 8, "memory": "32G"},
-    {"slug": "half-a6000", "display_name": "½ RTX A6000 (shared)", "gpu_fraction": 0.5, "models": ["RTX A6000"],
-     "cpu": 4, "memory": "16G"},
+    {"slug": "cpu", "display_name": "CPU only", "description": "Notebooks, data preparation, plots; no GPU, no tokens.",
+     "cpu": 2, "memory": "4G", "default": True},
+    {"slug": "1x2080", "display_name": "1 × RTX 2080", "description": "Small models, teaching and CUDA tests.",
+     "gpus": 1, "models": ["RTX 2080"], "cpu": 4, "memory": "16G"},
+    {"slug": "2x3090", "display_name": "2 × RTX 3090 (NVLink)", "description": "Multi-GPU training on an NVLink pair.",
+     "gpus": 2, "models": ["RTX 3090"], "cpu": 8, "memory": "32G"},
+    {"slug": "1xa6000", "display_name": "1 × RTX A6000", "description": "Large models that need 48 GiB on one GPU.",
+     "gpus": 1, "models": ["RTX A6000"], "cpu": 8, "memory": "32G"},
+    {"slug": "half-a6000", "display_name": "½ RTX A6000 (shared)",
+     "description": "Half an A6000's time and memory, at half its price.",
+     "gpu_fraction": 0.5, "models": ["RTX A6000"], "cpu": 4, "memory": "16G"},
 ]
 
 # ------------------------------------------------------ usage and debits

@@ -140,12 +140,37 @@ def next_credit_times(now: datetime, tz: tzinfo) -> tuple[datetime, datetime]:
     return (datetime.combine(tomorrow, time(), tz), datetime.combine(first, time(), tz))
 
 
-def can_start(balance: Decimal, price_per_hour: Decimal, rules: CreditRules, min_hours: Decimal = Decimal(1)) -> bool:
-    """A GPU server may start when paying for ``min_hours`` keeps the balance at or above the floor."""
-    return balance - price_per_hour * min_hours >= rules.floor
+def start_need(price_per_hour: Decimal, held_per_hour: Decimal = Decimal(0),
+               min_hours: Decimal = Decimal(1)) -> Decimal:
+    """Tokens above the floor a GPU server needs to start: what *all* the user's servers, the held
+    ones and this one, cost for ``min_hours``. The one rule behind admission, its refusal and the
+    spawn form's "needs … tokens", so that they never name two amounts for one start."""
+    return (held_per_hour + price_per_hour) * min_hours
 
 
-def affordable_at(
+def can_start(balance: Decimal, price_per_hour: Decimal, rules: CreditRules, min_hours: Decimal = Decimal(1),
+              held_per_hour: Decimal = Decimal(0)) -> bool:
+    """A GPU server may start when its :func:`start_need` keeps the balance at or above the floor."""
+    return balance - start_need(price_per_hour, held_per_hour, min_hours) >= rules.floor
+
+
+def hours_bought(balance: Decimal, floor: Decimal, price_per_hour: Decimal) -> Decimal | None:
+    """Hours ``price_per_hour`` may run on the balance above the floor (0 at or below it);
+    None for a free price (no limit)."""
+    if price_per_hour <= 0:
+        return None
+    return max(Decimal(0), balance - floor) / price_per_hour
+
+
+@dataclass(frozen=True)
+class CreditDay:
+    """The first scheduled credit after which a start is affordable: when, and which credit."""
+
+    at: datetime
+    kind: str  # "daily" or "monthly": the credit without which that day would not suffice
+
+
+def affording_credit(
     balance: Decimal,
     price_per_hour: Decimal,
     rules: CreditRules,
@@ -153,21 +178,29 @@ def affordable_at(
     tz: tzinfo,
     min_hours: Decimal = Decimal(1),
     horizon_days: int = 400,
-) -> datetime | None:
-    """The first credit time at which ``can_start`` becomes true, assuming nothing else is spent.
+    *,
+    held_per_hour: Decimal = Decimal(0),
+) -> CreditDay | None:
+    """The first credit time at which ``can_start`` becomes true, assuming nothing else is spent,
+    and whether the daily or the monthly credit gets there (a refusal names the right one).
 
     ``None`` when it already is, or when no credit within the horizon gets there
     (e.g. daily and monthly credits are zero): the refusal message then says so.
     """
-    if can_start(balance, price_per_hour, rules, min_hours):
+    def fits(amount: Decimal) -> bool:
+        return can_start(amount, price_per_hour, rules, min_hours, held_per_hour)
+
+    if fits(balance):
         return None
     day = local_day(now, tz)
     for _ in range(horizon_days):
         day += timedelta(days=1)
-        gain = rules.daily + (rules.monthly if day.day == 1 else Decimal(0))
-        balance += capped(gain, balance, rules.max_balance)
-        if can_start(balance, price_per_hour, rules, min_hours):
-            return datetime.combine(day, time(), tz)
+        monthly = rules.monthly if day.day == 1 else Decimal(0)
+        daily_only = balance + capped(rules.daily, balance, rules.max_balance)
+        balance += capped(rules.daily + monthly, balance, rules.max_balance)
+        if fits(balance):
+            kind = "daily" if not monthly or fits(daily_only) else "monthly"
+            return CreditDay(datetime.combine(day, time(), tz), kind)
     return None
 
 
@@ -180,3 +213,34 @@ def balance_status(balance: Decimal, rules: CreditRules, low_below: Decimal) -> 
     if balance < low_below:
         return "low"
     return "fine"
+
+
+def uncharged_cost(held: Iterable[tuple[Decimal, datetime]], charged_through: datetime, now: datetime) -> Decimal:
+    """What the GPU servers ``held`` (price per hour, start) owe for the time since the last
+    charged interval ended (``charged_through``), not yet in the balance. The debit job
+    charges GPU time an interval after it is used; the floor is about what the user owes,
+    so the floor stop counts this too (issue 39.6: with an hour's debit interval a server
+    ran on for up to an hour past the floor). Exact: Decimal, microseconds."""
+    owed = Decimal(0)
+    for price, started in held:
+        since = max(started, charged_through)
+        if now > since:
+            delta = now - since
+            seconds = Decimal(delta.days * 86400 + delta.seconds) + Decimal(delta.microseconds) / 1_000_000
+            owed += price * seconds / 3600
+    return owed
+
+
+def floor_reached_at(balance: Decimal, floor: Decimal, held: Iterable[tuple[Decimal, datetime]],
+                     charged_through: datetime, now: datetime) -> datetime | None:
+    """When the balance, counting GPU time used but not charged yet (:func:`uncharged_cost`),
+    reaches ``floor`` at the servers' price: the moment GPU servers are stopped. ``now``
+    when it already has; None when nothing is charging."""
+    held = list(held)
+    burn = sum((price for price, _ in held), Decimal(0))
+    if burn <= 0:
+        return None
+    left = balance - uncharged_cost(held, charged_through, now) - floor
+    if left <= 0:
+        return now
+    return now + timedelta(seconds=float(left / burn * 3600))

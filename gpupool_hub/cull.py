@@ -11,7 +11,9 @@ service's cull job:
   and the GPUs go back to the pool. Notebooks and files are untouched: only
   kernel processes end.
 - balance at or below the floor → the GPU server is stopped through the hub
-  API, pressure or not, and its GPUs released.
+  API, pressure or not, and its GPUs released. The balance here counts the GPU
+  time used since the last charged interval (``UserState.uncharged``): the stop
+  comes when the floor is reached, not at the first debit past it.
 
 Exempt users and groups are never touched; a dry run only logs and audits.
 Every action lands in the audit log that admins read at ``GET audit``.
@@ -95,6 +97,13 @@ class UserState:
     floor: Decimal
     servers: tuple[str, ...]  # servers with an active allocation
     exempt: bool = False
+    # GPU time used but not charged yet (``credits.uncharged_cost``): counted by the floor rule
+    uncharged: Decimal = Decimal(0)
+
+    @property
+    def owed_balance(self) -> Decimal:
+        """The balance once the GPU time used so far is charged."""
+        return self.balance - self.uncharged
 
 
 @dataclass(frozen=True)
@@ -104,6 +113,8 @@ class Decision:
     reason: str
     server: str = ""
     deadline: datetime | None = None
+    # facts for the audit event's detail (a floor stop: the floor and the balance it counted)
+    detail: Mapping[str, str] | None = None
 
 
 def last_refusal_of_others(refusals: Mapping[str, datetime], user: str) -> datetime | None:
@@ -164,10 +175,14 @@ def decide(users: Sequence[UserState], warnings: Mapping[str, Any], pressure_rea
             if u.user in warnings:
                 out.append(Decision(u.user, AuditAction.CLEAR_WARNING, "user is exempt from culling"))
             continue
-        if u.balance <= u.floor:
+        if u.owed_balance <= u.floor:
+            owed = u.owed_balance
+            unposted = f" ({u.uncharged:.3f} of it GPU time not charged yet)" if u.uncharged else ""
+            facts = {"balance": f"{owed:.3f}", "floor": f"{u.floor:f}"}
             for server in u.servers:
                 out.append(Decision(u.user, AuditAction.STOP_SERVER,
-                                    f"balance {u.balance:.3f} is at or below the floor {u.floor:g}", server))
+                                    f"balance {owed:.3f}{unposted} is at or below the floor {u.floor:g}", server,
+                                    detail=facts))
             continue
         warning = warnings.get(u.user)
         if u.balance < 0 and pressure_reason:

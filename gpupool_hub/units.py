@@ -89,3 +89,47 @@ def from_milli(milli: int) -> Decimal:
 def format_tokens(amount: Decimal) -> str:
     """Three decimals, as the API and the CLI show amounts."""
     return str(amount.quantize(MILLI))
+
+
+# ------------------------------------------------------------ for people
+# How amounts, hours and counts read on every page (the spawn form, the service's pages, messages):
+# one rule each, so that "220 h", "55.0 h" and "0.0 h" never stand side by side.
+
+#: a real minus sign, as the lab widget writes it
+MINUS = "\u2212"
+
+
+def amount_text(value: object, signed: bool = False) -> str:
+    """An amount as people read it: thousands separators, up to three decimals, a real minus."""
+    amount = Decimal(str(value))
+    text = f"{amount:,.3f}".rstrip("0").rstrip(".") if amount % 1 else f"{amount:,.0f}"
+    if signed and amount > 0:
+        text = "+" + text
+    return text.replace("-", MINUS)
+
+
+def balance_text(value: object) -> str:
+    """A balance as the lab widget shows it (``formatAmount`` in labextension/src/format.ts):
+    one decimal, half away from zero, a real minus, never a negative zero ("−3.25" → "−3.3")."""
+    amount = Decimal(str(value)).quantize(Decimal("0.1"), rounding=ROUND_HALF_UP)
+    text = f"{abs(amount):.1f}"
+    return MINUS + text if amount < 0 else text
+
+
+def hours_text(hours: Decimal) -> str:
+    """Hours as people read them: one decimal below 10 h, whole hours from there ("0.4 h", "9.9 h",
+    "55 h", "1,220 h"), no trailing ".0" ("3 h"), and "0 h", never "0.0 h"."""
+    if hours >= 10:
+        return f"{hours.quantize(Decimal(1), rounding=ROUND_HALF_UP):,f} h"
+    text = f"{hours.quantize(Decimal('0.1'), rounding=ROUND_HALF_UP):f}"
+    return f"{text[:-2] if text.endswith('.0') else text} h"
+
+
+def plural(count: int, word: str, words: str | None = None) -> str:
+    """"1 GPU server", "2 GPU servers": the count and its noun, never "server(s)"."""
+    return f"{count} {word if count == 1 else (words or word + 's')}"
+
+
+def rate_text(amount: Decimal) -> str:
+    """A price per hour: "1 token/h", "0.5 tokens/h", "1,200 tokens/h"."""
+    return f"{amount_text(amount)} token{'' if amount == 1 else 's'}/h"

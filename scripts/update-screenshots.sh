@@ -4,7 +4,9 @@
 # The browser tests (tests/labext/test_browser.py, tests/labext/test_save_browser.py,
 # tests/e2e/test_widget_hub.py (the widget, and the spawn page's class words),
 # tests/pages/test_pages_hub.py where present, tests/pages/test_pool_map_large.py,
-# tests/spawner/test_wait_range_browser.py) save their screenshots under
+# tests/spawner/test_wait_range_browser.py, tests/e2e/test_spawn_page_browser.py (the spawn page:
+# normal, full, refused, after a floor stop), tests/pages/test_pages_notices.py,
+# tests/e2e/test_wait_closed_tab.py: the demo's waiting progress page, home page and pool map) save their screenshots under
 # build/screenshots/, which git ignores, so running the test suite never
 # changes a tracked file. This script runs those tests and copies every PNG
 # found under build/screenshots/ into docs/images/; a PNG in a subfolder gets
@@ -27,7 +29,8 @@ if [ "${1:-}" != "--no-run" ]; then
     if [ -d .venv/node/node_modules/.bin ]; then export PATH="$(pwd)/.venv/node/node_modules/.bin:$PATH"; fi
     tests=(tests/labext/test_browser.py tests/labext/test_save_browser.py tests/e2e/test_widget_hub.py
            tests/agent/test_gpu_use_pages.py tests/pages/test_pool_map_large.py
-           tests/spawner/test_wait_range_browser.py)
+           tests/spawner/test_wait_range_browser.py tests/e2e/test_spawn_page_browser.py
+           tests/pages/test_pages_notices.py tests/e2e/test_wait_closed_tab.py)
     if [ -f tests/pages/test_pages_hub.py ]; then tests+=(tests/pages/test_pages_hub.py); fi
     "$python" -m pytest "${tests[@]}" -q
 fi

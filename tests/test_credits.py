@@ -6,9 +6,12 @@ import pytest
 
 from gpupool_hub.credits import (
     CreditRules,
-    affordable_at,
+    CreditDay,
+    affording_credit,
     balance_status,
     can_start,
+    hours_bought,
+    start_need,
     capped,
     due_credits,
     next_credit_times,
@@ -93,14 +96,31 @@ def test_floor_semantics():
     assert balance_status(Decimal(50), RULES, Decimal(10)) == "fine"
 
 
-def test_affordable_at_names_the_day_daily_credits_make_it_possible():
+def test_affording_credit_names_the_day_and_the_credit_that_makes_it_possible():
     # -9 with a 4 tokens/h profile needs -6: three daily credits away.
-    when = affordable_at(Decimal(-9), Decimal(4), RULES, at(2026, 11, 21), UTC)
-    assert when == datetime(2026, 11, 24, tzinfo=UTC)
-    # The monthly credit on Dec 1 helps a user who is far behind.
-    when = affordable_at(Decimal(-39), Decimal(4), RULES, at(2026, 11, 28), UTC)  # -37 on Nov 30, -6 on Dec 1
-    assert when == datetime(2026, 12, 1, tzinfo=UTC)
-    assert affordable_at(Decimal(-40), Decimal(4), CreditRules(daily=Decimal(0), monthly=Decimal(0)), at(2026, 11, 28), UTC) is None
+    found = affording_credit(Decimal(-9), Decimal(4), RULES, at(2026, 11, 21), UTC)
+    assert found == CreditDay(datetime(2026, 11, 24, tzinfo=UTC), "daily")
+    # The monthly credit on Dec 1 helps a user who is far behind: it, not the daily one, gets there.
+    found = affording_credit(Decimal(-39), Decimal(4), RULES, at(2026, 11, 28), UTC)  # -37 on Nov 30, -6 on Dec 1
+    assert found == CreditDay(datetime(2026, 12, 1, tzinfo=UTC), "monthly")
+    # On the 1st a daily credit that alone suffices is the one named.
+    assert affording_credit(Decimal("-6.5"), Decimal(4), RULES, at(2026, 11, 30), UTC).kind == "daily"
+    # Servers already running count: 2.5 tokens/h held plus 4 needs 6.5 above the floor.
+    assert affording_credit(Decimal(-5), Decimal(4), RULES, at(2026, 11, 21), UTC) is None
+    held = affording_credit(Decimal(-5), Decimal(4), RULES, at(2026, 11, 21), UTC, held_per_hour=Decimal("2.5"))
+    assert held == CreditDay(datetime(2026, 11, 23, tzinfo=UTC), "daily")  # -3.5 on Nov 23
+    assert affording_credit(Decimal(-40), Decimal(4), CreditRules(daily=Decimal(0), monthly=Decimal(0)),
+                            at(2026, 11, 28), UTC) is None
+
+
+def test_start_need_and_hours_bought():
+    assert start_need(Decimal(4), Decimal("2.5"), Decimal(1)) == Decimal("6.5")
+    assert start_need(Decimal("0.5"), min_hours=Decimal(3)) == Decimal("1.5")
+    assert can_start(Decimal("-3.5"), Decimal(4), RULES, held_per_hour=Decimal("2.5"))  # -3.5 - 6.5 = -10
+    assert not can_start(Decimal("-3.501"), Decimal(4), RULES, held_per_hour=Decimal("2.5"))
+    assert hours_bought(Decimal(100), Decimal(-10), Decimal(4)) == Decimal("27.5")
+    assert hours_bought(Decimal("-10.2"), Decimal(-10), Decimal(4)) == 0  # below the floor: nothing, never 9.9 h
+    assert hours_bought(Decimal(5), Decimal(-10), Decimal(0)) is None
 
 
 def test_next_credit_times():

@@ -37,3 +37,18 @@ def test_places_refuses_finer_amounts():
         parse_amount("1.0001", places=3)
     with pytest.raises(AmountError, match="must not be negative"):
         parse_amount("-1", allow_negative=False)
+
+
+def test_amounts_hours_and_counts_read_one_way_for_people():
+    from gpupool_hub.units import amount_text, balance_text, hours_text, plural, rate_text
+
+    # issue 39.4: "220 h", "55.0 h" and "0.0 h" stood side by side
+    assert [hours_text(Decimal(h)) for h in ("220", "55", "27.5", "9.94", "3", "0.44", "0")] == [
+        "220 h", "55 h", "28 h", "9.9 h", "3 h", "0.4 h", "0 h"]
+    assert hours_text(Decimal("1220.4")) == "1,220 h"
+    assert amount_text(Decimal("-7.500")) == "\u22127.5" and amount_text(Decimal("1234")) == "1,234"
+    assert balance_text(Decimal("-3.25")) == "\u22123.3" and balance_text(Decimal("100")) == "100.0"
+    # issue 39.5: "2 GPU server(s)"
+    assert plural(1, "GPU server") == "1 GPU server" and plural(2, "GPU server") == "2 GPU servers"
+    assert plural(0, "GPU") == "0 GPUs"
+    assert rate_text(Decimal(1)) == "1 token/h" and rate_text(Decimal("0.5")) == "0.5 tokens/h"

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional
 
+from ..units import plural
 from .request import MILLI
 
 if TYPE_CHECKING:
@@ -137,7 +138,7 @@ class FreeSummary:
         for model, e in sorted(self.per_model.items()):
             share = e["largest_share_milli"]
             parts.append(
-                f"{model}: {e['whole_free']} whole GPU(s) free, at most {e['largest_whole_block']} on one node"
+                f"{model}: {plural(e['whole_free'], 'whole GPU')} free, at most {e['largest_whole_block']} on one node"
                 + (f", largest share {share / 10:g}% of a shared GPU" if share else "")
             )
         return "; ".join(parts)

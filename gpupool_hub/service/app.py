@@ -423,8 +423,8 @@ class GPUPoolService(Application):
             probe = ServerUtilization(self.culler, self.utilization)
             jobs.every(self.culler.interval, "cull", CullJob(
                 self.hub, self.culler, self.groups, probe, settings=m.settings, records=m.records,
-                inventory=m.inventory, queue=m.queue, admission=m.admission, enforcement=m.enforcement,
-                notices=m.notices, cache=m.cache))
+                inventory=m.inventory, queue=m.queue, admission=m.admission, debits=m.debits,
+                enforcement=m.enforcement, notices=m.notices, cache=m.cache))
 
     def start(self) -> None:
         self.reclaimer.loop = IOLoop.current()  # reclaims are announced from the writer thread

@@ -36,7 +36,7 @@ from .client import (
     DEFAULT_API_URL, GPUPoolClient, ServiceError, ServiceUnavailable, api_url_from_config,
     unreachable_refusal,
 )
-from .errors import GPUPoolRefused, SpawnFailure, confirm_by_post, invalid_options
+from .errors import GPUPoolRefused, SpawnFailure, confirm_by_post, for_viewer, invalid_options
 from .form import gpupool_options_from_form, render_form
 from .memory_hints import notice_file_env, share_memory_env
 from .logs import install_refusal_log_filter
@@ -162,6 +162,7 @@ class GPUPoolSpawner(Spawner):
     gpupool_attempt_key: str | None = None  # this spawn attempt's key (ATTEMPT_KEY in the state)
     _gpupool_starting = False
     _gpupool_form_choice: dict[str, Any] | None = None  # options of a GET the form shows instead of starting
+    gpupool_refused_at: datetime | None = None  # the pool's last refusal: newer than a floor stop, the form keeps it
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -375,8 +376,12 @@ class GPUPoolSpawner(Spawner):
             if profile is not None and profile.needs_gpu:
                 if not flushed:
                     raise unreachable_refusal(profile.describe(gpus))
-                allocation = await self.waits.get_gpus(profile, gpus, self.start_timeout, self.reclaim_wait,
-                                                       getattr(self, "handler", None))
+                try:
+                    allocation = await self.waits.get_gpus(profile, gpus, self.start_timeout, self.reclaim_wait,
+                                                           getattr(self, "handler", None))
+                except GPUPoolRefused as e:  # the form keeps the refused choice (form.preselected)
+                    self.gpupool_refused_at = datetime.now(timezone.utc)
+                    raise for_viewer(e, getattr(self, "handler", None))
                 self.gpupool_allocation_id, self.gpupool_allocation = allocation["id"], allocation
                 self.apply_gpupool_allocation(allocation)
             else:

@@ -11,16 +11,20 @@ from __future__ import annotations
 import html
 import pwd
 from collections.abc import Mapping
+from datetime import datetime
 from enum import Enum
 from typing import Any
+from urllib.parse import unquote
 
 from jupyterhub.spawner import SpawnException
 from tornado import web
 
 from ..reasons import RefusalReason
+from ..shortfall import shortfall_message
+from ..timefmt import ZONE_COOKIE, time_html, time_zone, when_text
 from ..unixname import UnixNameError, check_login_name, unix_account
 
-__all__ = ["GPUPoolRefused", "SpawnFailure", "confirm_by_post", "invalid_options", "refuse_unix_name",
+__all__ = ["GPUPoolRefused", "SpawnFailure", "confirm_by_post", "for_viewer", "invalid_options", "refuse_unix_name",
            "require_login_name", "require_unix_account"]
 
 
@@ -73,6 +77,37 @@ class GPUPoolRefused(SpawnException):
 
     def __str__(self) -> str:
         return self.message
+
+
+def for_viewer(refusal: GPUPoolRefused, handler: Any) -> GPUPoolRefused:
+    """A not-enough-tokens refusal worded again for the person who asked: the date in their own
+    zone (the ``gpupool_tz`` cookie that ``localtime.js`` sets; without one the pool's words stay)
+    as text for the spawn page, and as a ``<time>`` element in the HTML of the progress page. The figures stay
+    the service's (``shortfall.shortfall_message``); other refusals pass unchanged."""
+    if refusal.refusal is not RefusalReason.INSUFFICIENT_BALANCE or "needs" not in refusal.details:
+        return refusal
+    try:
+        zone = time_zone(unquote(handler.get_cookie(ZONE_COOKIE) or "")) if handler is not None else None
+    except Exception:  # no request to read a cookie from
+        zone = None
+    if zone is None:  # a REST start from a script, or no zone known: the pool's wording (its zone) stays
+        return refusal
+    at = None
+    if refusal.retry_at:
+        try:
+            at = datetime.fromisoformat(refusal.retry_at.replace("Z", "+00:00"))
+        except ValueError:
+            return refusal
+    text = shortfall_message(refusal.details, at, lambda when: when_text(when, zone))
+    marker = "\x00when\x00"
+    html_text = html.escape(shortfall_message(refusal.details, at, lambda when: marker))
+    if at is not None:
+        html_text = html_text.replace(marker, time_html(at, zone))
+    title = RefusalReason.INSUFFICIENT_BALANCE.title
+    refusal.message = refusal.jupyterhub_message = text
+    refusal.log_message = text.replace("%", "%%")
+    refusal.message_html = refusal.jupyterhub_html_message = f"<strong>{html.escape(title)}.</strong> {html_text}"
+    return refusal
 
 
 def invalid_options(message: str) -> web.HTTPError:

@@ -8,6 +8,13 @@ JupyterHub's spawn page shows each event's message as its current line *and*
 appends it to the event log as a row, so an event is added only when what it
 says changes: a waiting spawn asks the pool every few seconds, and its place in
 the queue ("You are 1st …") is said once, then again only when it moves.
+
+An event may name its ``line`` (``"queue"``): the project's spawn page
+(``gpupool_hub/hub_templates/spawn_pending.html``) then rewrites that row in place
+while the previous row is the same line, so a new place or range is no new row;
+the hub's home page reads the same stream for the waiting server's place. The
+extra keys (``line``, ``gpupool_wait``) pass through JupyterHub's progress API
+as they are; its stock page ignores them.
 """
 
 from __future__ import annotations
@@ -33,14 +40,22 @@ class ProgressLog:
         self.done = False
         self._wake()
 
-    def add(self, progress: int, message: str, html_message: str | None = None) -> None:
-        """Add an event, unless it says what the last one said (then the page already shows it)."""
+    def add(self, progress: int, message: str, html_message: str | None = None, *,
+            line: str | None = None, wait: dict[str, Any] | None = None) -> None:
+        """Add an event, unless it says what the last one said (then the page already shows it).
+
+        ``line`` names a row the page updates in place; ``wait`` is the queued spawn's place
+        (``position``, ``queue_length``, ``eta_text``) for pages that show it apart."""
         last = self.events[-1] if self.events else {}
         if (last.get("message"), last.get("html_message")) == (message, html_message or None):
             return
         event: dict[str, Any] = {"progress": progress, "message": message}
         if html_message:
             event["html_message"] = html_message
+        if line:
+            event["line"] = line
+        if wait is not None:
+            event["gpupool_wait"] = wait
         self.events.append(event)
         self._wake()
 

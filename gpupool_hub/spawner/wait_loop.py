@@ -25,7 +25,7 @@ from .logs import is_normal_refusal, refusal_filter
 from .progress import ProgressLog
 from .wait_rules import gave_up_waiting, hub_answered_at, queue_wait_limit, service_away
 
-__all__ = ["START_MARGIN", "WaitLoop"]
+__all__ = ["START_MARGIN", "WaitLoop", "wait_place"]
 
 # a reclaim wait ends this long before the hub's start_timeout, so the spawn fails with a message
 START_MARGIN = 5.0
@@ -46,6 +46,8 @@ class WaitLoop:
         self.server_of = server_of  # (user, server name), asked each time: a user may be renamed
         self.waiting = False  # a spawn is waiting for GPUs (a reclaim or a place in the queue)
         self.queued = False  # waiting in the pool's queue, and the hub has answered the start request
+        #: the queued spawn's place as the pool last said it (``wait_place``), for the hub's home page
+        self.place: dict[str, Any] | None = None
 
     async def get_gpus(self, profile: Profile, gpus: int, start_timeout: float, reclaim_wait: float,
                        handler: Any = None) -> dict[str, Any]:
@@ -86,12 +88,19 @@ class WaitLoop:
         answered = hub_answered_at(handler, started)
         queued: GPUPoolRefused | None = None  # the last place in the queue this spawn was told
         waited_for_reclaim = False
+        asked = 0
         self.waiting = True
         try:
             while True:
                 try:
+                    asked += 1
                     return await self.ask(profile, gpus)
                 except GPUPoolRefused as e:
+                    if asked == 1 and "cancelled_at" in e.details:
+                        # The pool ends, once, the first request after a place was given up (a retry
+                        # of the left spawn still in flight). This is a new spawn: "Leave the queue"
+                        # then Start again queues anew at once, instead of failing once.
+                        continue
                     if queued is not None and e.reason == SpawnFailure.UNREACHABLE.value:
                         e = service_away(queued)  # restarting: the queue keeps the place meanwhile
                     elif e.refusal is RefusalReason.QUEUED:
@@ -112,7 +121,9 @@ class WaitLoop:
                         raise GPUPoolRefused(msg, reason=SpawnFailure.START_TIMEOUT, status_code=409) from None
                     wait = min(max(delay, 0.5), 10.0, max(give_up - loop.time(), 0.5))
                     title = e.refusal.title if e.refusal else "Waiting"
-                    self.progress.add(20, f"{title}: {e.message}")
+                    self.place = wait_place(e) if e.refusal is RefusalReason.QUEUED else None
+                    self.progress.add(20, f"{title}: {e.message}", line=(e.refusal or RefusalReason.QUEUED).value,
+                                      wait=self.place)
                     self.queued = queued is not None and loop.time() >= answered
                     await asyncio.sleep(wait)
                     if not self.waiting:  # stopped while it slept: asking again would queue it anew
@@ -125,6 +136,7 @@ class WaitLoop:
             raise
         finally:
             self.waiting = self.queued = False
+            self.place = None
 
     @property
     def log_name(self) -> str:
@@ -157,6 +169,14 @@ class WaitLoop:
             await self.client().cancel_reclaim(*self.server_of(), "the spawn ended while waiting")
         except (ServiceError, ServiceUnavailable) as e:  # the service drops it once nobody asks
             self.log.warning("Could not cancel the reclaim %s waited for: %s", self.log_name, e)
+
+
+def wait_place(queued: GPUPoolRefused) -> dict[str, Any]:
+    """What the hub's pages show of a queued spawn's place: its position, how many wait, the
+    range (``eta_text``, when the pool has one) and the pool's own sentence."""
+    d = queued.details
+    return {"position": d.get("position"), "queue_length": d.get("queue_length"), "eta_text": d.get("eta_text"),
+            "message": queued.message}
 
 
 def _retry_delay(retry_at: str | None) -> float:

@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..reasons import RefusalReason
+from ..units import plural
 from .errors import GPUPoolRefused
 
 #: seconds before the hub's start_timeout at which a queued spawn stops waiting
@@ -86,7 +87,8 @@ def gave_up_waiting(last: GPUPoolRefused, waited: float) -> GPUPoolRefused:
     """The final refusal of a spawn that waited in the queue until its start timeout."""
     where = last.details.get("position")
     place = f" (you were number {where} in line)" if where else ""
-    message = (f"No GPU became free within the {waited:.0f} s this hub waits for a server to start{place}. "
+    span = plural(round(waited), "second") if waited < 120 else plural(round(waited / 60), "minute")
+    message = (f"No GPU became free in the {span} you waited, the longest this pool lets a start wait{place}. "
                "Start again within a minute to keep your place in the queue, or pick a smaller profile.")
     return GPUPoolRefused(message, reason=RefusalReason.QUEUED.value, status_code=RefusalReason.QUEUED.status,
                           message_html=f"<strong>{RefusalReason.QUEUED.title}.</strong> {message}",

@@ -198,13 +198,59 @@ export function formatCullWarning(
   return `${what} in ${formatCountdown(warning.deadline, now)}`;
 }
 
+/** Within this many seconds of the floor, the status bar says what happens there instead of "~2 h left". */
+export const NEAR_FLOOR_S = 3600;
+
+/** The floor as the notices word it: "−10", "−12.5". */
+export function formatFloor(value: string | number): string {
+  const rounded = roundDecimal(value, 1) ?? '?';
+  return rounded.endsWith('.0') ? rounded.slice(0, -2) : rounded;
+}
+
+/**
+ * When GPU servers are stopped at the floor (ms since epoch); NaN when nothing charges.
+ * The service's `floor_at` counts the GPU time used but not charged yet; an older
+ * service gives only `time_to_floor_seconds`, counted from now.
+ */
+export function floorStopAt(me: Pick<IMe, 'burn_rate_per_hour' | 'floor_at' | 'time_to_floor_seconds'>, now: number): number {
+  if (!formatBurn(me.burn_rate_per_hour)) {
+    return NaN;
+  }
+  const at = me.floor_at ? Date.parse(me.floor_at) : NaN;
+  if (!Number.isNaN(at)) {
+    return at;
+  }
+  const s = me.time_to_floor_seconds;
+  return typeof s === 'number' && Number.isFinite(s) ? now + s * 1000 : NaN;
+}
+
+/** "GPU servers stop at the floor (−10) in ~10 min"; empty when nothing charges. */
+export function formatFloorStop(me: Pick<IMe, 'burn_rate_per_hour' | 'floor_at' | 'time_to_floor_seconds' | 'floor'>, now: number): string {
+  const at = floorStopAt(me, now);
+  if (Number.isNaN(at)) {
+    return '';
+  }
+  const floor = `the floor (${formatFloor(me.floor)})`;
+  const left = (at - now) / 1000;
+  return left <= 0 ? `GPU servers stop now: the balance is at ${floor}` : `GPU servers stop at ${floor} in ${formatDuration(left)}`;
+}
+
 /** Everything the status-bar item shows, derived from one `GET me` answer. */
 export interface ISummary {
   state: BalanceStatus;
   balance: string;
   burn: string;
   timeLeft: string;
+  /** The status bar's span after the burn: "~28 h left", or near the floor what happens there. */
+  left: string;
+  /** The warning span: the cull warning's countdown, or the floor stop when it comes first. */
   cull: string;
+  /** What the floor brings ("GPU servers stop at the floor (−10) in ~10 min"), '' when nothing charges. */
+  floorStop: string;
+  /** The floor stop comes at or before a standing cull warning's deadline: it is the next thing. */
+  floorFirst: boolean;
+  /** The floor stop is within NEAR_FLOOR_S (or a cull warning comes after it). */
+  floorNear: boolean;
   borrowed: boolean;
   delayed: boolean;
   title: string;
@@ -214,20 +260,32 @@ export function summarize(me: IMe, now: number): ISummary {
   const state = displayState(me);
   const balance = formatAmount(me.balance, me.unit);
   const burn = formatBurn(me.burn_rate_per_hour);
-  const timeLeft = burn ? formatDuration(me.time_to_floor_seconds) : '';
-  const cull = formatCullWarning(me.cull_warning, now);
+  const floorAt = floorStopAt(me, now);
+  const floorStop = formatFloorStop(me, now);
+  const timeLeft = floorStop ? formatDuration((floorAt - now) / 1000) : '';
+  const warning = me.cull_warning && !cullDone(me.cull_warning) ? me.cull_warning : null;
+  const warned = formatCullWarning(me.cull_warning, now);
+  // the next thing that happens: the floor stop when it comes before the warning's deadline
+  const floorFirst = !!floorStop && !!warning && !(floorAt > Date.parse(warning.deadline));
+  const floorNear = floorFirst || (!!floorStop && (floorAt - now) / 1000 <= NEAR_FLOOR_S);
+  const cull = floorFirst ? floorStop : warned;
+  const left = floorFirst ? '' : floorNear ? floorStop : timeLeft ? `${timeLeft} left` : '';
   const borrowed = (me.allocations || []).some(a => a.borrowed);
   const delayed = me.accounting?.status === 'delayed';
   const title = [
     `GPU pool: ${balance} (${stateLabel(state)})`,
     burn ? `burning ${burn.slice(1)} on running GPU servers` : 'no GPU server running',
-    timeLeft ? `floor (${formatAmount(me.floor, me.unit)}) reached in ${timeLeft}` : '',
-    cull ? `WARNING: ${cull}: ${me.cull_warning?.reason ?? ''}` : '',
+    floorFirst
+      ? `WARNING: ${floorStop}, before the cull warning's ${warned}: ${warning?.reason ?? ''}`
+      : warned
+        ? `WARNING: ${warned}: ${me.cull_warning?.reason ?? ''}`
+        : '',
+    floorStop && !floorFirst ? floorStop : '',
     borrowed ? 'holding borrowed GPUs' : '',
     delayed ? 'accounting delayed' : '',
     'click for details'
   ]
     .filter(Boolean)
     .join('\n');
-  return { state, balance, burn, timeLeft, cull, borrowed, delayed, title };
+  return { state, balance, burn, timeLeft, left, cull, floorStop, floorFirst, floorNear, borrowed, delayed, title };
 }

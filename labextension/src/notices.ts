@@ -17,6 +17,40 @@ export const KERNELS_STOPPED_DETAIL =
   'stop the server and start it again to get GPUs.';
 /** The dismiss button of a notice. */
 export const DISMISS = 'Dismiss';
+/** The panel's line under "GPU servers stop at the floor (−10) in ~10 min" (after the local time). */
+export const FLOOR_STOP_DETAIL =
+  'your balance reaches the floor and servers holding GPUs are stopped; notebooks and files stay on disk. ' +
+  'Save your work now; a server without GPUs can still be started.';
+
+/** "At about 14:02, your balance reaches the floor and …". */
+export function floorStopDetail(localTime: string): string {
+  return `At about ${localTime}, ${FLOOR_STOP_DETAIL}`;
+}
+
+/** A notice's time as a researcher reads it: "14:02" today, else "Mon 24 Nov, 14:02" (local time). */
+export function noticeTime(iso: string, now: number): string {
+  const when = new Date(iso);
+  if (Number.isNaN(when.getTime())) {
+    return iso;
+  }
+  const time = when.toLocaleTimeString(undefined, { hour: '2-digit', minute: '2-digit' });
+  if (when.toDateString() === new Date(now).toDateString()) {
+    return time;
+  }
+  const day = when.toLocaleDateString(undefined, { weekday: 'short', day: 'numeric', month: 'short' });
+  return `${day}, ${time}`;
+}
+
+/**
+ * A notice's headline with its time: "Your GPU server was stopped at 14:02 because your
+ * balance reached the floor (−10 tokens)"; the service's `title` alone from an older service.
+ */
+export function noticeHeadline(n: Pick<INotice, 'what' | 'because' | 'title' | 'at'>, now: number): string {
+  if (!n.what || !n.because) {
+    return n.title;
+  }
+  return `${n.what} at ${noticeTime(n.at, now)} ${n.because}`;
+}
 
 /** Whether a cull warning was carried out already (kernels shut down): no countdown then. */
 export function cullDone(warning: Pick<ICullWarning, 'done_at'> | null | undefined): boolean {
@@ -71,12 +105,13 @@ function noticeRow(n: INotice, settings: ServerConnection.ISettings, dismissed: 
   row.dataset.kind = n.kind;
   const when = new Date(n.at);
   const at = Number.isNaN(when.getTime()) ? n.at : when.toLocaleString();
-  row.append(
-    node('strong', undefined, n.title),
-    node('div', 'gp-BalancePanel-muted', `${at}${n.server ? ` · server ${n.server}` : ''}`),
-    node('div', undefined, n.why),
-    node('div', undefined, n.kept)
-  );
+  const headline = node('strong', undefined, noticeHeadline(n, Date.now()));
+  headline.title = at;
+  row.append(headline);
+  if (n.server) {
+    row.append(node('div', 'gp-BalancePanel-muted', `Server ${n.server}`));
+  }
+  row.append(node('div', undefined, n.why), node('div', undefined, n.kept));
   const button = node('button', 'jp-mod-styled gp-BalancePanel-dismiss', DISMISS);
   button.dataset.gpupool = 'dismiss';
   button.addEventListener('click', () => {

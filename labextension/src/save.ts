@@ -1,6 +1,7 @@
 /**
  * Work saved before GPUs are taken: when a countdown reaches the widget (a
- * reclaim of borrowed GPUs, an idle stop, a kernel cull), every open document
+ * reclaim of borrowed GPUs, an idle stop, a kernel cull, the floor stop within
+ * 10 minutes), every open document
  * with unsaved changes is saved at once, and again 30 s before the stop, so
  * that a server stopped while its owner is away loses no edits. Turned off by
  * the `saveBeforeStop` setting. The texts here are quoted in
@@ -21,11 +22,19 @@ export const FINAL_SAVE_S = 30;
 export const SAVE_OFF =
   'Unsaved documents are not saved for you (turned off in the settings): save your work before the stop.';
 
+/** Within this many seconds of the floor stop (`floor_at`), it counts as a pending stop to save before. */
+export const FLOOR_SAVE_S = 600;
+
 /**
  * The soonest pending stop of the user's GPUs (ISO), or null: the warning of
- * `GET me` unless carried out already, and the idle stop of each GPU server.
+ * `GET me` unless carried out already, the idle stop of each GPU server, and the
+ * floor stop once it is within FLOOR_SAVE_S (issue 39.6: it may come before a
+ * cull warning's deadline, and the last save must come before it).
  */
-export function pendingStop(me: Pick<IMe, 'cull_warning' | 'gpu_servers'> | null): string | null {
+export function pendingStop(
+  me: Pick<IMe, 'cull_warning' | 'gpu_servers' | 'floor_at' | 'burn_rate_per_hour'> | null,
+  now: number = Date.now()
+): string | null {
   if (!me) {
     return null;
   }
@@ -33,6 +42,10 @@ export function pendingStop(me: Pick<IMe, 'cull_warning' | 'gpu_servers'> | null
   const w = me.cull_warning;
   if (w && w.deadline && !w.done_at) {
     deadlines.push(w.deadline);
+  }
+  const floorAt = me.floor_at && Number(me.burn_rate_per_hour) > 0 ? Date.parse(me.floor_at) : NaN;
+  if (!Number.isNaN(floorAt) && floorAt - now <= FLOOR_SAVE_S * 1000) {
+    deadlines.push(me.floor_at!);
   }
   for (const s of me.gpu_servers || []) {
     if (s.reclaim_deadline) {

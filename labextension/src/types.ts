@@ -58,7 +58,12 @@ export interface INotice {
   kind: 'preempted' | 'kernels_stopped' | 'floor_stop' | 'idle_reclaim';
   at: string;
   server: string;
+  /** `what` and `because` together, without the time. */
   title: string;
+  /** "Your GPU server was stopped": the widget says when after it (absent before issue 39). */
+  what?: string;
+  /** "because your balance reached the floor (−10 tokens)". */
+  because?: string;
   why: string;
   /** What was kept (files on disk). */
   kept: string;
@@ -119,7 +124,10 @@ export interface IMe {
   credits: ICredits | null;
   allocations: IAllocation[];
   burn_rate_per_hour: string;
+  /** From the balance the GPU time used so far leaves (issue 39.6: not only what was charged). */
   time_to_floor_seconds: number | null;
+  /** When GPU servers are stopped at the floor; null when nothing charges (absent before issue 39). */
+  floor_at?: string | null;
   last_debit_at: string | null;
   accounting: IAccounting | null;
   cull_warning: ICullWarning | null;

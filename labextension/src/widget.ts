@@ -9,7 +9,8 @@ import { Widget } from '@lumino/widgets';
 import {
   formatAmount,
   formatCullWarning,
-  formatDuration,
+  floorStopAt,
+  type ISummary,
   formatGpu,
   formatPrice,
   formatRelative,
@@ -20,7 +21,7 @@ import {
 import { hasCountdown, renderActivity, statusNote } from './gpus';
 import { appendMemoryWarnings, memoryFlag } from './memory';
 import { BalanceModel } from './model';
-import { cullDone, KERNELS_STOPPED_DETAIL, noticeFlag, noticesBox } from './notices';
+import { cullDone, floorStopDetail, KERNELS_STOPPED_DETAIL, noticeFlag, noticesBox } from './notices';
 import { saveFlag, saveNote, SaveBeforeStop } from './save';
 import type { IAllocation, IMe } from './types';
 
@@ -140,7 +141,8 @@ export class BalanceStatusItem extends Widget {
     node.dataset.cull = s.cull ? 'yes' : 'no';
     this._balance.textContent = s.balance;
     this._burn.textContent = s.burn;
-    this._left.textContent = s.timeLeft ? `${s.timeLeft} left` : '';
+    this._left.textContent = s.left; // "~28 h left", or near the floor: "GPU servers stop at the floor (−10) in ~10 min"
+    node.dataset.floor = s.floorFirst ? 'first' : s.floorNear ? 'near' : 'far';
     const saving = this._saver?.status;
     node.dataset.saved = saving?.state ?? 'none';
     const flags = [s.borrowed ? 'borrowed' : '', s.delayed ? 'delayed' : '', memoryFlag(me.memory_warnings), noticeFlag(me),
@@ -150,7 +152,7 @@ export class BalanceStatusItem extends Widget {
     this._gpus.textContent = s.cull ? '' : statusNote(me, Date.now()); // a cull warning says it already
     const note = saving ? saveNote(saving) : '';
     node.title = note ? `${s.title}\n${note}` : s.title;
-    this._ticker.update((!!me.cull_warning && !cullDone(me.cull_warning)) || hasCountdown(me));
+    this._ticker.update((!!me.cull_warning && !cullDone(me.cull_warning)) || hasCountdown(me) || s.floorNear);
   }
 
   private _model: BalanceModel;
@@ -207,7 +209,11 @@ export class BalancePanel extends Widget {
     const s = summarize(me, now);
     node.dataset.state = s.state;
 
-    if (me.cull_warning) {
+    const floorBox = s.floorNear ? floorStopBox(me, s, now) : null;
+    if (floorBox && s.floorFirst) {
+      node.append(floorBox); // the floor stop comes first: it heads the warnings
+    }
+    if (me.cull_warning && !s.floorFirst) {
       const box = el('div', 'gp-BalancePanel-cull');
       box.dataset.gpupool = 'cull';
       box.append(
@@ -218,6 +224,9 @@ export class BalancePanel extends Widget {
         box.append(el('div', undefined, KERNELS_STOPPED_DETAIL));
       }
       node.append(box);
+    }
+    if (floorBox && !s.floorFirst) {
+      node.append(floorBox);
     }
     const note = this._saver ? saveNote(this._saver.status) : '';
     if (note) {
@@ -255,7 +264,11 @@ export class BalancePanel extends Widget {
     fact('Balance', `${s.balance} (${stateLabel(s.state)})`, 'gp-BalancePanel-balance');
     fact('Floor', formatAmount(me.floor, unit));
     fact('Burn rate', s.burn ? `${s.burn.replace('/h', '')} ${unit}/h` : 'nothing running');
-    fact('Floor in', s.burn ? formatDuration(me.time_to_floor_seconds) || 'never' : '');
+    const floorAt = floorStopAt(me, now);
+    fact(
+      'Floor reached',
+      Number.isNaN(floorAt) ? '' : `${s.timeLeft} (${localTime(new Date(floorAt).toISOString())}): GPU servers stop then`
+    );
     fact(
       'Last debit',
       me.last_debit_at ? `${formatRelative(me.last_debit_at, now)} (${localTime(me.last_debit_at)})` : 'none yet'
@@ -304,12 +317,32 @@ export class BalancePanel extends Widget {
     node.append(
       el('p', 'gp-BalancePanel-muted gp-BalancePanel-updated', `Updated ${localTime(new Date(this._model.updatedAt).toISOString())}`)
     );
-    this._ticker.update((!!me.cull_warning && !cullDone(me.cull_warning)) || hasCountdown(me));
+    this._ticker.update((!!me.cull_warning && !cullDone(me.cull_warning)) || hasCountdown(me) || s.floorNear);
   }
 
   private _model: BalanceModel;
   private _saver: SaveBeforeStop | null;
   private _ticker = new Ticker(() => this._render());
+}
+
+/**
+ * The panel's box for the floor stop: what happens, when (local time), and, when a cull
+ * warning stands, that the floor stop comes before it (issue 39.6).
+ */
+function floorStopBox(me: IMe, s: ISummary, now: number): HTMLElement {
+  const box = el('div', 'gp-BalancePanel-cull gp-BalancePanel-floor');
+  box.dataset.gpupool = 'floor';
+  const at = floorStopAt(me, now);
+  box.append(
+    el('strong', undefined, `\u26a0 ${capitalize(s.floorStop)}`),
+    el('div', undefined, floorStopDetail(localTime(new Date(at).toISOString())))
+  );
+  if (s.floorFirst && me.cull_warning) {
+    const cull = el('div', 'gp-BalancePanel-muted', `This comes before the cull warning (${formatCullWarning(me.cull_warning, now)}): ${me.cull_warning.reason}`);
+    cull.dataset.gpupool = 'cull';
+    box.append(cull);
+  }
+  return box;
 }
 
 function allocationRow(a: IAllocation, unit: string, now: number): HTMLTableRowElement {

@@ -3,6 +3,7 @@ import { describe, expect, it, vi } from 'vitest';
 import { BalanceModel } from '../src/model';
 import {
   FINAL_SAVE_S,
+  FLOOR_SAVE_S,
   hasModified,
   pendingStop,
   SAVE_OFF,
@@ -30,6 +31,16 @@ describe('pendingStop', () => {
       gpu_servers: [idleServer(at(120)), idleServer(null)]
     });
     expect(pendingStop(me)).toBe(at(120));
+  });
+
+  it('counts the floor stop once it is within ten minutes, before a later cull warning', () => {
+    const warned = { action: 'kernels' as const, reason: 'r', deadline: at(582) };
+    const near = exampleMe({ burn_rate_per_hour: '2.400', floor_at: at(360), cull_warning: warned });
+    expect(pendingStop(near, NOW)).toBe(at(360)); // the last save comes before the floor stop
+    expect(pendingStop(exampleMe({ floor_at: at(FLOOR_SAVE_S + 60) }), NOW)).toBeNull(); // not yet
+    expect(pendingStop(exampleMe({ floor_at: at(FLOOR_SAVE_S) }), NOW)).toBe(at(FLOOR_SAVE_S));
+    // nothing charging: no floor stop to come
+    expect(pendingStop(exampleMe({ burn_rate_per_hour: '0.000', floor_at: at(60) }), NOW)).toBeNull();
   });
 
   it('ignores a warning already carried out, and nothing pending is null', () => {

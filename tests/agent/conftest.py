@@ -201,3 +201,14 @@ def make_nvml() -> Callable[..., fake_pynvml.FakeNVML]:
         return fake_pynvml.load({"gpus": gpus, **table})
 
     return make
+
+
+@pytest.fixture
+def agents():
+    """Agent processes a test started (each in its own session); killed as groups at the end."""
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for proc in started:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)

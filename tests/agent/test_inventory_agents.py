@@ -322,6 +322,7 @@ async def test_a_silent_node_takes_no_new_placements_keeps_its_servers_and_rejoi
     hub = hub_factory(f"""
 c.GPUPool.inventory = "agents"
 c.GPUPool.agent_timeout = 2
+c.GPUPool.queue_enabled = False  # the test reads the refusal that names the silent node (no_capacity)
 c.GPUPool.prices = {{"A100": 2, "RTX A6000": 4}}
 c.GPUPoolService.agent_tokens = {TOKENS!r}
 """)

@@ -115,16 +115,6 @@ def serves_metrics(port: int) -> bool:
         return False
 
 
-@pytest.fixture
-def agents():
-    started: list[subprocess.Popen[str]] = []
-    yield started
-    for proc in started:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-
-
 def test_an_agent_stops_within_5_s_of_sigterm_with_a_service_call_hanging(tmp_path, agents):
     callers: list[socket.socket] = []
     with socket.socket() as silent:  # a "service" that takes connections and never answers

@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -44,16 +43,6 @@ def start_agent(tmp_path: Path, name: str, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "gpupool_hub.agent", "--node", "n1", "--interval", "1", *args],
                             stdout=log, stderr=subprocess.STDOUT, text=True, cwd=tmp_path, env=env,
                             start_new_session=True)
-
-
-@pytest.fixture
-def agents():
-    started: list[subprocess.Popen[str]] = []
-    yield started
-    for proc in started:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
 
 
 def other_address() -> str | None:

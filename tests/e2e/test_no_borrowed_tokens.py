@@ -54,7 +54,6 @@ c.JupyterHub.spawner_class = "gpupool-simple"
 c.JupyterHub.cleanup_servers = True
 c.Spawner.cmd = [sys.executable, {str(RECORDER)!r}]
 c.Spawner.http_timeout = 60
-c.Spawner.start_timeout = 120
 c.SimpleLocalProcessSpawner.home_dir_template = {str(workdir / "home") + "/{username}"!r}
 c.GPUPoolService.reconcile_interval = 3600
 c.GPUPoolSpawner.release_wait = 1
@@ -80,7 +79,6 @@ c.Culler.pressure_refusal_window = 0
     "idle": f"""
 c.GPUPool.nodes = {json.dumps(node("NVIDIA GeForce RTX 3090", 2))}
 c.GPUPoolSpawner.profiles = [{{"slug": "gpu", "display_name": "2 x 3090", "gpus": 2, "models": ["RTX 3090"]}}]
-c.GPUPool.queue_enabled = True
 c.GPUPool.idle_after = 1
 c.GPUPool.idle_grace = 1
 c.GPUPool.min_runtime = 0

@@ -58,6 +58,9 @@ c.GPUPool.preempt_min_runtime = 0
 c.GPUPoolSpawner.profiles = [{{"slug": "h100", "display_name": "H100", "gpus": 1, "max_gpus": 10, "models": ["H100"]}}]
 c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0}}
 c.GPUPoolService.reconcile_interval = 3600
+# the wait queue off: these tests check what fair share answers on a full pool (a reclaim, or
+# no_capacity where nothing can be taken back); waiting for GPUs is tests/spawner/test_queue_hub.py's
+c.GPUPool.queue_enabled = False
 """ + extra
 
 

@@ -144,12 +144,13 @@ def test_18_5_preempted_user_is_told_until_dismissed(hub):
     assert hub.service("GET", "/me/notices", alice).json()["notices"] == [n]
     session = hub.login("a3")
     page = session.get(f"{hub.url}/hub/spawn", timeout=30).text
-    assert f'data-notice="{n["id"]}"' in page and n["title"] in page
-    assert "dismiss it in JupyterLab" in page  # where to dismiss it: the spawn page has no button
+    assert f'data-notice="{n["id"]}"' in page and n["what"] in page and n["because"] in page
+    # where to dismiss it: the spawn page has no button; My GPU usage (a hub page) and JupyterLab do
+    assert "until you dismiss it on" in page and "My GPU usage</a> or in JupyterLab" in page
     assert hub.service("GET", "/me", bob).json()["notices"] == []
     assert hub.service("DELETE", f"/me/notices/{n['id']}", bob).status_code == 404
     assert hub.service("GET", "/me/notices", alice).json()["notices"] == [n]
     assert hub.service("DELETE", f"/me/notices/{n['id']}", alice).status_code == 204
     assert hub.service("GET", "/me", alice).json()["notices"] == []
     page = session.get(f"{hub.url}/hub/spawn", timeout=30).text
-    assert "data-notice" not in page and "dismiss it in JupyterLab" not in page
+    assert "data-notice" not in page and "until you dismiss it" not in page

@@ -41,5 +41,16 @@ def test_guide_quotes_the_countdowns_as_the_widget_words_them():
 @pytest.mark.parametrize("action", sorted(KINDS))
 def test_guide_quotes_every_notice(action):
     kind = KINDS[action]
-    assert f'"{kind.title}"' in GUIDE
-    assert kind.kept in flat(GUIDE)
+    guide = flat(GUIDE)
+    assert f'"{kind.what}" … "{kind.because}"' in guide  # the table's words, the time between them
+    assert kind.kept in guide
+
+
+def test_guide_quotes_the_floor_stop_as_the_page_and_widget_word_it():
+    from gpupool_hub.service.core.takeback_notices import FLOOR_WHY
+
+    guide = flat(GUIDE)
+    assert FLOOR_WHY in guide
+    assert "Your GPU server was stopped at 14:02 because your balance reached the floor (−10 tokens)" in guide
+    notices = (TS / "notices.ts").read_text()
+    assert flat(ts_constant(notices, "FLOOR_STOP_DETAIL")) in guide

@@ -64,9 +64,10 @@ def find_chromium() -> str | None:
 
 @contextmanager
 def launch_chromium(
-    user_data_dir: Path, executable: str, *, viewport: dict[str, int] | None = None
+    user_data_dir: Path, executable: str, *, viewport: dict[str, int] | None = None, timezone_id: str = "UTC"
 ) -> Iterator[BrowserContext]:
-    """A headless Chromium with a fresh user-data-dir; yields its (only) context."""
+    """A headless Chromium with a fresh user-data-dir; yields its (only) context. ``timezone_id``: the
+    zone the browser lives in (a test of local times picks one other than the pool's)."""
     from playwright.sync_api import sync_playwright
 
     user_data_dir.mkdir(parents=True, exist_ok=True)
@@ -77,7 +78,7 @@ def launch_chromium(
             headless=True,
             args=CHROMIUM_ARGS,
             viewport=viewport or {"width": 1280, "height": 800},
-            timezone_id="UTC",
+            timezone_id=timezone_id,
             locale="en-US",
         )
         try:

@@ -156,3 +156,44 @@ def test_status_bar_widget(lab, standin, browser_page):
         print(f"--- browser console ---\n{console}\n--- jupyter lab log ---\n{lab.log()}")
         page.screenshot(path=str(lab.tmp_path / "failure.png"))
         raise
+
+
+def test_near_the_floor_the_widget_names_the_floor_stop_first(lab, standin, browser_page):
+    """Issue 39.6: at −9.6 with a cull warning whose kernels stop in ~9:42, the floor comes first
+    (6 minutes): the red place says the GPU servers stop at the floor, the panel says when and that
+    it comes before the cull; a floor-stop notice reads as a sentence with the local time."""
+    from playwright.sync_api import expect
+
+    page = browser_page
+    now = datetime.now(timezone.utc)
+    standin.set_me(
+        balance="-9.600", status="negative", burn_rate_per_hour="2.400", time_to_floor_seconds=360,
+        floor_at=iso(now + timedelta(minutes=6)),
+        cull_warning=cull_in(9.7, action="kernels", reason="balance -9.600 is below zero and the pool is under pressure"),
+        notices=[{"id": 7, "kind": "floor_stop", "at": iso(now - timedelta(hours=3)), "server": "gpu1",
+                  "title": f"Your GPU server was stopped because your balance reached the floor ({MINUS}10 tokens)",
+                  "what": "Your GPU server was stopped",
+                  "because": f"because your balance reached the floor ({MINUS}10 tokens)",
+                  "why": "Servers holding GPUs stop when your balance reaches the floor, so it goes no further "
+                         "below zero",
+                  "kept": "Your files and notebooks on disk are untouched."}],
+    )
+    try:
+        open_lab(page, lab.url, lab.token)
+        item = wait_for_status_item(page, f"{MINUS}9.6 tokens", state="negative")
+        expect(item).to_have_attribute("data-floor", "first")
+        expect(item.locator(".gp-Balance-cull")).to_have_text(f"\u26a0 GPU servers stop at the floor ({MINUS}10) in ~6 min")
+        panel = open_panel(page)
+        floor = panel.locator("[data-gpupool='floor']")
+        expect(floor).to_contain_text(f"GPU servers stop at the floor ({MINUS}10) in ~6 min")
+        expect(floor).to_contain_text("your balance reaches the floor and servers holding GPUs are stopped")
+        expect(floor).to_contain_text("This comes before the cull warning (kernels stop in 9:")
+        notice = panel.locator("[data-notice='7']")
+        expect(notice).to_contain_text("Your GPU server was stopped at ")
+        expect(notice).to_contain_text(f"because your balance reached the floor ({MINUS}10 tokens)")
+        page.wait_for_timeout(300)
+        screenshot_widget(page, SCREENSHOT.with_name("widget-floor.png"))
+    except Exception:
+        print(f"--- jupyter lab log ---\n{lab.log()}")
+        page.screenshot(path=str(lab.tmp_path / "failure.png"))
+        raise

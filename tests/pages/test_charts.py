@@ -3,6 +3,7 @@ the forecast sentence, holder colours, and the grant form's rules."""
 
 from __future__ import annotations
 
+import re
 from datetime import date, datetime, time, timedelta, timezone
 from decimal import Decimal
 
@@ -151,9 +152,13 @@ def test_daily_series_uses_the_pool_time_zone(db_url):
 def test_forecast_names_the_rate_and_when_the_floor_is_reached():
     now = datetime(2025, 3, 4, 10, 30, tzinfo=timezone.utc)  # a Tuesday
     me = {"burn_rate_per_hour": "3.500", "floor": "-10.000", "time_to_floor_seconds": 12600}
-    assert forecast_text(me, now, timezone.utc) == "At \u22123.5/h you reach the floor (\u221210) on Tue 14:00."
+    said = forecast_text(me, now, timezone.utc)
+    assert re.sub("<[^>]+>", "", said) == \
+        "At \u22123.5/h you reach the floor (\u221210) on Tue 14:00 UTC: your GPU servers stop then."
+    assert '<time datetime="2025-03-04T14:00:00Z"' in said  # the viewer's browser says it in its own zone
     me_later = {**me, "time_to_floor_seconds": 9 * 86400}
-    assert forecast_text(me_later, now, timezone.utc).endswith("on Thu 13 Mar 10:30.")
+    assert re.sub("<[^>]+>", "", forecast_text(me_later, now, timezone.utc)).endswith(
+        "on Thu 13 Mar 10:30 UTC: your GPU servers stop then.")
     assert forecast_text({**me, "time_to_floor_seconds": 0}, now, timezone.utc).startswith(
         "At \u22123.5/h you are at the floor")
     idle = {"burn_rate_per_hour": "0.000", "floor": "-10.000", "time_to_floor_seconds": None}

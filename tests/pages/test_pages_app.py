@@ -85,7 +85,13 @@ async def test_every_page_sends_a_strict_content_security_policy_and_no_inline_s
         assert "default-src 'self'" in csp and "script-src 'self'" in csp and "unsafe-inline" not in csp, path
         assert r.headers["Cache-Control"] == "no-store"
         body = r.body.decode()
-        assert "<script" not in body and " style=" not in body and "<style" not in body, path
+        assert " style=" not in body and "<style" not in body, path
+        # scripts only as files of the service's own (localtime.js: dates in the viewer's zone), never inline
+        tags = re.findall(r"<script([^>]*)>(.*?)</script>", body, re.S)
+        assert all(' src="/services/gpupool/static/' in attrs and not inline for attrs, inline in tags), path
+        assert body.count("<script") == len(tags) == 1, path
+    js = await admin.get("static/localtime.js?v=1")
+    assert js.code == 200 and "data-gpupool-time" in js.body.decode()
     css = await admin.get("static/pages.css?v=1")
     assert css.code == 200 and "prefers-color-scheme: dark" in css.body.decode()
     assert "max-age" in css.headers["Cache-Control"]
@@ -292,7 +298,9 @@ async def test_held_gpus_and_the_forecast_come_from_the_me_view(service):
     assert burn["data-value"] == me["burn_rate_per_hour"] == "8.000"
     # 100 tokens above a floor of -10 at 8/h: 13.75 h from now
     reach = (m.clock() + timedelta(seconds=me["time_to_floor_seconds"])).strftime("%a %H:%M")
-    assert f"At \u22128/h you reach the floor (\u221210) on {reach}." in body
+    [forecast] = re.findall(r'data-gpupool="forecast">(.*?)</p>', body)
+    assert re.sub("<[^>]+>", "", forecast) == \
+        f"At \u22128/h you reach the floor (\u221210) on {reach} UTC: your GPU servers stop then."
 
 
 async def test_admin_user_pages_take_any_name_quoted_once(service):

@@ -64,7 +64,7 @@ async def test_the_pool_map_and_metrics_show_who_waits_for_what(service):
     bob = rows[0]
     assert bob["data-since"] == "2025-03-03T09:00:00Z" and bob["data-eta"]
     table = page[page.index('data-gpupool="waiting"'):page.index("</table>", page.index('data-gpupool="waiting"'))]
-    assert "1 GPU" in table and "rtx a6000" in table.lower() and "Mon 3 Mar 2025 09:00" in table
+    assert "1 GPU" in table and "rtx a6000" in table.lower() and "Mon 3 Mar 2025, 09:00 UTC" in table
     text = await _metrics(service)
     assert f'gpupool_queue_waiting{{model="{A6000}"}} 2.0' in text
     assert 'gpupool_queue_waiting{model="NVIDIA GeForce RTX 3090"} 1.0' in text

@@ -115,7 +115,7 @@ def test_free_summary_text():
     pool = small_pool()
     pool.allocate("f", Request(gpu_milli=250, models=frozenset({RTX})))
     text = str(pool.free_summary())
-    assert RTX in text and "3 whole GPU(s) free" in text and "largest share 75% of a shared GPU" in text
+    assert RTX in text and "3 whole GPUs free" in text and "largest share 75% of a shared GPU" in text
 
 
 def test_mig_devices_are_exclusive_fraction_slots():

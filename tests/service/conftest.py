@@ -22,7 +22,10 @@ def api_hub(tmp_path_factory):
     from tests.fixtures.hub import Hub, require_hub_binaries
 
     require_hub_binaries()
-    hub = Hub(tmp_path_factory.mktemp("hub"), extra_config=f"c.GPUPoolService.agent_tokens = {AGENT_NODES!r}\n")
+    # the wait queue off: test_api.py checks the refusals of a full pool (no_capacity, "Free now");
+    # the queue's own answers are tests/service/test_queue.py's and tests/spawner/test_queue_hub.py's
+    hub = Hub(tmp_path_factory.mktemp("hub"), extra_config=f"c.GPUPoolService.agent_tokens = {AGENT_NODES!r}\n"
+              "c.GPUPool.queue_enabled = False\n")
     hub.start()
     for name in ("alice", "bob", "admin", "carol", ODD):
         hub.create_user(name)

@@ -215,7 +215,7 @@ def test_refusals_say_why(hub):
     r = allocate(hub, "bob", {"gpus": 1, "models": ["RTX A6000"]}, server="poor")
     body = r.json()
     assert body["reason"] == "insufficient_balance", body
-    assert "-9.0" in body["message"] and "4 tokens/h" in body["message"]
+    assert "your balance is \u22129 " in body["message"] and "4 tokens/h" in body["message"]
     assert body["retry_at"] is not None  # the daily credits make it possible later
 
 

@@ -19,25 +19,15 @@ from urllib.parse import quote
 import pytest
 
 from gpupool_hub.timefmt import iso
-from gpupool_hub.usage.utilization import ReportedUtilization
 from tests.agent.test_service import TOKENS, Service
 
 from .test_api_bodies import BOUNDARY_WARNING, GPU, MEMORY_WARNING, SPAWNER, written
+from .test_api_bodies import service  # noqa: F401 (the fixture: the real app, alice known)
 
 N1 = TOKENS["n1"]
 ADMIN = "admin-token"
 #: the characters no name may hold, one of each range the issue names
 INVISIBLE = ["\u200b", "\u200f", "\u202a", "\u202e", "\u2066", "\u2069", "\ufeff"]
-
-
-@pytest.fixture
-async def service(tmp_path):
-    utilization = ReportedUtilization(0.05)
-    s = Service(tmp_path, utilization=utilization, spawner_token=SPAWNER)
-    s.utilization = utilization
-    s.manager.accounts.ensure("alice", [])
-    yield s
-    s.stop()
 
 
 async def refused(service: Service, method: str, path: str, token: str, body: Any, status: int = 400) -> str:

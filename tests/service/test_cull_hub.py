@@ -30,7 +30,7 @@ c.Spawner.cmd = [{SINGLEUSER!r}]
 import os
 if os.geteuid() == 0:  # CI runs as root; Jupyter Server refuses root without this
     c.Spawner.args = ["--allow-root"]
-c.Spawner.start_timeout = 90
+c.Spawner.start_timeout = 90  # the server's own start: jupyterhub-singleuser on two busy cores may pass 60 s
 c.Spawner.http_timeout = 90
 c.GPUPoolSpawner.profiles = [
     {{"slug": "cpu", "display_name": "CPU", "default": True}},

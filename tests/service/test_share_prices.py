@@ -79,10 +79,10 @@ def test_each_class_is_charged_shown_and_offered_at_its_factor(tmp_path):
             "whole": {A100: "2.000"}, "capped": {A100: "2.250"}, "quarter": {A100: "0.400"}}
         account = {"balance": "100.000", "floor": "-10.000", "credits": {}}
         ctx = form_context(parse_profiles(PROFILES), None, account, body)
-        prices = {p.slug: p.price for p in ctx["profiles"]}
-        assert prices["capped"].startswith("2.25 tokens/h (NVIDIA A100-SXM4-80GB)"), prices
-        assert prices["quarter"].startswith("0.4 tokens/h (NVIDIA A100-SXM4-80GB)"), prices
-        assert prices["whole"].startswith("2 tokens/h"), prices
+        prices = {p.slug: (p.price, p.gpu) for p in ctx["profiles"]}
+        assert prices["capped"] == ("2.25 tokens/h", "¾ of one NVIDIA A100-SXM4-80GB, 60 GiB of its memory"), prices
+        assert prices["quarter"] == ("0.4 tokens/h", "¼ of one NVIDIA A100-SXM4-80GB, 20 GiB of its memory"), prices
+        assert prices["whole"] == ("2 tokens/h", "1 × NVIDIA A100-SXM4-80GB"), prices
     finally:
         m.close()
 

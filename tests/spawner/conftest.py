@@ -46,8 +46,8 @@ c.JupyterHub.spawner_class = "gpupool-simple"
 c.JupyterHub.allow_named_servers = True
 c.JupyterHub.cleanup_servers = False
 c.Spawner.cmd = [sys.executable, {str(TINY)!r}]
-c.Spawner.poll_interval = 2
-c.Spawner.http_timeout = 60
+c.Spawner.poll_interval = 2  # JupyterHub's is 30 s: test_hub.py waits 20 s for a killed server's GPUs to go back
+c.Spawner.http_timeout = 60  # JupyterHub's is 30 s: 30 concurrent spawns on two cores (test_hub.py) answer slower
 c.SimpleLocalProcessSpawner.home_dir_template = {str(workdir / "home") + "/{username}"!r}
 c.GPUPool.nodes = {json.dumps(POOL)}
 c.GPUPoolSpawner.profiles = {PROFILES!r}
@@ -62,14 +62,15 @@ c.Spawner.pre_spawn_hook = _slow_for_some
 """
 
 
-def spawner_hub(tmp_path_factory, name: str, extra: str = ""):
+def spawner_hub(tmp_path_factory, name: str, extra: str = "", service_poll: int | None = None):
     """A started hub running tiny servers (``spawner_config`` + ``extra``); yields it, then
-    stops every server, kills leftovers and stops the hub. Module fixtures delegate here."""
+    stops every server, kills leftovers and stops the hub. Module fixtures delegate here.
+    ``service_poll``: see ``Hub`` (for modules that kill the service)."""
     from tests.fixtures.hub import Hub, require_hub_binaries
 
     require_hub_binaries()
     workdir = tmp_path_factory.mktemp(name)
-    hub = Hub(workdir, spawner_config(workdir) + extra)
+    hub = Hub(workdir, spawner_config(workdir) + extra, service_poll=service_poll)
     hub.start()
     try:
         yield hub
@@ -83,7 +84,10 @@ def spawner_hub(tmp_path_factory, name: str, extra: str = ""):
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
-    yield from spawner_hub(tmp_path_factory, "spawnhub")
+    # The wait queue off: test_hub.py checks what a full pool answers without it (no_capacity at
+    # once, naming what is free; 30 spawns on 8 GPUs, 22 refused), test_refusal_logs.py how that
+    # refusal is logged. The queue has its own hub tests (test_queue_hub.py, test_queue_flood_hub.py).
+    yield from spawner_hub(tmp_path_factory, "spawnhub", "c.GPUPool.queue_enabled = False\n")
 
 
 @pytest.fixture(autouse=True)

@@ -164,3 +164,43 @@ def test_client_without_a_service():
         asyncio.run(client.allocate("a", "", [], {"gpus": 1}, "1 GPU"))
     assert e.value.reason == SpawnFailure.UNREACHABLE.value and e.value.status_code == 503
     assert "(requested 1 GPU)" in e.value.jupyterhub_message
+
+
+def test_a_new_spawn_after_leaving_the_queue_queues_at_once():
+    # Issue 39.1: "Leave the queue", then Start again within a minute: the pool ends the first
+    # request after a place was given up (meant for a retry of the left spawn still in flight).
+    # A new spawn asks again at once instead of failing with "start the server again".
+    s = make()
+    profile = s.gpupool_profiles[1]
+    answers = [
+        GPUPoolRefused("Your place in the GPU queue was given up (the spawn was cancelled); start the server "
+                       "again to queue anew.", reason="no_capacity", status_code=503,
+                       details={"cancelled_at": "2026-01-01T00:00:00Z"}),
+        {"id": "a1", "node": "n", "gpus": []},
+    ]
+
+    async def allocate(profile, gpus):
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    s.gpupool_allocate = allocate
+    assert asyncio.run(s.waits.run(profile, 1, s.start_timeout, s.reclaim_wait))["id"] == "a1"
+
+
+def test_a_cancelled_place_later_in_a_wait_still_ends_it():
+    s = make()
+    profile = s.gpupool_profiles[1]
+    gone = GPUPoolRefused("Your place in the GPU queue was given up.", reason="no_capacity", status_code=503,
+                          details={"cancelled_at": "2026-01-01T00:00:00Z"})
+    answers = [GPUPoolRefused("You are 1st in the queue.", reason="queued", status_code=503,
+                              details={"position": 1}, retry_at="2000-01-01T00:00:00Z"), gone]
+
+    async def allocate(profile, gpus):
+        raise answers.pop(0)
+
+    s.gpupool_allocate = allocate
+    with pytest.raises(GPUPoolRefused) as e:
+        asyncio.run(s.waits.run(profile, 1, 600, s.reclaim_wait))
+    assert e.value is gone

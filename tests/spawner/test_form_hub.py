@@ -53,7 +53,7 @@ def _form(hub, user: str) -> tuple[str, str]:
 
 def _block(raw: str, slug: str) -> str:
     """The text of one profile's part of the form."""
-    m = re.search(rf'<div class="[^"]*" data-profile="{re.escape(slug)}".*?(?=<div class="gpupool-profile|\Z)', raw, re.S)
+    m = re.search(rf'<div class="[^"]*" data-profile="{re.escape(slug)}".*?(?=<div class="gpupool-profile|</fieldset>)', raw, re.S)
     assert m, f"no profile {slug!r} in the form"
     return html.unescape(re.sub(r"<[^>]+>", "", m.group(0)))
 
@@ -62,17 +62,18 @@ def test_form_shows_the_services_prices_when_the_hub_config_has_no_pool(hub):
     assert "c.GPUPool.nodes = []" in hub.config_path.read_text()
     set_balance(hub, "petra", "-5")
     raw, text = _form(hub, "petra")
-    assert "Your balance: -5 tokens (servers stop at -10)" in text
-    assert "3 tokens/h (NVIDIA GeForce RTX 3090)" in _block(raw, "2x3090")
-    assert "1.5–3 tokens/h (NVIDIA GeForce RTX 3090: 1.5, NVIDIA RTX A6000: 3)" in _block(raw, "1gpu")
-    assert "your balance buys ≈ 3.3 h" in _block(raw, "1gpu")  # (-5 - -10) / 1.5
-    assert "3 tokens/h per GPU (NVIDIA RTX A6000)" in _block(raw, "a6000")
-    assert "0.375 tokens/h (NVIDIA GeForce RTX 3090)" in _block(raw, "quarter")
+    assert "Your balance: \u22125.0 tokens (GPU servers stop at \u221210)" in text
+    assert "3 tokens/h" in _block(raw, "2x3090") and "2 × NVIDIA GeForce RTX 3090" in _block(raw, "2x3090")
+    assert "1.5–3 tokens/h" in _block(raw, "1gpu")
+    assert "NVIDIA GeForce RTX 3090: 1.5, NVIDIA RTX A6000: 3" in _block(raw, "1gpu")
+    assert "Your balance buys 3.3 h above the floor" in _block(raw, "1gpu")  # (-5 - -10) / 1.5
+    assert "3 tokens/h per GPU" in _block(raw, "a6000") and "1 × NVIDIA RTX A6000" in _block(raw, "a6000")
+    assert "0.375 tokens/h" in _block(raw, "quarter") and "¼ of one NVIDIA GeForce RTX 3090" in _block(raw, "quarter")
     assert "no such GPU in this pool" in _block(raw, "h100")
     # min_start_hours is the service's (2): 2 x 3 tokens/h would take -5 below -10
     assert 'data-profile="2x3090" data-affordable="false"' in raw
     assert 'data-profile="1gpu" data-affordable="true"' in raw  # 2 x 1.5 = 3: -8 stays above the floor
-    assert "it needs 6 tokens above your floor" in _block(raw, "2x3090")
+    assert "it needs 6 tokens above your floor for its first 2 h" in _block(raw, "2x3090")
     # and what is free, also from the service
     assert "8 of 8 GPUs free" in _block(raw, "1gpu") and "4 of 4 GPUs free" in _block(raw, "2x3090")
     # and a link to the service's own page (issue 15)

@@ -137,17 +137,17 @@ def test_options_form_shows_prices_balance_and_marks_unaffordable(hub):
     assert page.status_code == 200
     raw = page.content.decode()
     text = html.unescape(re.sub(r"<[^>]+>", "", raw))
-    assert "Your balance: -8.5 tokens (servers stop at -10)" in text
+    assert "Your balance: \u22128.5 tokens (GPU servers stop at \u221210)" in text
     # one 3090 (1 token/h) is affordable down to the floor, two (2 tokens/h) are not
-    one = re.search(r'<div class="([^"]*)" data-profile="1gpu" data-affordable="(\w+)">', raw)
-    two = re.search(r'<div class="([^"]*)" data-profile="2x3090" data-affordable="(\w+)">', raw)
+    one = re.search(r'<div class="([^"]*)" data-profile="1gpu" data-affordable="(\w+)"', raw)
+    two = re.search(r'<div class="([^"]*)" data-profile="2x3090" data-affordable="(\w+)"', raw)
     assert one.group(2) == "true" and "unaffordable" not in one.group(1)
     assert two.group(2) == "false" and "gpupool-unaffordable" in two.group(1)
-    assert "2 tokens/h (NVIDIA GeForce RTX 3090)" in text
-    assert "1–4 tokens/h (NVIDIA GeForce RTX 3090: 1, NVIDIA RTX A6000: 4)" in text
-    assert "your balance buys ≈ 1.5 h" in text  # (balance - floor) / 1 token/h
+    assert "2 tokens/h" in text and "2 × NVIDIA GeForce RTX 3090" in text
+    assert "1–4 tokens/h" in text and "NVIDIA GeForce RTX 3090: 1, NVIDIA RTX A6000: 4" in text
+    assert "Your balance buys 1.5 h above the floor" in text  # (balance - floor) / 1 token/h
     assert "no such GPU in this pool" in text  # the H100 profile
-    assert "Not enough tokens to start this profile (it needs 2 tokens above your floor)" in text
+    assert "Not enough tokens to start this profile: it needs 2 tokens above your floor for its first 1 h" in text
 
 
 def test_unaffordable_profile_refused_on_the_spawn_page(hub):
@@ -157,7 +157,7 @@ def test_unaffordable_profile_refused_on_the_spawn_page(hub):
     r = session.post(f"{hub.url}/hub/spawn", data={"profile": "2x3090", "_xsrf": session.xsrf}, timeout=60)
     text = html.unescape(r.content.decode())
     assert r.status_code == 403, text[:500]
-    assert "Not enough tokens: your balance is -9.0 and this server costs 2 tokens/h" in text
+    assert "Not enough tokens: your balance is \u22129 and this server costs 2 tokens/h" in text
     assert "With the daily credits you can start it from" in text
     assert 'class="spawn-error-msg' in r.text
     assert not [a for a in allocations(hub) if a["user"] == "ursula"]
@@ -172,13 +172,13 @@ def test_unaffordable_profile_refused_on_the_progress_page(hub):
     assert r.status_code == 302 and "/hub/spawn-pending/slow-sam" in r.headers["Location"], r.status_code
     events = progress_events(hub, "slow-sam")
     assert events[-1]["failed"], events
-    assert "Not enough tokens: your balance is -9.0" in events[-1]["message"]
+    assert "Not enough tokens: your balance is \u22129" in events[-1]["message"]
     assert "daily credits" in events[-1]["message"]
     assert "Not enough tokens" in events[-1]["html_message"]
     assert any(e["message"].startswith("Asking the GPU pool for 2 GPUs") for e in events[:-1]), events
     # and the progress page, loaded again after the failure, shows it too
     page = session.get(f"{hub.url}{r.headers['Location']}", timeout=30)
-    assert "Not enough tokens: your balance is -9.0" in html.unescape(page.content.decode())
+    assert "Not enough tokens: your balance is \u22129" in html.unescape(page.content.decode())
 
 
 def test_model_unavailable_and_no_capacity_refusals(hub):

@@ -39,14 +39,12 @@ AGENT_TOKEN = "agent-secret-node-a"
 GIB = 1 << 30
 
 COMMON = f"""
-c.GPUPool.queue_enabled = True
 c.GPUPool.nodes = {json.dumps(NODE)}
 c.GPUPool.idle_grace = 4
 c.GPUPool.min_runtime = 1
 c.GPUPoolService.idle_interval = 0.5
 c.GPUPoolService.queue_interval = 0.5
 c.GPUPoolService.agent_tokens = {{"node-a": {AGENT_TOKEN!r}}}
-c.Spawner.start_timeout = 120
 c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0.5}}  # the POST answers 202 at once for a waiting spawn
 """
 

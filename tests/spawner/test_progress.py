@@ -86,3 +86,33 @@ def test_a_message_said_again_adds_no_row():
         (40, "GPUs allocated: node-a", None),
         (20, "Asking the GPU pool", None),
     ]
+
+
+def test_a_queued_spawn_says_its_place_as_one_line_with_the_place_apart():
+    # Issue 39.2: the place and range change as others start and leave; each change is an event of
+    # the line "queued", which the project's spawn page rewrites in place (no new row), and it
+    # carries the place apart (gpupool_wait) for the hub's home page. Once the GPUs come, no place.
+    from gpupool_hub.spawner.errors import GPUPoolRefused
+    from tests.spawner.test_units import make
+
+    s = make()
+    profile = s.gpupool_profiles[1]
+    places = [(2, "about 20–45 min"), (2, "about 20–45 min"), (1, "about 10–30 min")]
+    seen_while_waiting = []
+
+    async def allocate(profile, gpus):
+        seen_while_waiting.append(s.waits.place)
+        if places:
+            position, text = places.pop(0)
+            raise GPUPoolRefused(f"You are {position} in the queue, {text}.", reason="queued", status_code=503,
+                                 details={"position": position, "queue_length": 2, "eta_text": text},
+                                 retry_at="2000-01-01T00:00:00Z")
+        return {"id": "a1", "node": "n", "gpus": []}
+
+    s.gpupool_allocate = allocate
+    assert asyncio.run(s.waits.run(profile, 1, 600, s.reclaim_wait))["id"] == "a1"
+    events = s._gpupool_progress.events
+    assert [(e["line"], e["gpupool_wait"]["position"], e["gpupool_wait"]["eta_text"]) for e in events] == [
+        ("queued", 2, "about 20–45 min"), ("queued", 1, "about 10–30 min")]
+    assert events[-1]["gpupool_wait"]["message"] == "You are 1 in the queue, about 10–30 min."
+    assert seen_while_waiting[-1]["position"] == 1 and s.waits.place is None  # started: no place any more

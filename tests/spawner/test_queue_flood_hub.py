@@ -27,7 +27,6 @@ from .test_queue_hub import ONE_GPU, queue
 pytestmark = pytest.mark.integration
 
 EXTRA = f"""
-c.GPUPool.queue_enabled = True
 c.GPUPool.nodes = {json.dumps(ONE_GPU)}
 c.GPUPoolService.queue_interval = 0.5
 c.JupyterHub.concurrent_spawn_limit = 3
@@ -120,7 +119,7 @@ def test_a_cross_site_get_starts_no_paid_server_but_the_forms_post_does(hub):
     assert not srv or not (srv.get("pending") or srv.get("ready")), srv
     assert not [a for a in allocations(hub) if a["user"] == "victim"]
     # the page is the form, with the linked profile chosen
-    assert re.search(r'<input type="radio" name="profile" value="1gpu" checked>', r.text), r.text[:3000]
+    assert re.search(r'<input type="radio" name="profile" value="1gpu" checked[ >]', r.text), r.text[:3000]
     assert not re.search(r'value="cpu" checked', r.text)
 
     assert "Confirm the start." in r.text and "costs tokens, so a link does not start it" in r.text

@@ -31,7 +31,6 @@ ONE_GPU = [{"name": "node-a", "cpu_milli": 64000, "memory_mib": 262144,
             "gpus": [{"index": 0, "uuid": "GPU-solo-0", "model": "NVIDIA GeForce RTX 3090"}]}]
 
 EXTRA = f"""
-c.GPUPool.queue_enabled = True
 c.GPUPool.queue_poll_timeout = 15
 c.GPUPool.nodes = {json.dumps(ONE_GPU)}
 c.GPUPoolService.queue_interval = 0.5
@@ -41,7 +40,8 @@ c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0.5}}  # the POST answer
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
-    yield from spawner_hub(tmp_path_factory, "queuehub", EXTRA)
+    # the test kills the service mid-queue and waits for the hub to start it again: see Hub
+    yield from spawner_hub(tmp_path_factory, "queuehub", EXTRA, service_poll=1)
 
 
 def queue(hub):

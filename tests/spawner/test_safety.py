@@ -58,7 +58,8 @@ c.GPUPoolService.reconcile_grace = 3600
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
-    yield from spawner_hub(tmp_path_factory, "safetyhub", EXTRA)
+    # test_12_10 ("restarted") kills the service and waits for the hub to start it again: see Hub
+    yield from spawner_hub(tmp_path_factory, "safetyhub", EXTRA, service_poll=1)
 
 
 def ts(value: str) -> datetime:

@@ -38,11 +38,8 @@ SHOTS = Path(__file__).parents[2] / "build" / "screenshots"
 GPU = {"index": 0, "uuid": "GPU-range-0", "model": "NVIDIA GeForce RTX 3090"}
 ONE_GPU = [{"name": "node-a", "cpu_milli": 64000, "memory_mib": 262144, "gpus": [GPU]}]
 EXTRA = f"""
-c.GPUPool.queue_enabled = True
 c.GPUPool.nodes = {json.dumps(ONE_GPU)}
 c.GPUPoolService.queue_interval = 0.5
-c.Spawner.start_timeout = 600
-c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0.5}}  # the spawn page hands over to the progress page
 # as the example configuration: the pages' OAuth asks no confirmation and may carry the admin scope
 c.JupyterHub.services[0].update(oauth_no_confirm=True, oauth_client_allowed_scopes=["custom:gpupool:admin"])
 """

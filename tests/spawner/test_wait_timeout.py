@@ -88,3 +88,15 @@ async def test_once_the_gpus_are_held_the_server_gets_only_its_own_start_timeout
     assert seen == [1]  # the engine waited for its own start only
     assert abandoned  # the GPUs it got go back, never charged
     assert s.start_timeout == 601  # the next spawn may wait again
+
+
+def test_the_final_refusal_after_the_longest_wait_says_how_long_in_minutes_and_the_place():
+    from gpupool_hub.reasons import RefusalReason
+    from gpupool_hub.spawner.errors import GPUPoolRefused
+
+    last = GPUPoolRefused("You are 3rd in the queue", reason=RefusalReason.QUEUED.value, details={"position": 3})
+    final = wait_rules.gave_up_waiting(last, 3598.7)
+    assert final.message.startswith("No GPU became free in the 60 minutes you waited, the longest this pool "
+                                    "lets a start wait (you were number 3 in line).")
+    assert "keep your place" in final.message and final.details == {"position": 3}
+    assert " 90 seconds you waited" in wait_rules.gave_up_waiting(last, 90).message

@@ -20,12 +20,14 @@ from typing import Any
 
 from ... import fairshare, waitqueue
 from ...config import GPUPool
-from ...credits import CreditRules, affordable_at, can_start
+from ...credits import CreditRules, affording_credit, can_start, start_need
 from ...ledger import AllocationRecord, Ledger
 from ...placement.errors import InvalidRequest, ModelUnavailable, NoCapacity
 from ...placement.request import Request
 from ...placement.state import Placement
 from ...reasons import RefusalReason
+from ...shortfall import shortfall_message
+from ...timefmt import when_text
 from ...units import format_tokens, round_milli
 from .accounts import Accounts
 from .attempts import AttemptAbandoned, Tombstones
@@ -38,11 +40,6 @@ from .views import ViewCache
 from .threads import CoreThreads, writes
 
 log = logging.getLogger("gpupool.admission")
-
-def _num(value: Decimal) -> str:
-    """A token amount for a message: 0.5, 4, 10 (no trailing zeros, no exponent)."""
-    return f"{value.normalize():f}"
-
 
 REQUEST_FIELDS = frozenset({"gpus", "gpu_milli", "gpu_fraction", "mig", "models", "cpu_milli", "memory_mib",
                             "share"})
@@ -131,36 +128,27 @@ class Admission:
                           details={"requested": requested_models or [], "available": []})
         price = {m: self.inventory.request_price(m, request) for m in allowed}
         hours = self.settings.min_start_hours
-        affordable = frozenset(m for m in price if can_start(balance, held_price + price[m], rules, hours))
+        affordable = frozenset(m for m in price if can_start(balance, price[m], rules, hours, held_price))
         if affordable:
             return affordable
         raise self.insufficient(balance, min(price.values()), held, rules, hours)
 
     def insufficient(self, balance: Decimal, cheapest: Decimal, held: list[AllocationRecord], rules: CreditRules,
                      hours: Decimal) -> Refused:
-        """The refusal for lack of tokens: what the start needs, what is held, when it fits."""
+        """The refusal for lack of tokens: what the start needs (``credits.start_need``, as the spawn
+        form says it), what is held, and which credit makes it fit when; worded by ``shortfall``."""
         held_price = sum((r.price_per_hour for r in held), Decimal(0))
-        total = held_price + cheapest
-        msg = f"Not enough tokens: your balance is {balance:.1f} and this server costs {_num(cheapest)} tokens/h"
-        if held:
-            servers = ", ".join(f"{r.server or 'default'} ({_num(r.price_per_hour)}/h)" for r in held)
-            msg += (f"; you already run {len(held)} GPU server(s) costing {_num(held_price)} tokens/h: {servers}. "
-                    f"Together they need {_num(total * hours)} tokens for {_num(hours)} h")
-        else:
-            msg += f"; starting needs {_num(total * hours)} tokens for {_num(hours)} h"
-        msg += f" without going below the floor of {_num(rules.floor)}."
-        # credits alone may make it affordable; with servers held, stopping one may too
-        when = affordable_at(balance, total, rules, self.clock(), self.settings.tz, hours)
-        if held and can_start(balance, cheapest, rules, hours):
-            msg += " Stop one of your running GPU servers to start this one."
-        if when:
-            msg += f" With the daily credits you can start it from {when:%Y-%m-%d %H:%M %Z}."
-        elif not held or not can_start(balance, cheapest, rules, hours):
-            msg += " No scheduled credit makes it affordable; ask an admin for a grant."
-        return Refused(RefusalReason.INSUFFICIENT_BALANCE, msg, retry_at=when, details={
+        found = affording_credit(balance, cheapest, rules, self.clock(), self.settings.tz, hours,
+                                 held_per_hour=held_price)
+        details = {
             "balance": format_tokens(balance), "price_per_hour": format_tokens(cheapest),
             "floor": format_tokens(rules.floor), "held_price_per_hour": format_tokens(held_price),
-            "held": [{"server": r.server, "price_per_hour": format_tokens(r.price_per_hour)} for r in held]})
+            "held": [{"server": r.server, "price_per_hour": format_tokens(r.price_per_hour)} for r in held],
+            "needs": format_tokens(start_need(cheapest, held_price, hours)), "min_start_hours": format_tokens(hours),
+            "credit": found.kind if found else None}
+        when = found.at if found else None
+        message = shortfall_message(details, when, lambda at: when_text(at, self.settings.tz))
+        return Refused(RefusalReason.INSUFFICIENT_BALANCE, message, retry_at=when, details=details)
 
     @writes
     def admit(self, user: str, groups: Iterable[str], server: str, request: Request,

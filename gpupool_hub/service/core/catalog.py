@@ -21,13 +21,16 @@ __all__ = ["catalog"]
 
 
 def catalog(inventory: "PoolInventory", min_start_hours: Decimal) -> dict[str, Any]:
-    """Per pool GPU model: price per GPU-hour, GPUs in the pool and whole GPUs free."""
+    """Per pool GPU model: price per GPU-hour, GPUs in the pool, whole GPUs free and (when stated) its memory."""
     pool, prices = inventory.pool, inventory.prices
     free = pool.free_summary().per_model
     counts: dict[str, int] = {}
+    memory: dict[str, int] = {}  # the smallest stated memory of each model: what a share surely gets a part of
     for ns in pool.nodes:
         for g in ns.node.gpus:
             counts[g.model] = counts.get(g.model, 0) + 1
+            if g.memory_mib > 0:
+                memory[g.model] = min(memory.get(g.model, g.memory_mib), g.memory_mib)
     instances = _mig_instances(pool)
     models = []
     for model in sorted(counts):
@@ -38,7 +41,10 @@ def catalog(inventory: "PoolInventory", min_start_hours: Decimal) -> dict[str, A
         e = free.get(model, {})
         entry: dict[str, Any] = {"model": model, "price_per_gpu_hour": price, "gpus": counts[model],
                                  "whole_free": e.get("whole_free", 0),
-                                 "largest_whole_block": e.get("largest_whole_block", 0)}
+                                 "largest_whole_block": e.get("largest_whole_block", 0),
+                                 "largest_share_milli": e.get("largest_share_milli", 0)}
+        if model in memory:
+            entry["memory_mib"] = memory[model]
         if model in instances:
             entry["mig"] = _mig_catalog(prices, model, instances[model])
         models.append(entry)

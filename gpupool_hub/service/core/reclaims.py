@@ -31,7 +31,8 @@ from ...ledger import AllocationRecord, AuditEvent, Ledger
 from ...placement.request import Request, same_request
 from ...placement.state import Placement
 from ...reasons import AuditAction, RefusalReason
-from ...timefmt import iso
+from ...timefmt import iso, when_text
+from ...units import plural
 from ...cull import CullWarning
 from .errors import Refused
 from .pool_inventory import PoolInventory
@@ -204,8 +205,9 @@ class Reclaims:
         n = sum(len(v.gpus) for v in rc.victims)
         return Refused(
             RefusalReason.RECLAIMING,
-            f"Waiting for borrowed GPUs to be reclaimed for your team {rc.team}: {len(rc.victims)} borrowed "
-            f"server(s) of teams over their quota ({n} GPU(s)) are stopped at {iso(rc.deadline)}, "
+            f"Waiting for borrowed GPUs to be reclaimed for your team {rc.team}: "
+            f"{plural(len(rc.victims), 'borrowed server')} of teams over their quota ({plural(n, 'GPU')}) "
+            f"{'is' if len(rc.victims) == 1 else 'are'} stopped at {when_text(rc.deadline, self.settings.tz)}, "
             f"then your server starts on {self.pool.describe(rc.placement)}.",
             retry_at=max(rc.deadline, self.clock() + timedelta(seconds=1)),
             details={"team": rc.team, "node": rc.placement.node,

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from ...ledger import AuditEvent, Ledger
@@ -35,32 +36,73 @@ KEPT_KERNELS = ("Your server, notebooks and files are untouched; only the runnin
                 "so what they held in memory is lost.")
 
 
+MINUS = "\u2212"
+
+#: why a floor stop happened, in a researcher's words (no trailing stop: the spawn page adds one)
+FLOOR_WHY = ("Servers holding GPUs stop when your balance reaches the floor, so it goes no further below "
+             "zero; the GPU time used until the stop is charged with the next debit, which brings the balance "
+             "shown to the floor. GPU servers can start again once credits or a grant bring your balance back "
+             "above the floor; a server without GPUs can start now")
+
+
 @dataclass(frozen=True)
 class NoticeKind:
-    """How one kind of audit event reads to the user it happened to."""
+    """How one kind of audit event reads to the user it happened to: ``what`` happened and
+    ``because`` of what, so that a page can say when in between ("Your GPU server was
+    stopped at 14:02 because your balance reached the floor (−10 tokens)")."""
 
     kind: str
-    title: str
+    what: str
+    because: str
     kept: str
 
+    @property
+    def title(self) -> str:
+        return f"{self.what} {self.because}"
 
-#: audit action → what the user is told; the words the widget, the spawn page and docs/user-guide.md show
+
+#: audit action → what the user is told; the words the widget, the spawn page, "My GPU usage" and
+#: docs/user-guide.md show
 KINDS: dict[str, NoticeKind] = {
     AuditAction.PREEMPT.value: NoticeKind(
-        "preempted", "Your server was stopped: its borrowed GPUs were reclaimed for another team", KEPT_SERVER),
+        "preempted", "Your server was stopped", "because its borrowed GPUs were reclaimed for another team",
+        KEPT_SERVER),
     AuditAction.CULL_KERNELS.value: NoticeKind(
-        "kernels_stopped", "Your kernels were stopped and their GPUs taken back", KEPT_KERNELS),
+        "kernels_stopped", "Your kernels were stopped and their GPUs taken back",
+        "because your balance was below zero while the pool was short of GPUs", KEPT_KERNELS),
     AuditAction.STOP_SERVER.value: NoticeKind(
-        "floor_stop", "Your server was stopped: your balance reached the floor", KEPT_SERVER),
+        "floor_stop", "Your GPU server was stopped", "because your balance reached the floor", KEPT_SERVER),
     AuditAction.IDLE_RECLAIM.value: NoticeKind(
-        "idle_reclaim", "Your server was stopped: its GPUs were idle while others waited", KEPT_SERVER),
+        "idle_reclaim", "Your server was stopped", "because its GPUs were idle while others waited", KEPT_SERVER),
 }
 
 
+def amount_words(value: str) -> str:
+    """A token amount from an audit detail as a researcher reads it: "-10.000" → "−10"."""
+    try:
+        amount = Decimal(value)
+    except (InvalidOperation, TypeError):
+        return str(value)
+    text = f"{amount:f}"
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return text.replace("-", MINUS)
+
+
 def notice_json(event: AuditEvent) -> dict[str, Any]:
+    """One notice: ``title`` is ``what`` and ``because`` together (clients before issue 39.6
+    show it alone); a page puts the local time between them. A floor stop names the floor
+    it reached (the cull job records it in the event's detail since issue 39.6) and says
+    why in a researcher's words, not the audit's "balance -10.020 is at or below …"."""
     k = KINDS[event.action]
+    because, why = k.because, event.reason
+    if k.kind == "floor_stop":
+        floor = (event.detail or {}).get("floor")
+        if floor is not None:
+            because = f"{because} ({amount_words(floor)} tokens)"
+        why = FLOOR_WHY
     return {"id": event.id, "kind": k.kind, "at": iso(event.at), "server": event.server,
-            "title": k.title, "why": event.reason, "kept": k.kept}
+            "title": f"{k.what} {because}", "what": k.what, "because": because, "why": why, "kept": k.kept}
 
 
 class Notices:

@@ -21,7 +21,7 @@ from decimal import Decimal
 from typing import Any
 
 from ...config import GPUPool
-from ...credits import balance_status, next_credit_times
+from ...credits import balance_status, floor_reached_at, next_credit_times
 from ...ledger import AllocationRecord, Ledger
 from ...placement.report import FreeSummary
 from ...timefmt import iso
@@ -34,6 +34,10 @@ from .catalog import catalog
 from .threads import CoreThreads, reads, writes
 
 ViewKey = tuple[frozenset[str], date]
+
+#: the cached view's balance, floor and held servers (price, start): ``_finish`` words when the
+#: floor is reached from them at each answer's time, and leaves them out of the answer
+FLOOR_BASIS = "_floor_basis"
 
 
 class ViewCache:
@@ -221,8 +225,14 @@ class Views:
         """The cached part plus what changes without the account changing."""
         warning = self.warning_for(user)
         clock = self._clock_view()
+        basis = view[FLOOR_BASIS]
+        now = self.clock()
+        floor_at = floor_reached_at(*basis, self.debits.next_interval_start(), now)
         return {
-            **view,
+            **{k: v for k, v in view.items() if k != FLOOR_BASIS},
+            # from the balance the GPU time used so far leaves, not the last charged one
+            "time_to_floor_seconds": None if floor_at is None else int((floor_at - now).total_seconds()),
+            "floor_at": iso(floor_at),
             "credits": {**view["credits"], **clock["credits"]},
             "last_debit_at": clock["last_debit_at"],
             "accounting": clock["accounting"],
@@ -254,8 +264,8 @@ class Views:
         balance = self.ledger.balance(user)
         held = self.ledger.allocations.active(user)
         burn = sum((r.price_per_hour for r in held), Decimal(0))
-        time_to_floor = int(max(Decimal(0), balance - rules.floor) / burn * 3600) if burn > 0 else None
         return {
+            FLOOR_BASIS: (balance, rules.floor, [(r.price_per_hour, r.created_at) for r in held]),
             "user": user,
             "balance": format_tokens(balance),
             "floor": format_tokens(rules.floor),
@@ -267,6 +277,5 @@ class Views:
             },
             "allocations": [self.allocation_json(r) for r in held],
             "burn_rate_per_hour": format_tokens(burn),
-            "time_to_floor_seconds": time_to_floor,
             "notices": self.notices(user) if self.notices else [],
         }

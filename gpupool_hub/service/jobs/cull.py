@@ -9,11 +9,13 @@ from decimal import Decimal
 from typing import Any
 
 from ...config import GPUPool
+from ...credits import uncharged_cost
 from ...cull import Culler, CullWarning, Decision, UserState, decide, others_utilization, pressure
 from ...ledger import AllocationRecord, AuditEvent
 from ...reasons import AuditAction
 from ...usage.utilization import UtilizationSource
 from ..core.admission import Admission
+from ..core.debits import Debits
 from ..core.enforcement import Enforcement
 from ..core.pool_inventory import PoolInventory
 from ..core.takeback_notices import Notices
@@ -58,9 +60,10 @@ class CullJob:
     def __init__(self, hub: HubClient, culler: Culler, groups: Callable[[str], Awaitable[list[str]]],
                  utilization: Callable[[list[AllocationRecord]], Awaitable[ServerFigures | None]], *,
                  settings: GPUPool, records: Records, inventory: PoolInventory, queue: WaitQueue,
-                 admission: Admission,
+                 admission: Admission, debits: Debits,
                  enforcement: Enforcement, notices: Notices, cache: ViewCache) -> None:
         self.hub = hub
+        self.debits = debits  # where charging stands: the floor counts GPU time used since
         self.settings, self.records, self.inventory = settings, records, inventory
         self.queue, self.admission, self.enforcement, self.notices, self.cache = (queue, admission, enforcement,
                                                                                  notices, cache)
@@ -75,9 +78,11 @@ class CullJob:
         servers: dict[str, set[str]] = {}
         allocated = Decimal(0)
         models: dict[str, set[str]] = {}
+        held: dict[str, list[tuple[Decimal, datetime]]] = {}
         records = await self.records.active_allocations.off_loop()
         for record in records:
             servers.setdefault(record.user, set()).add(record.server)
+            held.setdefault(record.user, []).append((record.price_per_hour, record.created_at))
             models.setdefault(record.user, set()).update(g["model"] for g in record.gpus)
             allocated += sum((Decimal(g["milli"]) / 1000 for g in record.gpus), Decimal(0))
         for user, server in enforcement.revoked_servers():
@@ -91,6 +96,8 @@ class CullJob:
         # users the agents enforce against are re-checked too, so a top-up frees them
         judged = set(servers) | set(warnings) | set(enforcement.users)
         balances = await self.records.balances.off_loop(judged)  # one read for all, not one per user
+        # the floor stop counts the GPU time used since the last charged interval (issue 39.6)
+        charged_through, charged_now = self.debits.next_interval_start(), self.debits.clock()
         demands = (await self.queue.demand.off_loop([(u, frozenset(models.get(u, ()))) for u in judged])
                    if self.settings.queue_enabled else {})
         for user in judged:
@@ -105,7 +112,8 @@ class CullJob:
                 log.exception("Cull: cannot judge %s this time", user)
                 continue
             exempt = user in culler.exempt_users or bool(groups & culler.exempt_groups)
-            state = UserState(user, balance, rules.floor, tuple(sorted(servers.get(user, ()))), exempt)
+            uncharged = uncharged_cost(held.get(user, ()), charged_through, charged_now)
+            state = UserState(user, balance, rules.floor, tuple(sorted(servers.get(user, ()))), exempt, uncharged)
             if balance >= 0:
                 enforcement.reinstate(user)
             # the pool is under pressure for this user when someone else waits for what they hold
@@ -125,7 +133,7 @@ class CullJob:
     async def carry_out(self, d: Decision, warnings: dict[str, CullWarning]) -> None:
         dry = self.culler.dry_run
         now = datetime.now(timezone.utc)
-        detail: dict[str, Any] = {}
+        detail: dict[str, Any] = dict(d.detail or {})
         if dry:
             log.warning("[dry run] would %s for %s/%s: %s", d.action, d.user, d.server, d.reason)
         if d.action == AuditAction.WARN:

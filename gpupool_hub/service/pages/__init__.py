@@ -3,6 +3,7 @@
 ========================== ============================================ =========
 ``{prefix}``               My GPU usage (own data only)                 user
 ``{prefix}me/history.csv`` own entries as CSV                           user
+``{prefix}me/notices``     POST: dismiss one of one's own notices       user
 ``{prefix}admin/pool``     pool map: GPUs by holder; per model if large  admin
 ``{prefix}admin/accounts`` accounts: search, sort, negative filter      admin
 ``{prefix}admin/users/…``  any user's usage page and CSV                admin
@@ -34,7 +35,13 @@ from .admin import (
 )
 from .base import NotFoundHandler, OAuthCallbackHandler, StaticHandler
 from .poolmap import PoolMapHandler
-from .usage import MyHistoryCSVHandler, MyUsageHandler, UserHistoryCSVHandler, UserUsageHandler
+from .usage import (
+    MyHistoryCSVHandler,
+    MyNoticeDismissHandler,
+    MyUsageHandler,
+    UserHistoryCSVHandler,
+    UserUsageHandler,
+)
 
 STATIC_DIR = str(resources.files(__package__).joinpath("static"))
 
@@ -46,6 +53,7 @@ def page_routes(prefix: str) -> list[tuple]:  # type: ignore[type-arg]
     return [
         (rf"{p}/", MyUsageHandler),
         (rf"{p}/me/history\.csv", MyHistoryCSVHandler),
+        (rf"{p}/me/notices", MyNoticeDismissHandler),
         (rf"{p}/oauth_callback", OAuthCallbackHandler),
         (rf"{p}/static/(.*)", StaticHandler, {"path": STATIC_DIR}),
         (rf"{p}/admin/?", AdminIndexHandler),

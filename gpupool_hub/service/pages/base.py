@@ -25,7 +25,7 @@ import hashlib
 import logging
 import time
 from datetime import datetime
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import Decimal
 from importlib import resources
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -42,6 +42,8 @@ from ..api.httpargs import QueryArgs
 from ..hubapi import HubError
 from ..core.manager import PoolManager
 from ..core.threads import share_write_deadline
+from ...timefmt import WHEN_FORMAT, time_html
+from ...units import MINUS, amount_text, balance_text
 
 log = logging.getLogger("gpupool.pages")
 
@@ -51,7 +53,6 @@ SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
        "object-src 'none'; base-uri 'self'; form-action 'self'; frame-ancestors 'self'")
 
-MINUS = "\u2212"
 
 #: what a page says when the ledger database cannot answer (the status is 503 either way)
 DATABASE_BUSY = "The ledger database is busy; nothing was changed. Reload the page in a few seconds."
@@ -60,26 +61,15 @@ DATABASE_AWAY = ("The ledger database cannot be reached; nothing was changed. Re
 
 
 def _static_version() -> str:
-    """A hash of the stylesheet, so browsers fetch a new one after an upgrade."""
-    data = resources.files(__package__).joinpath("static", "pages.css").read_bytes()
+    """A hash of the stylesheet and the script, so browsers fetch new ones after an upgrade."""
+    static = resources.files(__package__).joinpath("static")
+    data = b"".join(static.joinpath(name).read_bytes() for name in ("pages.css", "localtime.js"))
     return hashlib.sha256(data).hexdigest()[:12]
 
 
-def tokens(value: Any, signed: bool = False) -> str:
-    """An amount as people read it: thousands separators, up to three decimals, a real minus."""
-    amount = Decimal(str(value))
-    text = f"{amount:,.3f}".rstrip("0").rstrip(".") if amount % 1 else f"{amount:,.0f}"
-    if signed and amount > 0:
-        text = "+" + text
-    return text.replace("-", MINUS)
-
-
-def balance(value: Any) -> str:
-    """A balance as the lab widget shows it (``formatAmount`` in labextension/src/format.ts):
-    one decimal, half away from zero, a real minus, never a negative zero ("−3.25" → "−3.3")."""
-    amount = Decimal(str(value)).quantize(Decimal("0.1"), rounding=ROUND_HALF_UP)
-    text = f"{abs(amount):.1f}"
-    return MINUS + text if amount < 0 else text
+#: amounts and balances read as everywhere else (units.py: the spawn form, the widget's precision)
+tokens = amount_text
+balance = balance_text
 
 
 def _host_port(netloc: str, scheme: str) -> tuple[str, int] | None:
@@ -340,13 +330,17 @@ class StaticHandler(web.StaticFileHandler):
             self.set_header("Cache-Control", "public, max-age=31536000, immutable")
 
 
-def local(value: datetime | str | None, tz: Any, fmt: str = "%a %-d %b %Y %H:%M") -> str:
-    """A time (or the API's ISO string) in the pool's time zone, as the pages print it."""
+def local(value: datetime | str | None, tz: Any, fmt: str = WHEN_FORMAT) -> str:
+    """A time (or the API's ISO string) as pages print it: :func:`~gpupool_hub.timefmt.time_html`, in the
+    pool's zone until ``localtime.js`` (in base.html) puts it in the viewer's; seconds (the audit log) stay
+    in the pool's zone, as plain text."""
     if value is None:
         return "—"
     if isinstance(value, str):
         value = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    return value.astimezone(tz).strftime(fmt)
+    if "%S" in fmt:
+        return value.astimezone(tz).strftime(fmt)
+    return time_html(value, tz, fmt)
 
 
 ENV.filters["local"] = local

@@ -20,12 +20,14 @@ from decimal import Decimal
 from typing import Any
 from urllib.parse import quote
 
+from markupsafe import Markup
 from tornado import web
 
 from ...ledger import Entry, GpuUse, Window
 from ...names import name_problem
-from ...timefmt import iso
+from ...timefmt import iso, time_html
 from ...units import format_tokens, from_milli
+from ..api.notices import NOTICE_ID
 from ..core.manager import PoolManager
 from .base import MINUS, PageHandler, tokens
 from .charts import BarChart, DayPoint, LineChart, balance_chart, stacked_bars
@@ -160,9 +162,11 @@ def forecast_text(me: dict[str, Any], now: datetime, tz: Any, voice: Voice = OWN
     rate = f"At {MINUS}{tokens(burn)}/h"
     if seconds <= 0:
         return f"{rate} {who} {voice.verb('are', 'is')} at the floor ({floor}): servers holding GPUs are stopped."
-    reach = (now + timedelta(seconds=seconds)).astimezone(tz)
-    fmt = "%a %H:%M" if reach - now.astimezone(tz) < timedelta(days=6) else "%a %-d %b %H:%M"
-    return f"{rate} {who} {voice.verb('reach', 'reaches')} the floor ({floor}) on {reach.strftime(fmt)}."
+    reach = now + timedelta(seconds=seconds)
+    fmt = "%a %H:%M" if reach - now < timedelta(days=6) else "%a %-d %b %H:%M"
+    # the pages' one date wording, which the viewer's browser puts in its own zone
+    return Markup("{} {} {} the floor ({}) on {}: {} GPU servers stop then.").format(
+        rate, who, voice.verb("reach", "reaches"), floor, time_html(reach, tz, fmt), voice.possessive)
 
 
 def next_credits(me: dict[str, Any]) -> list[tuple[str, datetime, str]]:
@@ -230,7 +234,7 @@ class UsageBase(PageHandler):
         # as GET me: opens the account and posts credits due, on the writer only when it must
         me = await m.views.serve_me(user, await self.groups_of(user))
         view = await build_view(m, user, me, days, before, voice)
-        self.render_page("usage.html", view=view, base=base, csv_url=csv_url, ranges=RANGES)
+        self.render_page("usage.html", view=view, base=base, csv_url=csv_url, ranges=RANGES, now=m.clock())
 
     async def send_csv(self, user: str) -> None:
         self.set_header("Content-Type", "text/csv; charset=utf-8")
@@ -261,6 +265,25 @@ class MyHistoryCSVHandler(UsageBase):
         user = self.user["name"]
         await self.manager.views.serve_me(user, await self.groups_of(user))  # opens the account, as GET me
         await self.send_csv(user)
+
+
+class MyNoticeDismissHandler(PageHandler):
+    """``POST {prefix}me/notices``: dismiss one of the logged-in user's notices (what the pool
+    did to their servers) from "My GPU usage". A user stopped at the floor cannot reach
+    JupyterLab's widget, so the hub's own page must dismiss too (issue 39.6). The notice is
+    named in the form; a notice of someone else's is refused as an unknown one (404: nothing
+    learned, nothing changed). Origin and ``_xsrf`` are checked by ``PageHandler.prepare``."""
+
+    users_only = True
+
+    async def post(self) -> None:
+        user = self.user["name"]
+        notice = self.get_body_argument("notice", "").strip()
+        if not NOTICE_ID.fullmatch(notice):
+            raise web.HTTPError(400, f"No notice named {notice[:40]!r}; nothing was changed.")
+        if not await self.manager.notices.dismiss.off_loop(user, int(notice)):
+            raise web.HTTPError(404, f"You have no notice {notice}; nothing was changed.")
+        self.redirect(self.url() + "#notices", status=303)  # back to the page, which no longer lists it
 
 
 class AdminUserMixin(UsageBase):
