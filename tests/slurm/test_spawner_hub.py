@@ -75,6 +75,9 @@ c.JupyterHub.spawner_class = "gpupool_hub.slurm.spawner.GPUPoolSlurmSpawner"
 c.Spawner.cmd = [{str(tiny)!r}]
 c.Spawner.poll_interval = 1
 c.Spawner.start_timeout = 60
+# these hubs assert the pool's refusals when Slurm's GPUs are taken (the wait queue's own Slurm
+# hub, test_spawner_queue.py, turns it back on); with the queue on, such a start would wait an hour
+c.GPUPool.queue_enabled = False
 c.GPUPool.inventory = "slurm"
 c.GPUPool.slurm_gpu_models = {MODELS!r}
 c.GPUPool.slurm_conf = {str(cluster.conf)!r}
