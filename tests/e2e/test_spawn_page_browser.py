@@ -151,7 +151,8 @@ def test_the_spawn_page_normal_full_refused_and_after_a_floor_stop(example_hub_f
     wait_for(lambda: not user_model(hub, "fay").get("servers"), 60, "the floor to stop fay's server")
     open_spawn_page(page, hub, "fay")
     expect(page.get_by_role("radio", name="CPU only")).to_be_checked()
-    expect(page.locator(".gpupool-notice")).to_contain_text("Your server was stopped: your balance reached the floor")
+    expect(page.locator(".gpupool-notice")).to_contain_text("Your GPU server was stopped at ")
+    expect(page.locator(".gpupool-notice")).to_contain_text("because your balance reached the floor (\u221210 tokens).")
     expect(page.locator(".gpupool-floor-stopped")).to_contain_text("CPU only is chosen below")
     expect(page.locator(".gpupool-balance")).to_contain_text("at the floor (\u221210)")
     expect(card(page, "1x2080")).to_contain_text("it needs 0.5 tokens above your floor for its first 1 h; you have 0")
@@ -160,7 +161,8 @@ def test_the_spawn_page_normal_full_refused_and_after_a_floor_stop(example_hub_f
     shoot(page, "spawn-page-floor-stop.png")
 
     # the service's pages word dates the same way, in the browser's zone
-    usage = page.get_by_role("link", name="My GPU usage").get_attribute("href")  # it opens a new tab
+    # the balance line's link (it opens a new tab); the notice's help links there too
+    usage = page.locator(".gpupool-balance").get_by_role("link", name="My GPU usage").get_attribute("href")
     page.goto(f"{hub.url}{usage}", wait_until="domcontentloaded")
     page.wait_for_url("**/services/gpupool/")
     expect(page.locator("time[data-gpupool-local='1']").first).to_have_text(re.compile(rf", \d\d:\d\d {ZONE}$"))

@@ -117,9 +117,10 @@ def _pool_gpus(hub) -> dict[str, dict]:
 
 def test_mig_profiles_end_to_end(hub, monkeypatch, capsys):
     # the spawn form prices each profile by its instance: 1g by slices (2.8 / 7), 3g from mig_prices
-    assert "0.4 tokens/h (NVIDIA A100-SXM4-80GB)" in _form_block(hub, "carol", "a100-1g")
-    assert "8 of 8 1g.10gb instances free" in _form_block(hub, "carol", "a100-1g")
-    assert "1.5 tokens/h (NVIDIA A100-SXM4-80GB)" in _form_block(hub, "carol", "a100-3g")
+    one_g = _form_block(hub, "carol", "a100-1g")
+    assert "Price: 0.4 tokens/h." in one_g and "One 1g.10gb MIG instance" in one_g
+    assert "8 of 8 1g.10gb instances free" in one_g
+    assert "Price: 1.5 tokens/h." in _form_block(hub, "carol", "a100-3g")
 
     # placement: the lone 1g of the mixed GPU first (GPU 0 keeps its seven 1g's together),
     # then the 3g on that same GPU, already in use, rather than breaking into a fresh one
