@@ -63,7 +63,7 @@ class CullJob:
                  admission: Admission, debits: Debits,
                  enforcement: Enforcement, notices: Notices, cache: ViewCache) -> None:
         self.hub = hub
-        self.debits = debits  # where charging stands: the floor counts GPU time used since
+        self.debits = debits  # where charging stands: the floor counts the GPU time not charged yet
         self.settings, self.records, self.inventory = settings, records, inventory
         self.queue, self.admission, self.enforcement, self.notices, self.cache = (queue, admission, enforcement,
                                                                                  notices, cache)
