@@ -177,6 +177,10 @@ class Replay:
     def __init__(self, nodes: List[dict], pods: List[Pod], scheduler: str, seed: int,
                  compare_today: bool = True) -> None:
         self.pool = Pool(load_nodes(nodes), policy=get_policy("fgd"), seed=seed)
+        if scheduler == "project":
+            # the hub declares its configured profiles (service/core/pool_inventory.py): here the
+            # workload's distinct request shapes, with no floor in FGD's mix (history weighs them)
+            self.pool.expect({r: 0.0 for r in {p.request for p in pods}})
         self.cap = self.pool.capacity_gpu_milli
         self.pods = pods
         self.kind = scheduler

@@ -28,6 +28,14 @@ backfill, so the first of them to drain is its; elsewhere backfill goes on.
 The budget keeps an old request that fits nearly anywhere (it gets the next
 GPU that frees where it fits, being first) from turning backfill off.
 
+Age is not the only claim: a request that fits only a few nodes (within the same
+budget) cannot be served by the next GPU that frees anywhere, and every server that
+lands on one of its nodes while it waits may cost it a whole drain. So, from the
+moment it waits, its nodes are *kept* from every waiter that fits elsewhere, ahead
+of it in the order or not (:func:`dispatch`): those start elsewhere, where GPUs free
+all the time; waiters that fit only the kept nodes take them in order. Placement
+does the same before anyone waits (:mod:`.placement.scarce`: scarce nodes last).
+
 Dispatch after a release is cheap: waiters whose request shape already failed
 in this pass are skipped without looking at the pool again.
 """
@@ -47,6 +55,7 @@ from weakref import WeakKeyDictionary
 from .placement import mig as mig_placement
 from .placement.errors import ModelUnavailable, NoCapacity
 from .placement.request import MILLI, Request, model_allowed, normalize_model
+from .placement.scarce import fits_empty
 from .placement.state import Placement, Pool
 
 #: priority classes, lower first
@@ -255,33 +264,19 @@ def fitting_nodes(pool: Pool, req: Request) -> frozenset[str]:
     if got is None:
         if len(known) >= 10_000:  # bound memory in a long-lived service
             known.clear()
-        got = known[req] = frozenset(ns.name for ns in pool.nodes if _ever_fits(ns, req))
+        got = known[req] = frozenset(ns.name for ns in pool.nodes if fits_empty(ns, req))
     return got
 
 
-def _ever_fits(ns: Any, req: Request) -> bool:
-    n = ns.node
-    if n.cpu_milli < req.cpu_milli or n.memory_mib < req.memory_mib:
-        return False
-    if req.mig:
-        return mig_placement.fits_node(ns, req)
-    if req.required and not all(u in ns.uuid_slots for u in req.required):
-        return False  # pinned: only the node holding its devices
-    slots = [s for s, mk in enumerate(ns.slot_model) if model_allowed(mk, req.models)]
-    if req.gpus:
-        return sum(1 for s in slots if ns.whole[s]) >= req.gpus
-    if req.gpu_milli:
-        return any(ns.cap[s] >= req.gpu_milli for s in slots)
-    return True
-
-
-def reserve_node(pool: Pool, req: Request) -> str | None:
-    """The node to hold back for a head waiter: among nodes it could ever fit on,
-    the one with the most free GPU capacity of its models now (ties: fewer GPUs
+def reserve_node(pool: Pool, req: Request, avoid: frozenset[str] = frozenset()) -> str | None:
+    """The node to hold back for a head waiter: among nodes it could ever fit on (but those in
+    ``avoid``), the one with the most free GPU capacity of its models now (ties: fewer GPUs
     in total, so big nodes stay for big requests; then name)."""
     best: tuple[Any, ...] | None = None
     name = None
     for ns in pool.nodes:
+        if ns.name in avoid:
+            continue
         n = ns.node
         if n.cpu_milli < req.cpu_milli or n.memory_mib < req.memory_mib:
             continue
@@ -329,7 +324,13 @@ def dispatch(pool: Pool, ordered: Sequence[Waiter], new_id: Callable[[Waiter], s
 
     ``ordered`` should put old waiters first in their class, as ``fair_order(...,
     now=now)`` does: a waiter ahead of an old one may still take what it could use.
-    Without ``now`` nobody is old: one reserved node, as before. ``until`` in the answer
+    With ``now``, too, the nodes of every waiting request that fits at most that budget of
+    nodes (not pinned, not MIG; the fewest-node requests first) are kept from the waiters
+    that could ever fit elsewhere, wherever they are in the order, and no head that fits
+    elsewhere reserves one (:func:`_kept`): a 1-GPU server ahead of an 8-GPU, 120-CPU one in
+    the round-robin would otherwise take the one big node that drained, and the big one
+    wait for the next (in the openb replay, an hour). ``closed_to`` includes them.
+    Without ``now`` nobody is old and nothing is kept: one reserved node, as before. ``until`` in the answer
     is when the next waiter becomes old (a pass then may close more nodes).
 
     Placements are made in ``pool`` under ``new_id(waiter)``; the caller records
@@ -353,6 +354,10 @@ def dispatch(pool: Pool, ordered: Sequence[Waiter], new_id: Callable[[Waiter], s
     everything = len(pool.nodes)
     budget = max(1.0, close_at_most * everything)
     claims: set[str] = set()  # the nodes old waiters closed (the budget's count)
+    kept = _kept(pool, ordered, budget) if now is not None else frozenset()
+    # waiters that fit only on kept nodes ("inside") take them in order; their failures say
+    # nothing of the others' (kept nodes closed) and the other way round: shortcuts per side
+    shortcuts = {False: (failed, short), True: (set(), {})}
     for w in ordered:
         if w.priority != cls:
             if cls is not None:
@@ -364,14 +369,17 @@ def dispatch(pool: Pool, ordered: Sequence[Waiter], new_id: Callable[[Waiter], s
         if len(closed) == everything:
             continue  # every node is closed: no one else starts in this pass
         kind, need = w.size
+        inside = bool(kept) and fitting_nodes(pool, w.request) <= kept
+        failed, short = shortcuts[inside]
+        off = avoid if inside or not kept else avoid | kept
         blocked = (kind is not None and kind in short and _covered(need, short[kind])) or \
             bool(failed and w.shape in failed)
         if not blocked:
             r = w.request
             cands = pool.candidates(r)
-            if (any(c.name not in avoid for c in cands) if avoid else cands):
+            if (any(c.name not in off for c in cands) if off else cands):
                 try:
-                    placement = pool.allocate(new_id(w), r, avoid=avoid)
+                    placement = pool.allocate(new_id(w), r, avoid=off)
                 except (NoCapacity, ModelUnavailable):
                     failed.add(w.shape)
                 else:
@@ -383,7 +391,7 @@ def dispatch(pool: Pool, ordered: Sequence[Waiter], new_id: Callable[[Waiter], s
                     if reservation is not None and reservation[0] == w.id:
                         held = reservation[1]
                     else:
-                        held = reserve_node(pool, r)
+                        held = reserve_node(pool, r, frozenset() if inside else kept)
                     if held is not None and held not in closed:
                         closed.add(held)
                         avoid = frozenset(closed)
@@ -402,8 +410,31 @@ def dispatch(pool: Pool, ordered: Sequence[Waiter], new_id: Callable[[Waiter], s
                 avoid = frozenset(closed)
     if cls is not None:
         closed_by_class[cls] = avoid
+    if kept:  # a newcomer that fits elsewhere starts elsewhere (one that fits only there: at the next pass)
+        closed_by_class = {c: nodes | kept for c, nodes in closed_by_class.items()}
     return Dispatch(placed, (head.id, held) if head is not None and held is not None else None,
                     closed_by_class, until)
+
+
+def _kept(pool: Pool, ordered: Sequence[Waiter], budget: float) -> frozenset[str]:
+    """The nodes kept for waiters that fit few of them: the nodes each waiting request of a
+    comparable kind (not pinned, not MIG) could ever fit on, where they are at most ``budget``
+    nodes (those of the fewest-node requests first, within the budget in all)."""
+    homes = []
+    seen: set[Request] = set()
+    for w in ordered:
+        r = w.request
+        if r in seen or w.size[0] is None:
+            continue
+        seen.add(r)
+        mine = fitting_nodes(pool, r)
+        if mine and len(mine) <= budget:
+            homes.append(mine)
+    kept: frozenset[str] = frozenset()
+    for mine in sorted(homes, key=len):
+        if len(kept | mine) <= budget:
+            kept |= mine
+    return kept
 
 
 def join_behind(pool: Pool, newcomer: Waiter, held: str | frozenset[str]) -> Placement | None:

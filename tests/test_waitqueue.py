@@ -374,3 +374,30 @@ def test_a_newcomer_behind_only_old_waiters_is_when_the_order_next_changes():
     put = order.behind(new, {})
     assert put is not None and put.waiters == old + [new]
     assert put.until == now + RESERVE_AFTER == FairOrder.of(old + [new], None, {}, now=now).until
+
+
+# ---------------------------------------------------------------- nodes kept for requests that fit few
+
+@pytest.mark.parametrize("aging", [False, True])
+def test_a_young_big_waiters_nodes_are_kept_from_small_waiters_ahead_of_it(aging):
+    """The pool is full; a 1-GPU request waits ahead of an 8-GPU, 120-CPU one that fits only
+    the two big nodes (a quarter of the nodes: within what may be closed). big0 drains. With
+    ``now`` (the hub's rules) the big request starts there at once, young as it is, and the
+    1-GPU request waits for a small node: it fits elsewhere, the big one nowhere else. Without
+    ``now`` (one reserved node) the 1-GPU request, ahead in the order, takes big0."""
+    pool = big_and_small_pool()
+    for n, g in [(n, g) for n in ("big0", "big1") for g in range(8)] + [(f"small{i}", 0) for i in range(6)]:
+        pool.allocate(f"held-{n}-{g}", Request(gpus=1, required=frozenset({f"{n}/gpu{g}"}), **SMALL))
+    for g in range(8):
+        pool.release(f"held-big0-{g}")
+    queue = [small_waiter(0, 0), big_waiter(0, 0.5)]
+    now = T0 + timedelta(minutes=1)  # nobody is old yet
+    kw = {"now": now} if aging else {}
+    d = dispatch(pool, fair_order(queue, **kw), lambda w: w.id, **kw)
+    started = {w.id: p.node for w, p in d.placed}
+    assert started == ({"big-0": "big0"} if aging else {"s0": "big0"})
+    if aging:  # a newcomer that fits elsewhere does not take what is left of the big nodes either
+        pool.release("held-big1-0")
+        newcomer = small_waiter(1, 1)
+        assert join_behind(pool, newcomer, d.closed_to(newcomer.priority)) is None
+        assert d.closed_to(newcomer.priority) >= {"big0", "big1"}

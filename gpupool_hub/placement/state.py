@@ -17,7 +17,7 @@ from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Tupl
 
 from .errors import ModelUnavailable, NoCapacity, PlacementConflict, PlacementError
 from . import mig as mig_placement
-from . import pins, report
+from . import pins, report, scarce
 from .nodes import MigDevice, Node, load_node
 from .mix import DEFAULT_FLOOR_WEIGHT, DEFAULT_RESERVE, Expected
 from .request import MILLI, Request, model_allowed
@@ -172,6 +172,7 @@ class Pool:
             self._by_whole[ns.model_key][ns.n_full] += 1
         self._allocs: Dict[str, Tuple[NodeState, Tuple[int, ...], Tuple[int, ...], Placement]] = {}
         self._ever_fits: Dict[tuple, bool] = {}
+        self._weights: Optional[List[int]] = None  # per node: scarce nodes last (see expect)
         self._model_nodes: Dict[Optional[FrozenSet[str]], Tuple[List[NodeState], List[NodeState]]] = {}
         self.all_model_keys = frozenset(k for ns in self.nodes for k in ns.models)
         self.max_cpu = max((n.cpu_milli for n in node_list), default=1) or 1
@@ -228,6 +229,10 @@ class Pool:
         so a configured 8-GPU profile keeps a whole node free even after weeks
         of small requests. Replaces the previous declaration; an empty list
         clears it. Raises :class:`InvalidRequest` for a bad declaration.
+
+        The nodes that are the only home of a declared shape fitting at most half of
+        them are then allocated last (:mod:`.scarce`): a small request lands there only
+        when it fits nowhere else, so the big shape finds them free or draining.
         """
         # MIG requests never reach the policy (placement/mig.py places them): not part of its mix
         if isinstance(shapes, Mapping):
@@ -235,6 +240,7 @@ class Pool:
         else:
             shapes = [r for r in shapes if not (isinstance(r, Request) and r.mig)]
         self.policy.expect(shapes, floor_weight, reserve)
+        self._weights = scarce.node_weights(self.nodes, shapes)  # validated by the policy above
 
     def idle_nodes(self, model_key: str) -> int:
         """How many nodes of this (normalized) GPU model have no GPU in use."""
@@ -325,6 +331,8 @@ class Pool:
             cands = [c for c in cands if c.name not in avoid]
         if not cands:
             self._refuse(req)
+        if self._weights is not None and len(cands) > 1:  # scarce nodes last (placement/scarce.py)
+            cands = scarce.heaviest(cands, self._weights)
         ns, slots = mig_placement.choose(req, cands) if req.mig else policy.select(req, cands)
         return self._apply(alloc_id, req, ns.real, tuple(slots))
 
