@@ -213,6 +213,7 @@ class Replay:
         self.calibration = eta.Calibration()  # the project's shown estimates against real starts so far
         self.model_s: Dict[str, float] = {}  # the model's own point estimate at join
         self.served = eta.Drain()  # the GPU share started from the queue lately
+        self.joined = eta.Arrivals()  # who joined the queue lately (those the fair order puts ahead)
         self.cache_at = -1e18
         self.curves: Dict[Any, Any] = {}
         self.running: List[eta.Running] = []
@@ -313,6 +314,7 @@ class Replay:
         else:
             self.dispatch()
         if pod.name in self.waiting and self.kind == "project":
+            self.joined.add(self.now, pod.user, pod.request.total_gpu_milli)  # it waits (as the service counts)
             self.estimate(pod.name)
 
     def start(self, pod: Pod, placement: Any, reserved: bool = False) -> None:
@@ -395,8 +397,10 @@ class Replay:
                             for pod, started, placement in self.held.values() if placement.gpus]
         # everyone queued was just dispatched and did not fit: what the pool shows free is of no
         # use to them (scattered over nodes, or short of CPU or memory)
+        kept = self.order_kept[1] if self.fair and self.order_kept is not None else None
+        overtaking = eta.Overtaking(kept, self.joined.rates(self.now), self.held_by_user) if kept else None
         return eta.estimate_ranges(order, {}, self.running, self.snapshot, now, curves=self.curves,
-                                   only=name, calibration=self.calibration,
+                                   only=name, calibration=self.calibration, overtaking=overtaking,
                                    drain=self.served.rates(self.now)).get(name)
 
     def today(self, order: List[Waiter], name: str, now: datetime, stale: bool) -> float:

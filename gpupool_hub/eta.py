@@ -53,6 +53,8 @@ from typing import Any
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+# how fast the queue moves, measured (kept importable from here: the service and the replay use eta.Drain)
+from .eta_flow import DRAIN_WINDOW, MIN_DRAIN_STARTS, Arrivals, Drain, Overtaking, Rates  # noqa: F401
 from .waitqueue import Waiter
 
 #: quantiles of the shown range and the point estimate, by default
@@ -68,9 +70,11 @@ MIN_TAIL = 5
 COVERAGE = 0.9
 #: started waiters whose estimate is known before the range is calibrated on them, and the most kept
 MIN_CALIBRATION = 50
-CALIBRATION_SPAN = 500
+CALIBRATION_SPAN = 100
 #: the range around a service-rate estimate before there are ``MIN_CALIBRATION`` starts to calibrate on
 UNCALIBRATED_SPREAD = (0.5, 2.0)
+#: rounds of "those who join ahead while it waits lengthen the wait" (it grows and is bounded)
+OVERTAKE_STEPS = 30
 #: seconds added to both waits of a calibration ratio (a wait "within a minute" has no useful ratio)
 CALIBRATION_PAD = 15.0
 #: estimates within this factor of each other are calibrated together, once there are enough (1: off)
@@ -84,9 +88,6 @@ SHORT_MIN_WIDTH = 2
 #: whole minutes a short range starts before its calibrated start: a short queue often moves
 #: faster than the starts it was calibrated on (the burst that built it has passed)
 SHORT_EARLY_MIN = 1
-#: the window over which the queue's service rate is measured, and the starts it needs
-DRAIN_WINDOW = 600.0
-MIN_DRAIN_STARTS = 10
 #: the estimate's time grid: from now to ``HORIZON`` seconds, each step this factor longer
 GRID_FACTOR = 1.06
 HORIZON = 14 * 86400.0
@@ -218,16 +219,14 @@ class Calibration:
     def waiting(self, rows: Iterable[tuple[float, float, Any]]) -> None:
         """Waiters still waiting: (the model's estimate, seconds waited so far, class).
 
-        Why: while a queue builds, the starts the ratios come from are the waiters that started
-        soon; those still waiting long past their estimate are not among them, and the range
-        would stay too short for as long as the queue grows (at load 0.9 of the replay, waits of
-        5-15 minutes were shown "under 3 min"). Each one waiting past its estimate counts with
-        the ratio it has reached so far (a lower bound: a censored observation), the longest
-        waiting first, at most ``CALIBRATION_SPAN`` of them."""
-        bounds = sorted(((waited + CALIBRATION_PAD) / (model_s + CALIBRATION_PAD), model_s, klass)
-                        for model_s, waited, klass in rows if waited > model_s)[-CALIBRATION_SPAN:]
+        Why: the latest starts are the waiters that started soonest; those still waiting are
+        not among them, and a range calibrated on starts alone stays too short for as long as
+        a queue grows (at load 0.9 of the replay, waits of 5-15 minutes were shown "under
+        3 min"). Each waiter still waiting is a censored observation: its miss is at least
+        the ratio it has reached so far (:meth:`scale` takes them in, Kaplan-Meier)."""
         self.open = {}
-        for ratio, model_s, klass in bounds:
+        for model_s, waited, klass in rows:
+            ratio = (max(0.0, waited) + CALIBRATION_PAD) / (max(0.0, model_s) + CALIBRATION_PAD)
             for key in (*self._keys(model_s, klass), ""):
                 self.open.setdefault(key, []).append(ratio)
         self._sorted = {}
@@ -236,102 +235,53 @@ class Calibration:
     def enough(self) -> bool:
         return len(self.ratios) >= MIN_CALIBRATION
 
-    def _ratios(self, model_s: float, klass: Any) -> tuple[Any, list[float]]:
-        for key in self._keys(model_s, klass):
-            mine = self.by_key.get(key)
-            if mine is not None and len(mine) >= MIN_CALIBRATION:
-                return key, [*mine, *self.open.get(key, ())]
-        return "", [*self.ratios, *self.open.get("", ())]
-
     def scale(self, model_s: float, q: float, klass: Any = "") -> float:
-        """The wait at quantile ``q`` for a model estimate of ``model_s`` seconds, from the misses
-        of the most alike waiters there are enough of (:meth:`_keys`), else of all."""
+        """The wait at quantile ``q`` for a model estimate of ``model_s`` seconds: the estimate
+        times how far the misses of the most alike waiters there are enough of (:meth:`_keys`,
+        else all) spread at ``q``, relative to their median.
+
+        Why relative to the median: the misses say how wide the range must be; the point
+        estimate stays the model's. The misses are of waiters who joined earlier, under the
+        queue as it was then: in a burst, those of its first minute (served at once, the
+        model far above them) shifted the next waiters' estimates to a fifth of their waits,
+        while the spread of the misses holds from one minute to the next."""
         key = next((k for k in self._keys(model_s, klass)
                     if len(self.by_key.get(k, ())) >= MIN_CALIBRATION), "")
         got = self._sorted.get(key)
         if got is None:
-            got = self._sorted[key] = sorted(self._ratios(model_s, klass)[1])
-        return max(0.0, (model_s + CALIBRATION_PAD) * _quantile(got, q) - CALIBRATION_PAD)
-
-
-class Drain:
-    """The GPU share the queue was served lately, per model: starts of waiters, per second.
-
-    Why: while a queue builds, the sessions that ended are the short ones, and
-    the release model learns from them that GPUs free up fast. The rate at
-    which waiters really started says how fast the queue moves now. Per model,
-    because an A6000 waiter starts as fast as A6000s free up, not as fast as
-    the whole pool does."""
-
-    def __init__(self) -> None:
-        # (seconds, GPU share in milli, model key: None when unknown), oldest first
-        self.starts: deque[tuple[float, int, str | None]] = deque()
-
-    def add(self, at: float, milli: int, model: str | None = None) -> None:
-        """A waiter started at ``at`` (seconds on any fixed clock) with ``milli`` of GPU share of ``model``."""
-        self.starts.append((at, milli, model))
-
-    def rates(self, now: float) -> Rates | None:
-        """Milli-GPUs served per second over the last ``DRAIN_WINDOW``, per model; None with too
-        few starts in all."""
-        cut = now - DRAIN_WINDOW
-        while self.starts and self.starts[0][0] < cut:
-            self.starts.popleft()
-        if len(self.starts) < MIN_DRAIN_STARTS:
-            return None
-        span = max(now - max(cut, self.starts[0][0]), 1.0)
-        milli: dict[str | None, float] = {}
-        count: dict[str | None, int] = {}
-        for _, m, model in self.starts:
-            milli[model] = milli.get(model, 0.0) + m / span
-            count[model] = count.get(model, 0) + 1
-        return Rates(milli, count)
-
-    def rate(self, now: float) -> float | None:
-        """Milli-GPUs served per second over the last ``DRAIN_WINDOW``, all models; None with too few starts."""
-        got = self.rates(now)
-        return got.of(None) if got is not None else None
+            got = self._sorted[key] = _kaplan_meier(self.by_key[key] if key != "" else self.ratios,
+                                                    self.open.get(key, ()))
+        return max(0.0, (model_s + CALIBRATION_PAD) * got.at(q) / got.at(0.5) - CALIBRATION_PAD)
 
 
 @dataclass(frozen=True)
-class Rates:
-    """What :meth:`Drain.rates` measured: milli-GPUs served per second and starts, per model
-    (``None``: starts whose model is not known, counted for waiters that take any model)."""
+class _Misses:
+    """A distribution of misses: the ratios at which it steps and its cumulative share there."""
 
-    milli: Mapping[str | None, float]
-    starts: Mapping[str | None, int]
+    ratios: list[float]
+    shares: list[float]
+    beyond: float  # the largest ratio seen: a quantile the record does not reach is at least this
 
-    @classmethod
-    def pooled(cls, milli_per_s: float) -> Rates:
-        """One rate for the whole pool (models not told apart)."""
-        return cls({None: milli_per_s}, {None: MIN_DRAIN_STARTS})
+    def at(self, q: float) -> float:
+        i = bisect_right(self.shares, q - 1e-12)
+        return self.ratios[i] if i < len(self.ratios) else self.beyond
 
-    def _sum(self, table: Mapping[str | None, Any], models: frozenset[str] | None) -> Any:
-        if models is None or set(table) == {None}:
-            return sum(table.values())
-        return sum(v for k, v in table.items() if k is not None and k in models)
 
-    def of(self, models: frozenset[str] | None) -> float | None:
-        """The rate at which GPUs of ``models`` (None: any) were served; None with fewer than
-        ``MIN_DRAIN_STARTS`` starts of them (the release model answers instead: never the
-        whole pool's rate for one model, nor the typical session)."""
-        if self._sum(self.starts, models) < MIN_DRAIN_STARTS:
-            return None
-        return self._sum(self.milli, models) or None
-
-    def share(self, ahead: frozenset[str] | None, mine: frozenset[str] | None) -> float:
-        """The part of a waiter ahead (accepting ``ahead``) that takes GPUs of ``mine``: of what
-        waiters like it were served, the share that was of ``mine``'s models (all of it when
-        ``ahead`` accepts only models ``mine`` accepts too)."""
-        if mine is None or (ahead is not None and ahead <= mine):
-            return 1.0
-        both = mine if ahead is None else ahead & mine
-        if not both:
-            return 0.0
-        total = self._sum(self.milli, ahead)
-        if not total:
-            return 1.0
-        return min(1.0, self._sum(self.milli, both) / total)
+def _kaplan_meier(done: Iterable[float], still: Iterable[float]) -> _Misses:
+    """The misses of waiters that started (``done``) and the lower bounds of those still
+    waiting (``still``), as one distribution (Kaplan-Meier: a waiter still waiting counts
+    among those that could still miss by more, up to the ratio it has reached)."""
+    items = sorted([(r, 0) for r in done] + [(r, 1) for r in still])
+    at_risk, survive = len(items), 1.0
+    ratios: list[float] = []
+    shares: list[float] = []
+    for ratio, censored in items:
+        if not censored:
+            survive *= 1.0 - 1.0 / at_risk
+            ratios.append(ratio)
+            shares.append(1.0 - survive)
+        at_risk -= 1
+    return _Misses(ratios, shares, items[-1][0] if items else 1.0)
 
 
 @dataclass(frozen=True)
@@ -454,7 +404,8 @@ def estimate_ranges(ordered: Sequence[Waiter], free_milli: Mapping[str, int], ru
                     quantiles: tuple[float, float, float] = (LOW, MID, HIGH),
                     curves: dict[frozenset[str] | None, tuple[list[float], list[float], float, int]] | None = None,
                     only: str | None = None, calibration: Calibration | None = None,
-                    drain: float | Rates | None = None, coverage: float | None = None) -> dict[str, Estimate]:
+                    drain: float | Rates | None = None, coverage: float | None = None,
+                    overtaking: Overtaking | None = None) -> dict[str, Estimate]:
     """Each waiter's start range, in queue order (``ordered``: fair order, the head first).
 
     A waiter needs the GPU share of its models that it and everyone ahead of it
@@ -516,6 +467,13 @@ def estimate_ranges(ordered: Sequence[Waiter], free_milli: Mapping[str, int], ru
             continue
         if rate:
             model_s = need / rate
+            if overtaking is not None:  # those joining ahead while it waits: the wait they add, to a fixed point
+                for _ in range(OVERTAKE_STEPS):
+                    longer = (need + overtaking.ahead(w, model_s)) / rate
+                    done = longer - model_s <= 0.01 * model_s + 0.5
+                    model_s = longer
+                    if done:
+                        break
             if calibration is not None and calibration.enough:
                 secs = [calibration.scale(model_s, q, calibration_class(w.request)) for q in calibrated]
             else:  # no record of misses yet: the point estimate, halved to doubled

@@ -122,13 +122,13 @@ def test_accuracy_counts_starts_inside_the_shown_minutes_and_the_median_error() 
     assert eta.accuracy([]).text(30).startswith("last 30 days: no waiting server has started")
 
 
-def test_a_calibrated_range_is_the_point_estimate_scaled_by_past_misses() -> None:
+def test_a_calibrated_range_is_the_point_estimate_widened_by_past_misses() -> None:
     # 101 past waits whose model said 1 minute; the real waits were 1, 1.1, ..., 11 minutes.
     # The 5th, 50th and 95th percentile ratios of (real + pad) to (model + pad) are those of
     # 1.5, 6 and 10.5 minutes. The model says about 10 minutes for this waiter (a fresh server,
-    # sessions of 1-20 min): the range is its estimate scaled by those ratios, spanning the
-    # middle 90 % of past misses (eta.COVERAGE), so that it holds at least four starts in five
-    # on workloads it was not tuned on (docs/eta.md).
+    # sessions of 1-20 min): the point estimate stays the model's, and the range spans the
+    # middle 90 % of past misses (eta.COVERAGE) relative to their median, so that it holds
+    # at least four starts in five on workloads it was not tuned on (docs/eta.md).
     pad = eta.CALIBRATION_PAD
     cal = eta.Calibration((60.0, 60.0 + 6.0 * k) for k in range(101))
     assert cal.enough
@@ -137,11 +137,14 @@ def test_a_calibrated_range_is_the_point_estimate_scaled_by_past_misses() -> Non
     est = eta.estimate_ranges([waiter("w")], {A100: 0}, running, minutes_history(), NOW, calibration=cal)["w"]
     assert est.model_s == plain.model_s and est.model_s is not None  # the model is asked the same
     assert 9 <= est.model_s / 60 <= 11
+    median = 60 * 6.0 + pad
     for got, real_min in zip(minutes(est), (1.5, 6.0, 10.5)):
-        ratio = (60 * real_min + pad) / (60 + pad)
-        assert abs(got - ((est.model_s + pad) * ratio - pad) / 60) < 1e-6
-    # past waits ran 1.4-8.6x the model's (with the pad): the model's own range is "about 4–17 min"
-    assert eta.range_text(est, NOW) == "about 0.2–1.5 hours"
+        spread = (60 * real_min + pad) / median
+        assert abs(got - ((est.model_s + pad) * spread - pad) / 60) < 1e-6
+    assert minutes(est)[1] == pytest.approx(est.model_s / 60)
+    # past waits spread from a quarter of their median to 1.7 times it: the model's own range
+    # is "about 4–17 min", the calibrated one wider around the same point
+    assert eta.range_text(est, NOW) == "about 3–18 min"
     assert eta.range_text(plain, NOW) == "about 4–17 min"
 
 
@@ -222,14 +225,20 @@ def test_too_few_starts_of_its_models_leave_the_release_model_of_those_models() 
 
 
 def test_calibration_per_model_set_once_it_has_enough() -> None:
+    # A6000 waiters' waits ranged from on time to ten times late: until 50 of them started,
+    # their ranges are those of all waiters with estimates of this size; from the 50th, their own
     cal = eta.Calibration([(60.0, 60.0)] * eta.MIN_CALIBRATION)
     a6000 = eta.calibration_class(Request(gpus=1, models=frozenset({"a6000"})))
-    for _ in range(eta.MIN_CALIBRATION - 1):
-        cal.add(60.0, 600.0, a6000)
-    pooled = cal.scale(60.0, 0.5, a6000)
-    cal.add(60.0, 600.0, a6000)
-    assert cal.scale(60.0, 0.5, a6000) == pytest.approx(600.0) and pooled < 600.0
-    assert cal.scale(60.0, 0.5, eta.calibration_class(Request(gpu_milli=500))) == pytest.approx(cal.scale(60.0, 0.5))
+    for k in range(eta.MIN_CALIBRATION - 1):
+        cal.add(60.0, 60.0 + 12.0 * k, a6000)
+    assert cal.scale(60.0, 0.95, a6000) == pytest.approx(cal.scale(60.0, 0.95))
+    cal.add(60.0, 60.0 + 12.0 * (eta.MIN_CALIBRATION - 1), a6000)
+    pad = eta.CALIBRATION_PAD
+    # the 95th percentile of the 50 misses (the 48th) over their median (the 25th)
+    own = (60.0 + pad) * (60.0 + 12.0 * 47 + pad) / (60.0 + 12.0 * 24 + pad) - pad
+    assert cal.scale(60.0, 0.95, a6000) == pytest.approx(own)
+    assert cal.scale(60.0, 0.95, a6000) != pytest.approx(cal.scale(60.0, 0.95))
+    assert cal.scale(60.0, 0.5, a6000) == pytest.approx(60.0)  # the point estimate stays the model's
 
 
 def test_a_shown_range_does_not_flip_back_and_forth() -> None:
@@ -272,3 +281,39 @@ def test_waiters_still_waiting_past_their_estimate_widen_the_calibration() -> No
     cal.waiting([(60.0, 750.0, "")] * eta.MIN_CALIBRATION + [(600.0, 30.0, "")] * 10)  # the last: not yet late
     assert on_time == pytest.approx(60.0)
     assert cal.scale(60.0, 0.95) == pytest.approx(750.0)
+
+
+def test_later_arrivals_the_round_robin_puts_ahead_lengthen_the_wait() -> None:
+    # dan has three servers waiting; ann, bob and eve one each. The queue is served 1 GPU a
+    # minute: without arrivals dan's third waits for the 6 GPUs to its place, 6 minutes. But
+    # ann and bob join once a minute and eve once in ten: each one's next server sorts ahead of
+    # dan's third (their round, 1, is below its 2), one each at most (then their round is 2).
+    # Those that join within its wait lengthen it: about 8.9 minutes, not 6.
+    from gpupool_hub.waitqueue import FairOrder
+
+    def w(wid: str, user: str, seconds: int) -> Waiter:
+        return Waiter(id=wid, user=user, server=wid, request=Request(gpus=1, models=frozenset({A100})),
+                      since=NOW + timedelta(seconds=seconds))
+    order = FairOrder.of([w("a1", "ann", 1), w("b1", "bob", 2), w("d1", "dan", 0), w("d2", "dan", 3),
+                          w("d3", "dan", 4), w("e1", "eve", 5)])
+    assert [x.id for x in order.waiters] == ["d1", "a1", "b1", "e1", "d2", "d3"]
+    drain = eta.Drain()
+    for k in range(10):
+        drain.add(60.0 * k, 1000, A100)
+    rates = drain.rates(600.0)
+    joins = eta.Arrivals()
+    for k in range(10):
+        joins.add(60.0 * k, "ann", 1000)
+        joins.add(60.0 * k + 1, "bob", 1000)
+    joins.add(599.0, "eve", 1000)
+    overtaking = eta.Overtaking(order, joins.rates(600.0), {})
+    d3 = order.waiters[-1]
+    assert overtaking.ahead(d3, 60.0) == pytest.approx(2100)  # ann's and bob's next, a tenth of eve's
+    assert overtaking.ahead(d3, 3600.0) == pytest.approx(3000)  # no more than their round allows
+    assert overtaking.ahead(order.waiters[0], 3600.0) == 0  # dan's first is in round 0: nobody passes it
+    plain = eta.estimate_ranges(order.waiters, {}, [], minutes_history(), NOW, drain=rates)["d3"]
+    est = eta.estimate_ranges(order.waiters, {}, [], minutes_history(), NOW, drain=rates,
+                              overtaking=overtaking)["d3"]
+    assert plain.model_s == pytest.approx(6 * 60.0)
+    # the wait T that holds 6 GPUs, ann's and bob's next and T / 10 min of eve's: 8000 / 15 s
+    assert est.model_s == pytest.approx(8000 / 15, rel=0.01)

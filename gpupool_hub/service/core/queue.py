@@ -157,6 +157,7 @@ class WaitQueue:
             # the entry and the estimate it was shown, in one transaction (one commit per join)
             self.ledger.queue.add(row, shown=shown)
             self._shown.add(w.id)
+            self.eta.joined(now, user, req.total_gpu_milli)
         except BaseException:  # nothing stored: the queue in memory forgets it too
             if self.entries.get(entry.key) is entry:
                 self.entries.pop(entry.key)

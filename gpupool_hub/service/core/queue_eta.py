@@ -40,6 +40,9 @@ HISTORY_TTL = 600.0
 HISTORY_DAYS = 90
 #: seconds the held allocations and their known ends are reused (they read every holder's balance)
 RELEASES_TTL = 30.0
+#: starts (and waiters still waiting) read for the calibration: each kind of waiter keeps its
+#: latest ``eta.CALIBRATION_SPAN`` of them, as in the time replay
+CALIBRATION_READ = 10 * eta_rules.CALIBRATION_SPAN
 #: the window of the published accuracy of shown estimates
 ACCURACY_DAYS = 30
 
@@ -79,6 +82,7 @@ class QueueEstimates:
         self._curve_cache: tuple[list[AllocationRecord], eta_rules.SessionHistory, dict[Any, Any]] | None = None
         self._calibration: tuple[float, eta_rules.Calibration] | None = None
         self.served = eta_rules.Drain()  # the GPU share started from the queue lately (for the ranges)
+        self.joins = eta_rules.Arrivals()  # who joined lately (those the fair order puts ahead of a waiter)
         self._steady: dict[str, eta_rules.Estimate] = {}  # per entry, the range last shown (eta.steady)
         # per holder: (balance, tokens an hour, floor deadline) when last read. The balance moves only
         # when an interval is charged, so "now + balance / rate" would drift later with the clock
@@ -89,6 +93,10 @@ class QueueEstimates:
         """A waiter's GPUs (of ``model``, a pool model string) were handed over: the queue was
         served that share at ``at``."""
         self.served.add(at.timestamp(), gpu_milli, normalize_model(model) if model else None)
+
+    def joined(self, at: datetime, user: str, gpu_milli: int) -> None:
+        """``user`` joined the queue (it waits) asking for ``gpu_milli`` of GPU share."""
+        self.joins.add(at.timestamp(), user, gpu_milli)
 
     # ------------------------------------------------- expected starts (today's rule)
 
@@ -183,10 +191,11 @@ class QueueEstimates:
         stamp = self.clock().timestamp()
         if self._calibration is None or stamp - self._calibration[0] >= RELEASES_TTL:
             since = self.clock() - timedelta(days=HISTORY_DAYS)
-            pairs = self.ledger.queue.calibration_pairs(since, eta_rules.CALIBRATION_SPAN)
+            # the latest starts, enough that each kind of waiter keeps its own latest (as the replay's do)
+            pairs = self.ledger.queue.calibration_pairs(since, CALIBRATION_READ)
             cal = eta_rules.Calibration(pairs)
             now = self.clock()
-            waiting = [w.id for w in self.order.ordered()][:eta_rules.CALIBRATION_SPAN * 4]
+            waiting = [w.id for w in self.order.ordered()][:CALIBRATION_READ]  # each a lower bound of its miss
             cal.waiting((model_s, (now - shown_at).total_seconds(), "")
                         for model_s, shown_at in self.ledger.queue.shown_model_estimates(waiting))
             self._calibration = (stamp, cal)
@@ -203,10 +212,12 @@ class QueueEstimates:
         if extra is not None or only is not None or self._ranges is None or stamp - self._ranges[0] >= ESTIMATE_TTL:
             now = self.clock()
             history = self.history()
-            out = eta_rules.estimate_ranges(self.order.ordered() + ([extra] if extra else []), {},
+            fair = self.order.fair()
+            overtaking = eta_rules.Overtaking(fair, self.joins.rates(stamp), self.order.held_by_user)
+            out = eta_rules.estimate_ranges(fair.waiters + ([extra] if extra else []), {},
                                             self._held_for_estimates(now), history, now, curves=self._curves(history),
                                             only=extra.id if extra else only, calibration=self.calibration(),
-                                            drain=self.served.rates(stamp))
+                                            drain=self.served.rates(stamp), overtaking=overtaking)
             if extra is not None or only is not None:
                 return out
             self._ranges = (stamp, out)

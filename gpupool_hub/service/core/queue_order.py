@@ -90,6 +90,10 @@ class FairQueueOrder:
     def ordered(self) -> list[Waiter]:
         return self._fair_order()[2].waiters
 
+    def fair(self) -> FairOrder:
+        """The fair order with what it was sorted by (each waiter's round, each user's next)."""
+        return self._fair_order()[2]
+
     def position(self, entry: Entry) -> int:
         if entry.placement is not None:
             return 0

@@ -1,0 +1,171 @@
+"""How fast the wait queue moves, as measured: the GPU share it was served lately, per model
+(:class:`Drain`, :class:`Rates`), and the later arrivals that its round-robin order puts ahead
+of a waiter (:class:`Arrivals`, :class:`Overtaking`).
+
+Pure: no I/O, no clock of its own; times are seconds on any fixed clock. The estimator
+(:mod:`gpupool_hub.eta`) turns these into a waiter's point estimate: the need ahead of it,
+plus what will join ahead of it while it waits, over the rate the queue is served.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .waitqueue import FairOrder, Waiter
+
+#: the window over which the queue's service rate and its users' arrivals are measured, and
+#: the starts a service rate needs
+DRAIN_WINDOW = 600.0
+MIN_DRAIN_STARTS = 10
+
+
+class Drain:
+    """The GPU share the queue was served lately, per model: starts of waiters, per second.
+
+    Why: while a queue builds, the sessions that ended are the short ones, and
+    the release model learns from them that GPUs free up fast. The rate at
+    which waiters really started says how fast the queue moves now. Per model,
+    because an A6000 waiter starts as fast as A6000s free up, not as fast as
+    the whole pool does."""
+
+    def __init__(self) -> None:
+        # (seconds, GPU share in milli, model key: None when unknown), oldest first
+        self.starts: deque[tuple[float, int, str | None]] = deque()
+
+    def add(self, at: float, milli: int, model: str | None = None) -> None:
+        """A waiter started at ``at`` with ``milli`` of GPU share of ``model``."""
+        self.starts.append((at, milli, model))
+
+    def rates(self, now: float) -> Rates | None:
+        """Milli-GPUs served per second over the last ``DRAIN_WINDOW``, per model; None with too
+        few starts in all."""
+        cut = now - DRAIN_WINDOW
+        while self.starts and self.starts[0][0] < cut:
+            self.starts.popleft()
+        if len(self.starts) < MIN_DRAIN_STARTS:
+            return None
+        span = max(now - max(cut, self.starts[0][0]), 1.0)
+        milli: dict[str | None, float] = {}
+        count: dict[str | None, int] = {}
+        for _, m, model in self.starts:
+            milli[model] = milli.get(model, 0.0) + m / span
+            count[model] = count.get(model, 0) + 1
+        return Rates(milli, count)
+
+    def rate(self, now: float) -> float | None:
+        """Milli-GPUs served per second over the last ``DRAIN_WINDOW``, all models; None with too few starts."""
+        got = self.rates(now)
+        return got.of(None) if got is not None else None
+
+
+@dataclass(frozen=True)
+class Rates:
+    """What :meth:`Drain.rates` measured: milli-GPUs served per second and starts, per model
+    (``None``: starts whose model is not known, counted for waiters that take any model)."""
+
+    milli: Mapping[str | None, float]
+    starts: Mapping[str | None, int]
+
+    @classmethod
+    def pooled(cls, milli_per_s: float) -> Rates:
+        """One rate for the whole pool (models not told apart)."""
+        return cls({None: milli_per_s}, {None: MIN_DRAIN_STARTS})
+
+    def _sum(self, table: Mapping[str | None, Any], models: frozenset[str] | None) -> Any:
+        if models is None or set(table) == {None}:
+            return sum(table.values())
+        return sum(v for k, v in table.items() if k is not None and k in models)
+
+    def of(self, models: frozenset[str] | None) -> float | None:
+        """The rate at which GPUs of ``models`` (None: any) were served; None with fewer than
+        ``MIN_DRAIN_STARTS`` starts of them (the release model answers instead: never the
+        whole pool's rate for one model, nor the typical session)."""
+        if self._sum(self.starts, models) < MIN_DRAIN_STARTS:
+            return None
+        return self._sum(self.milli, models) or None
+
+    def share(self, ahead: frozenset[str] | None, mine: frozenset[str] | None) -> float:
+        """The part of a waiter ahead (accepting ``ahead``) that takes GPUs of ``mine``: of what
+        waiters like it were served, the share that was of ``mine``'s models (all of it when
+        ``ahead`` accepts only models ``mine`` accepts too)."""
+        if mine is None or (ahead is not None and ahead <= mine):
+            return 1.0
+        both = mine if ahead is None else ahead & mine
+        if not both:
+            return 0.0
+        total = self._sum(self.milli, ahead)
+        if not total:
+            return 1.0
+        return min(1.0, self._sum(self.milli, both) / total)
+
+
+class Arrivals:
+    """Who joined the queue lately, per user: how often and asking how much GPU share.
+
+    Why: the queue is round-robin across users. A user with fewer servers than a waiter's
+    round who joins later goes ahead of it, so in a busy pool a waiter's need ahead grows
+    while it waits (in the time replay, the waiters of a burst that waited 5 minutes or more
+    saw more GPU share start after they joined, for waiters that joined after them, than for
+    all those ahead of them when they joined)."""
+
+    def __init__(self) -> None:
+        self.joins: deque[tuple[float, str, int]] = deque()  # (seconds, user, GPU milli), oldest first
+
+    def add(self, at: float, user: str, milli: int) -> None:
+        """``user`` joined the queue at ``at`` asking for ``milli`` of GPU share."""
+        if milli > 0:
+            self.joins.append((at, user, milli))
+
+    def rates(self, now: float) -> dict[str, tuple[float, float]]:
+        """Per user who joined within ``DRAIN_WINDOW``: joins per second and GPU milli per join."""
+        cut = now - DRAIN_WINDOW
+        while self.joins and self.joins[0][0] < cut:
+            self.joins.popleft()
+        if not self.joins:
+            return {}
+        span = max(now - max(cut, self.joins[0][0]), 1.0)
+        count: dict[str, int] = {}
+        milli: dict[str, int] = {}
+        for _, user, m in self.joins:
+            count[user] = count.get(user, 0) + 1
+            milli[user] = milli.get(user, 0) + m
+        return {u: (n / span, milli[u] / n) for u, n in count.items()}
+
+
+class Overtaking:
+    """The GPU share that will join ahead of a waiter while it waits, as the fair order stands.
+
+    A later waiter of user ``u`` sorts ahead of one in round ``r`` of its class when its own
+    round is lower: ``u`` can put up to ``r`` minus its next round of servers ahead, at most
+    as many as it joins in the time (its recent rate). Aging is left out: a young newcomer
+    that sorts after an old waiter passes it once old itself, within ``RESERVE_AFTER``."""
+
+    def __init__(self, order: FairOrder, arrivals: Mapping[str, tuple[float, float]],
+                 running: Mapping[str, int]) -> None:
+        """``order``: the fair order as sorted (its keys and each user's next round);
+        ``arrivals``: :meth:`Arrivals.rates`; ``running``: servers held per user."""
+        self.order, self.arrivals, self.running = order, arrivals, running
+        self._at: dict[str, int] | None = None
+
+    def ahead(self, w: Waiter, seconds: float) -> float:
+        """GPU milli expected to join ahead of ``w`` within ``seconds``."""
+        if not self.arrivals or seconds <= 0:
+            return 0.0
+        if self._at is None:
+            self._at = {x.id: i for i, x in enumerate(self.order.waiters)}
+        i = self._at.get(w.id)
+        if i is None:
+            return 0.0
+        klass, _, mine = self.order.keys[i]
+        nxt = self.order.next_round.get(klass, {})
+        total = 0.0
+        for user, (per_s, milli) in self.arrivals.items():
+            if user == w.user:
+                continue
+            room = mine - nxt.get(user, self.running.get(user, 0))
+            if room > 0:
+                total += min(per_s * seconds, room) * milli
+        return total
