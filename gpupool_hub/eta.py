@@ -236,22 +236,16 @@ class Calibration:
         return len(self.ratios) >= MIN_CALIBRATION
 
     def scale(self, model_s: float, q: float, klass: Any = "") -> float:
-        """The wait at quantile ``q`` for a model estimate of ``model_s`` seconds: the estimate
-        times how far the misses of the most alike waiters there are enough of (:meth:`_keys`,
-        else all) spread at ``q``, relative to their median.
-
-        Why relative to the median: the misses say how wide the range must be; the point
-        estimate stays the model's. The misses are of waiters who joined earlier, under the
-        queue as it was then: in a burst, those of its first minute (served at once, the
-        model far above them) shifted the next waiters' estimates to a fifth of their waits,
-        while the spread of the misses holds from one minute to the next."""
+        """The wait at quantile ``q`` for a model estimate of ``model_s`` seconds, from the misses
+        of the most alike waiters there are enough of (:meth:`_keys`), else of all: those that
+        started and, as lower bounds, those still waiting."""
         key = next((k for k in self._keys(model_s, klass)
                     if len(self.by_key.get(k, ())) >= MIN_CALIBRATION), "")
         got = self._sorted.get(key)
         if got is None:
             got = self._sorted[key] = _kaplan_meier(self.by_key[key] if key != "" else self.ratios,
                                                     self.open.get(key, ()))
-        return max(0.0, (model_s + CALIBRATION_PAD) * got.at(q) / got.at(0.5) - CALIBRATION_PAD)
+        return max(0.0, (model_s + CALIBRATION_PAD) * got.at(q) - CALIBRATION_PAD)
 
 
 @dataclass(frozen=True)
