@@ -219,14 +219,16 @@ class Calibration:
     def waiting(self, rows: Iterable[tuple[float, float, Any]]) -> None:
         """Waiters still waiting: (the model's estimate, seconds waited so far, class).
 
-        Why: the latest starts are the waiters that started soonest; those still waiting are
-        not among them, and a range calibrated on starts alone stays too short for as long as
-        a queue grows (at load 0.9 of the replay, waits of 5-15 minutes were shown "under
-        3 min"). Each waiter still waiting is a censored observation: its miss is at least
-        the ratio it has reached so far (:meth:`scale` takes them in, Kaplan-Meier)."""
+        Why: while a queue builds, the starts the ratios come from are the waiters that started
+        soon; those still waiting long past their estimate are not among them, and the range
+        would stay too short for as long as the queue grows (at load 0.9 of the replay, waits of
+        5-15 minutes were shown "under 3 min"). Each one waiting past its estimate counts with
+        the ratio it has reached so far (a lower bound: a censored observation), the longest
+        waiting first, at most ``CALIBRATION_SPAN`` of them."""
+        bounds = sorted(((waited + CALIBRATION_PAD) / (model_s + CALIBRATION_PAD), model_s, klass)
+                        for model_s, waited, klass in rows if waited > model_s)[-CALIBRATION_SPAN:]
         self.open = {}
-        for model_s, waited, klass in rows:
-            ratio = (max(0.0, waited) + CALIBRATION_PAD) / (max(0.0, model_s) + CALIBRATION_PAD)
+        for ratio, model_s, klass in bounds:
             for key in (*self._keys(model_s, klass), ""):
                 self.open.setdefault(key, []).append(ratio)
         self._sorted = {}
@@ -235,47 +237,22 @@ class Calibration:
     def enough(self) -> bool:
         return len(self.ratios) >= MIN_CALIBRATION
 
+    def _ratios(self, model_s: float, klass: Any) -> tuple[Any, list[float]]:
+        for key in self._keys(model_s, klass):
+            mine = self.by_key.get(key)
+            if mine is not None and len(mine) >= MIN_CALIBRATION:
+                return key, [*mine, *self.open.get(key, ())]
+        return "", [*self.ratios, *self.open.get("", ())]
+
     def scale(self, model_s: float, q: float, klass: Any = "") -> float:
         """The wait at quantile ``q`` for a model estimate of ``model_s`` seconds, from the misses
-        of the most alike waiters there are enough of (:meth:`_keys`), else of all: those that
-        started and, as lower bounds, those still waiting."""
+        of the most alike waiters there are enough of (:meth:`_keys`), else of all."""
         key = next((k for k in self._keys(model_s, klass)
                     if len(self.by_key.get(k, ())) >= MIN_CALIBRATION), "")
         got = self._sorted.get(key)
         if got is None:
-            got = self._sorted[key] = _kaplan_meier(self.by_key[key] if key != "" else self.ratios,
-                                                    self.open.get(key, ()))
-        return max(0.0, (model_s + CALIBRATION_PAD) * got.at(q) - CALIBRATION_PAD)
-
-
-@dataclass(frozen=True)
-class _Misses:
-    """A distribution of misses: the ratios at which it steps and its cumulative share there."""
-
-    ratios: list[float]
-    shares: list[float]
-    beyond: float  # the largest ratio seen: a quantile the record does not reach is at least this
-
-    def at(self, q: float) -> float:
-        i = bisect_right(self.shares, q - 1e-12)
-        return self.ratios[i] if i < len(self.ratios) else self.beyond
-
-
-def _kaplan_meier(done: Iterable[float], still: Iterable[float]) -> _Misses:
-    """The misses of waiters that started (``done``) and the lower bounds of those still
-    waiting (``still``), as one distribution (Kaplan-Meier: a waiter still waiting counts
-    among those that could still miss by more, up to the ratio it has reached)."""
-    items = sorted([(r, 0) for r in done] + [(r, 1) for r in still])
-    at_risk, survive = len(items), 1.0
-    ratios: list[float] = []
-    shares: list[float] = []
-    for ratio, censored in items:
-        if not censored:
-            survive *= 1.0 - 1.0 / at_risk
-            ratios.append(ratio)
-            shares.append(1.0 - survive)
-        at_risk -= 1
-    return _Misses(ratios, shares, items[-1][0] if items else 1.0)
+            got = self._sorted[key] = sorted(self._ratios(model_s, klass)[1])
+        return max(0.0, (model_s + CALIBRATION_PAD) * _quantile(got, q) - CALIBRATION_PAD)
 
 
 @dataclass(frozen=True)
