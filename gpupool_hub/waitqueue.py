@@ -355,6 +355,7 @@ def dispatch(pool: Pool, ordered: Sequence[Waiter], new_id: Callable[[Waiter], s
     budget = max(1.0, close_at_most * everything)
     claims: set[str] = set()  # the nodes old waiters closed (the budget's count)
     kept = _kept(pool, ordered, budget) if now is not None else frozenset()
+    started: set[str] = set()  # waiters of kept nodes placed in this pass
     # waiters that fit only on kept nodes ("inside") take them in order; their failures say
     # nothing of the others' (kept nodes closed) and the other way round: shortcuts per side
     shortcuts = {False: (failed, short), True: (set(), {})}
@@ -384,6 +385,9 @@ def dispatch(pool: Pool, ordered: Sequence[Waiter], new_id: Callable[[Waiter], s
                     failed.add(w.shape)
                 else:
                     placed.append((w, placement))
+                    if inside:  # the nodes it kept are for those still waiting, not for it any more
+                        started.add(w.id)
+                        kept = _kept(pool, ordered, budget, started)
                     continue
             else:
                 if head is None:
@@ -416,15 +420,17 @@ def dispatch(pool: Pool, ordered: Sequence[Waiter], new_id: Callable[[Waiter], s
                     closed_by_class, until)
 
 
-def _kept(pool: Pool, ordered: Sequence[Waiter], budget: float) -> frozenset[str]:
+def _kept(pool: Pool, ordered: Sequence[Waiter], budget: float, started: set[str] | frozenset[str] = frozenset()
+          ) -> frozenset[str]:
     """The nodes kept for waiters that fit few of them: the nodes each waiting request of a
     comparable kind (not pinned, not MIG) could ever fit on, where they are at most ``budget``
-    nodes (those of the fewest-node requests first, within the budget in all)."""
+    nodes (those of the fewest-node requests first, within the budget in all). Waiters in
+    ``started`` were placed in this pass: they keep nothing."""
     homes = []
     seen: set[Request] = set()
     for w in ordered:
         r = w.request
-        if r in seen or w.size[0] is None:
+        if r in seen or w.size[0] is None or w.id in started:
             continue
         seen.add(r)
         mine = fitting_nodes(pool, r)
