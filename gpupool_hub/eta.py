@@ -247,12 +247,17 @@ class Calibration:
     def scale(self, model_s: float, q: float, klass: Any = "") -> float:
         """The wait at quantile ``q`` for a model estimate of ``model_s`` seconds, from the misses
         of the most alike waiters there are enough of (:meth:`_keys`), else of all."""
+        return self.scales(model_s, (q,), klass)[0]
+
+    def scales(self, model_s: float, qs: Sequence[float], klass: Any = "") -> list[float]:
+        """:meth:`scale` at each of ``qs`` (the misses looked up once: a queue of thousands
+        asks for three quantiles of each waiter every few seconds)."""
         key = next((k for k in self._keys(model_s, klass)
                     if len(self.by_key.get(k, ())) >= MIN_CALIBRATION), "")
         got = self._sorted.get(key)
         if got is None:
             got = self._sorted[key] = sorted(self._ratios(model_s, klass)[1])
-        return max(0.0, (model_s + CALIBRATION_PAD) * _quantile(got, q) - CALIBRATION_PAD)
+        return [max(0.0, (model_s + CALIBRATION_PAD) * _quantile(got, q) - CALIBRATION_PAD) for q in qs]
 
 
 @dataclass(frozen=True)
@@ -446,7 +451,7 @@ def estimate_ranges(ordered: Sequence[Waiter], free_milli: Mapping[str, int], ru
                     if done:
                         break
             if calibration is not None and calibration.enough:
-                secs = [calibration.scale(model_s, q, calibration_class(w.request)) for q in calibrated]
+                secs = calibration.scales(model_s, calibrated, calibration_class(w.request))
             else:  # no record of misses yet: the point estimate, halved to doubled
                 secs = [model_s * UNCALIBRATED_SPREAD[0], model_s, model_s * UNCALIBRATED_SPREAD[1]]
             out[w.id] = Estimate(*(now + timedelta(seconds=t) for t in secs), "history", model_s)
@@ -468,7 +473,7 @@ def estimate_ranges(ordered: Sequence[Waiter], free_milli: Mapping[str, int], ru
 
         model_s = first(MID)
         if calibration is not None and calibration.enough and model_s is not None:
-            at: list[float | None] = [calibration.scale(model_s, q, calibration_class(w.request)) for q in calibrated]
+            at: list[float | None] = [*calibration.scales(model_s, calibrated, calibration_class(w.request))]
         else:
             at = [first(q) for q in quantiles]
         out[w.id] = Estimate(*(now + timedelta(seconds=t) if t is not None else None for t in at), "history",

@@ -9,6 +9,7 @@ plus what will join ahead of it while it waits, over the rate the queue is serve
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -149,6 +150,24 @@ class Overtaking:
         ``arrivals``: :meth:`Arrivals.rates`; ``running``: servers held per user."""
         self.order, self.arrivals, self.running = order, arrivals, running
         self._at: dict[str, int] | None = None
+        # per class: the joining users by the round of their next server (see _rounds)
+        self._by_class: dict[int, list[_Round]] = {}
+
+    def _rounds(self, klass: int) -> list[_Round]:
+        """The joining users grouped by the round of their next server in ``klass``.
+
+        Why: a full pool's queue can hold thousands of waiters, each asking about thousands
+        of users who joined lately, at each step of the fixed point. Users of one round have
+        the same room ahead of a waiter; sorted by how often they join, those who would join
+        more than that room are a suffix, so a waiter's sum is a bisection per round."""
+        got = self._by_class.get(klass)
+        if got is None:
+            nxt = self.order.next_round.get(klass, {})
+            grouped: dict[int, list[tuple[float, float]]] = {}
+            for user, (per_s, milli) in self.arrivals.items():
+                grouped.setdefault(nxt.get(user, self.running.get(user, 0)), []).append((per_s, milli))
+            got = self._by_class[klass] = sorted(_Round.of(r, users) for r, users in grouped.items())
+        return got
 
     def ahead(self, w: Waiter, seconds: float) -> float:
         """GPU milli expected to join ahead of ``w`` within ``seconds``."""
@@ -160,12 +179,37 @@ class Overtaking:
         if i is None:
             return 0.0
         klass, _, mine = self.order.keys[i]
-        nxt = self.order.next_round.get(klass, {})
         total = 0.0
-        for user, (per_s, milli) in self.arrivals.items():
-            if user == w.user:
-                continue
-            room = mine - nxt.get(user, self.running.get(user, 0))
-            if room > 0:
-                total += min(per_s * seconds, room) * milli
-        return total
+        for group in self._rounds(klass):
+            room = mine - group.round
+            if room <= 0:
+                break  # sorted by round: no later group has room either
+            total += group.within(room, seconds)
+        return total  # its own user is never counted: their next round is past its own
+
+
+@dataclass(frozen=True, order=True)
+class _Round:
+    """The joining users whose next server is in one round: join rates ascending, with running
+    sums of GPU milli per join and of milli per second, for :meth:`Overtaking.ahead`."""
+
+    round: int
+    per_s: tuple[float, ...]
+    milli_after: tuple[float, ...]  # sum of milli per join of users i.. (those from i on)
+    flow_before: tuple[float, ...]  # sum of per_s * milli of users ..i (those before i)
+
+    @classmethod
+    def of(cls, round_: int, users: list[tuple[float, float]]) -> _Round:
+        users.sort()
+        milli_after = [0.0] * (len(users) + 1)
+        for i in range(len(users) - 1, -1, -1):
+            milli_after[i] = milli_after[i + 1] + users[i][1]
+        flow_before = [0.0]
+        for per_s, milli in users:
+            flow_before.append(flow_before[-1] + per_s * milli)
+        return cls(round_, tuple(p for p, _ in users), tuple(milli_after), tuple(flow_before))
+
+    def within(self, room: int, seconds: float) -> float:
+        """Of these users, the GPU milli that joins within ``seconds``, each at most ``room`` servers."""
+        cut = bisect_left(self.per_s, room / seconds)  # from here on, a user fills its room
+        return seconds * self.flow_before[cut] + room * self.milli_after[cut]

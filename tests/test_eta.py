@@ -308,3 +308,33 @@ def test_later_arrivals_the_round_robin_puts_ahead_lengthen_the_wait() -> None:
     assert plain.model_s == pytest.approx(6 * 60.0)
     # the wait T that holds 6 GPUs, ann's and bob's next and T / 10 min of eve's: 8000 / 15 s
     assert est.model_s == pytest.approx(8000 / 15, rel=0.01)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_those_joining_ahead_add_up_user_by_user_in_a_queue_of_thousands(seed: int) -> None:
+    # The rule of the example above, per user: a user whose next server's round is below the
+    # waiter's puts at most the difference ahead, at most as many as they join in the time;
+    # the waiter's own user never. Counted in rounds of users (not user by user: a full
+    # pool's queue asks about thousands of users at each step), it must give the same sums.
+    import random
+
+    from gpupool_hub.waitqueue import FairOrder
+
+    rng = random.Random(seed)
+    users = [f"u{i}" for i in range(300)]
+    waiters = [Waiter(id=f"w{i}", user=rng.choice(users), server=f"w{i}", request=Request(gpus=1),
+                      since=NOW + timedelta(seconds=i), priority=rng.choice((0, 1))) for i in range(400)]
+    running = {u: rng.choice((0, 0, 1, 2)) for u in users}
+    order = FairOrder.of(waiters, waiters[5].id, running)
+    joins = eta.Arrivals()
+    for k in range(600):
+        joins.add(float(k), rng.choice(users), rng.choice((250, 1000, 2000)))
+    rates = joins.rates(600.0)
+    overtaking = eta.Overtaking(order, rates, running)
+    for i, w in enumerate(order.waiters[::7]):
+        klass, _, mine = order.keys[i * 7]
+        seconds = rng.choice((5.0, 60.0, 900.0))
+        expected = sum(min(per_s * seconds, mine - order.next_round.get(klass, {}).get(u, running.get(u, 0))) * milli
+                       for u, (per_s, milli) in rates.items()
+                       if u != w.user and mine > order.next_round.get(klass, {}).get(u, running.get(u, 0)))
+        assert overtaking.ahead(w, seconds) == pytest.approx(expected, rel=1e-9, abs=1e-6)
