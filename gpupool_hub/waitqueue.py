@@ -50,7 +50,7 @@ from functools import cached_property
 from itertools import accumulate
 from operator import attrgetter
 from typing import Any
-from weakref import WeakKeyDictionary
+from weakref import WeakKeyDictionary, ref
 
 from .placement import mig as mig_placement
 from .placement.errors import ModelUnavailable, NoCapacity
@@ -268,6 +268,16 @@ def fitting_nodes(pool: Pool, req: Request) -> frozenset[str]:
     return got
 
 
+def _fits(pool: Pool, w: Waiter) -> frozenset[str]:
+    """:func:`fitting_nodes` of ``w``'s request, remembered on the waiter: a pass asks it for every
+    waiter several times, and hashing and comparing the request each time was most of a replay's
+    dispatch (waiters of equal requests get the same set, as :func:`fitting_nodes` answers it)."""
+    got = w.__dict__.get("_fitting")
+    if got is None or got[0]() is not pool:
+        got = w.__dict__["_fitting"] = (ref(pool), fitting_nodes(pool, w.request))
+    return got[1]
+
+
 def reserve_node(pool: Pool, req: Request, avoid: frozenset[str] = frozenset()) -> str | None:
     """The node to hold back for a head waiter: among nodes it could ever fit on (but those in
     ``avoid``), the one with the most free GPU capacity of its models now (ties: fewer GPUs
@@ -348,7 +358,7 @@ def dispatch(pool: Pool, ordered: Sequence[Waiter], new_id: Callable[[Waiter], s
     closed: set[str] = set()  # the head's node and the nodes old waiters that did not fit could use
     avoid: frozenset[str] = frozenset()  # the same, as allocate takes it
     closed_by_class: dict[int, frozenset[str]] = {}
-    claimed: set[Request] = set()  # old waiters' requests whose nodes are closed
+    claimed: set[int] = set()  # the node sets (by id: :func:`_fits`'s) old waiters already tried to close
     until: datetime | None = None
     cls: int | None = None
     everything = len(pool.nodes)
@@ -356,6 +366,8 @@ def dispatch(pool: Pool, ordered: Sequence[Waiter], new_id: Callable[[Waiter], s
     claims: set[str] = set()  # the nodes old waiters closed (the budget's count)
     kept = _kept(pool, ordered, budget) if now is not None else frozenset()
     started: set[str] = set()  # waiters of kept nodes placed in this pass
+    # ``avoid | kept``, made again only when either changes (not once per waiter)
+    union_of: tuple[frozenset[str], frozenset[str], frozenset[str]] = (avoid, kept, avoid | kept)
     # waiters that fit only on kept nodes ("inside") take them in order; their failures say
     # nothing of the others' (kept nodes closed) and the other way round: shortcuts per side
     shortcuts = {False: (failed, short), True: (set(), {})}
@@ -370,9 +382,14 @@ def dispatch(pool: Pool, ordered: Sequence[Waiter], new_id: Callable[[Waiter], s
         if len(closed) == everything:
             continue  # every node is closed: no one else starts in this pass
         kind, need = w.size
-        inside = bool(kept) and fitting_nodes(pool, w.request) <= kept
+        inside = bool(kept) and _fits(pool, w) <= kept
         failed, short = shortcuts[inside]
-        off = avoid if inside or not kept else avoid | kept
+        if inside or not kept:
+            off = avoid
+        else:
+            if union_of[0] is not avoid or union_of[1] is not kept:
+                union_of = (avoid, kept, avoid | kept)
+            off = union_of[2]
         blocked = (kind is not None and kind in short and _covered(need, short[kind])) or \
             bool(failed and w.shape in failed)
         if not blocked:
@@ -405,9 +422,8 @@ def dispatch(pool: Pool, ordered: Sequence[Waiter], new_id: Callable[[Waiter], s
                     front = short.setdefault(kind, [])
                     front[:] = [f for f in front if not (f[0] >= need[0] and f[1] >= need[1] and f[2] >= need[2])]
                     front.append(need)
-        if old and w.request not in claimed:  # it waits: nobody after it starts where it could
-            claimed.add(w.request)
-            mine = fitting_nodes(pool, w.request)
+        if old and id(mine := _fits(pool, w)) not in claimed:  # it waits: nobody after it starts where it could
+            claimed.add(id(mine))  # trying the same nodes again changes nothing: the sets below only grow
             if not mine <= closed and len(claims | mine) <= budget:
                 claims |= mine
                 closed |= mine
@@ -427,13 +443,14 @@ def _kept(pool: Pool, ordered: Sequence[Waiter], budget: float, started: set[str
     nodes (those of the fewest-node requests first, within the budget in all). Waiters in
     ``started`` were placed in this pass: they keep nothing."""
     homes = []
-    seen: set[Request] = set()
+    seen: set[int] = set()  # node sets by id (:func:`_fits`): one of each is enough, a repeat adds nothing
     for w in ordered:
-        r = w.request
-        if r in seen or w.size[0] is None or w.id in started:
+        if w.size[0] is None or w.id in started:
             continue
-        seen.add(r)
-        mine = fitting_nodes(pool, r)
+        mine = _fits(pool, w)
+        if id(mine) in seen:
+            continue
+        seen.add(id(mine))
         if mine and len(mine) <= budget:
             homes.append(mine)
     kept: frozenset[str] = frozenset()
