@@ -56,20 +56,20 @@ def main() -> None:
         served.add(at - 600 + 2 * i, 1000)
     history = eta.SessionHistory(("1x1000", "", 60.0 * (1 + i % 240)) for i in range(500))
     calibration = eta.Calibration((60.0 * (1 + i % 30), 60.0 * (1 + i % 30) * rng.uniform(0.5, 2)) for i in range(200))
-    times, steps = [], 0
+    times, estimates = [], 0
     for _ in range(args.repeat):
         started = time.perf_counter()
         overtaking = eta.Overtaking(order, joins.rates(at), running)
         got = eta.estimate_ranges(order.waiters, {}, [], history, NOW, calibration=calibration,
                                   drain=served.rates(at), overtaking=overtaking)
         times.append(time.perf_counter() - started)
-        steps = len(got)
+        estimates = len(got)
     median = statistics.median(times)
     print(f"queue: {n:,} waiters of {n:,} users; {len(joins.rates(at)):,} users joined in the last 10 min")
     print(f"every waiter's range: median {median:.3f} s over {len(times)} runs "
           f"(target: <= {TARGET_S:.2f} s, a tenth of the service's {ESTIMATE_TTL:.0f} s between recomputations)")
     print(json.dumps({"estimates_s_median": round(median, 4), "target_s": TARGET_S, "waiters": n,
-                      "estimates": steps, "joined_users": len(joins.rates(at)), "meets_target": median <= TARGET_S}))
+                      "estimates": estimates, "joined_users": len(joins.rates(at)), "meets_target": median <= TARGET_S}))
 
 
 if __name__ == "__main__":

@@ -237,13 +237,6 @@ class Calibration:
     def enough(self) -> bool:
         return len(self.ratios) >= MIN_CALIBRATION
 
-    def _ratios(self, model_s: float, klass: Any) -> tuple[Any, list[float]]:
-        for key in self._keys(model_s, klass):
-            mine = self.by_key.get(key)
-            if mine is not None and len(mine) >= MIN_CALIBRATION:
-                return key, [*mine, *self.open.get(key, ())]
-        return "", [*self.ratios, *self.open.get("", ())]
-
     def scale(self, model_s: float, q: float, klass: Any = "") -> float:
         """The wait at quantile ``q`` for a model estimate of ``model_s`` seconds, from the misses
         of the most alike waiters there are enough of (:meth:`_keys`), else of all."""
@@ -256,7 +249,8 @@ class Calibration:
                     if len(self.by_key.get(k, ())) >= MIN_CALIBRATION), "")
         got = self._sorted.get(key)
         if got is None:
-            got = self._sorted[key] = sorted(self._ratios(model_s, klass)[1])
+            started = self.by_key[key] if key != "" else self.ratios
+            got = self._sorted[key] = sorted([*started, *self.open.get(key, ())])
         return [max(0.0, (model_s + CALIBRATION_PAD) * _quantile(got, q) - CALIBRATION_PAD) for q in qs]
 
 
