@@ -73,8 +73,9 @@ from benchmarks.placement_openb import TraceNotFound, load_cluster, resolve_trac
 from gpupool_hub import eta  # noqa: E402
 from gpupool_hub.placement import ModelUnavailable, NoCapacity, Pool, Request, get_policy, load_nodes  # noqa: E402
 from gpupool_hub.placement.request import normalize_model  # noqa: E402
-from benchmarks.replay_workloads import (DERIVED, TEAMS, NoTimes, Pod, derive, find_workloads,  # noqa: E402
-                                         load_timed_pods)
+from benchmarks.replay_workloads import (DERIVED, TEAMS, USERS, NoTimes, Pod, derive,  # noqa: E402
+                                         find_workloads, load_timed_pods)
+from gpupool_hub.eta_forecast import Forecast  # noqa: E402
 from gpupool_hub.waitqueue import (BORROWER, UNDER_QUOTA, Dispatch, ExpectedRelease, FairOrder, Waiter,  # noqa: E402
                                    dispatch, estimate_starts, join_behind, reserve_node)
 
@@ -175,7 +176,7 @@ class Replay:
     """One scheduler over one pod list, in simulated time."""
 
     def __init__(self, nodes: List[dict], pods: List[Pod], scheduler: str, seed: int,
-                 compare_today: bool = True) -> None:
+                 compare_today: bool = True, past: Sequence[Pod] = ()) -> None:
         self.pool = Pool(load_nodes(nodes), policy=get_policy("fgd"), seed=seed)
         if scheduler == "project":
             # the hub declares its configured profiles (service/core/pool_inventory.py): here the
@@ -204,7 +205,13 @@ class Replay:
         for ns in self.pool.nodes:
             for s, mk in enumerate(ns.slot_model):
                 self.free_by_model[mk] = self.free_by_model.get(mk, 0) + ns.cap[s]
-        self.history = eta.SessionHistory()
+        # the hub's past (its 90 days of closed sessions): a hub is not new when a burst comes, and a
+        # history of only what ended since the replay began knows no session longer than its age.
+        # With a past, the replay's own ended sessions stay out of it: its arrivals squeeze the
+        # trace's weeks into minutes, so they would weigh as much as those weeks, and they are the
+        # short ones (what ended so soon)
+        self.history = eta.SessionHistory(past_sessions(past))
+        self.learn = not past
         self.snapshot = eta.SessionHistory()
         self.snapshot_at = -1e18
         self.shown: Dict[str, Tuple[float, float, float, str]] = {}
@@ -217,6 +224,7 @@ class Replay:
         self.cache_at = -1e18
         self.curves: Dict[Any, Any] = {}
         self.running: List[eta.Running] = []
+        self.forecast: Optional[Forecast] = None
         self.releases: List[ExpectedRelease] = []
         self.res = Result(scheduler, capacity=self.cap)
         self.order_kept: Optional[Tuple[Optional[str], FairOrder]] = None  # (head, the fair order) while valid
@@ -349,8 +357,10 @@ class Replay:
         self.team_milli[pod.team] -= placement.gpu_milli
         for g in placement.gpus:
             self.free_by_model[normalize_model(g.model)] += g.milli
+            self.served.released(self.now, g.milli, normalize_model(g.model))
         r = pod.request
-        self.history.add(eta.profile_key(r.gpus, r.gpu_milli), pod.user, self.now - started)
+        if self.learn:
+            self.history.add(eta.profile_key(r.gpus, r.gpu_milli), pod.user, self.now - started)
 
     # ------------------------------------------------------------ estimates
 
@@ -395,13 +405,14 @@ class Replay:
                                         eta.profile_key(pod.request.gpus, pod.request.gpu_milli), pod.user,
                                         self.now - started)
                             for pod, started, placement in self.held.values() if placement.gpus]
+            self.forecast = Forecast(self.running, self.snapshot)
         # everyone queued was just dispatched and did not fit: what the pool shows free is of no
         # use to them (scattered over nodes, or short of CPU or memory)
         kept = self.order_kept[1] if self.fair and self.order_kept is not None else None
         overtaking = eta.Overtaking(kept, self.joined.rates(self.now), self.held_by_user) if kept else None
         return eta.estimate_ranges(order, {}, self.running, self.snapshot, now, curves=self.curves,
                                    only=name, calibration=self.calibration, overtaking=overtaking,
-                                   drain=self.served.rates(self.now)).get(name)
+                                   drain=self.served.rates(self.now), forecast=self.forecast).get(name)
 
     def today(self, order: List[Waiter], name: str, now: datetime, stale: bool) -> float:
         """Today's rule: known ends else created + typical session, chained a few rounds."""
@@ -539,9 +550,17 @@ def checks(proj: Dict[str, Any], base: Dict[str, Any]) -> List[Tuple[str, bool, 
     ]
 
 
+def past_sessions(pods: Sequence[Pod]) -> List[Tuple[str, str, float]]:
+    """The closed sessions a hub that ran the workload before would have: each pod's shape and
+    hold, under a user drawn apart from the replay's (a pod's own hold is not among its user's)."""
+    return [(eta.profile_key(p.request.gpus, p.request.gpu_milli),
+             f"u{zlib.crc32(f'past:{p.name}'.encode()) % USERS:02d}", p.hold) for p in pods]
+
+
 def replay_one(nodes: List[dict], pods: List[Pod], seed: int, schedulers: Sequence[str],
-               compare_today: bool) -> Dict[str, Dict[str, Any]]:
-    return {sched: figures(Replay(nodes, pods, sched, seed, compare_today=compare_today).run()) for sched in schedulers}
+               compare_today: bool, past: Sequence[Pod] = ()) -> Dict[str, Dict[str, Any]]:
+    return {sched: figures(Replay(nodes, pods, sched, seed, compare_today=compare_today, past=past).run())
+            for sched in schedulers}
 
 
 def print_rows(rows: Dict[str, Dict[str, Any]]) -> None:
@@ -663,7 +682,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     print(f"openb time replay: workload {wname}, seed {seed}, {len(nodes)} nodes "
                           f"({capacity // 1000} GPUs), {len(pods)} GPU pods arriving over {span_h:.1f} h, "
                           f"offered load {load:.0%}")
-                    rows = replay_one(nodes, pods, seed, schedulers, args.today and not args.no_today)
+                    rows = replay_one(nodes, pods, seed, schedulers, args.today and not args.no_today, past=pods_w)
                     print_rows(rows)
                     proj, base = rows["project"], rows["fifo-fgd"]
                     got = checks(proj, base)

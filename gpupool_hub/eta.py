@@ -49,7 +49,7 @@ import math
 from bisect import bisect_right, insort
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -242,16 +242,18 @@ class Calibration:
         of the most alike waiters there are enough of (:meth:`_keys`), else of all."""
         return self.scales(model_s, (q,), klass)[0]
 
-    def scales(self, model_s: float, qs: Sequence[float], klass: Any = "") -> list[float]:
+    def scales(self, model_s: float, qs: Sequence[float], klass: Any = "", centred: bool = False) -> list[float]:
         """:meth:`scale` at each of ``qs`` (the misses looked up once: a queue of thousands
-        asks for three quantiles of each waiter every few seconds)."""
+        asks for three quantiles of each waiter every few seconds). ``centred``: the misses set
+        the width around the model's estimate, not where it lies (their median counts as 1)."""
         key = next((k for k in self._keys(model_s, klass)
                     if len(self.by_key.get(k, ())) >= MIN_CALIBRATION), "")
         got = self._sorted.get(key)
         if got is None:
             started = self.by_key[key] if key != "" else self.ratios
             got = self._sorted[key] = sorted([*started, *self.open.get(key, ())])
-        return [max(0.0, (model_s + CALIBRATION_PAD) * _quantile(got, q) - CALIBRATION_PAD) for q in qs]
+        mid = _quantile(got, 0.5) if centred else 1.0
+        return [max(0.0, (model_s + CALIBRATION_PAD) * _quantile(got, q) / mid - CALIBRATION_PAD) for q in qs]
 
 
 @dataclass(frozen=True)
@@ -264,6 +266,15 @@ class Running:
     user: str
     age: float  # seconds held so far
     deadline: float | None = None  # seconds from now to a known end (reclaim, idle or floor stop)
+
+
+class Freeing(Protocol):
+    """What the pool will free from now on (:class:`gpupool_hub.eta_forecast.Forecast`)."""
+
+    known: bool  # whether the history has seen most held servers' ages outlived
+
+    def time_to(self, models: frozenset[str] | None, need: float, used: float = 1.0) -> float | None:
+        """Seconds until ``used`` of what frees of ``models`` adds up to ``need`` milli."""
 
 
 @dataclass(frozen=True)
@@ -286,8 +297,9 @@ class Estimate:
         return self.source or ("history" if self.basis == "history" else "typical")
 
 
-def remaining_cdf(samples: Sequence[float], age: float, deadline: float | None = None) -> list[float]:
-    """P(the server has ended within each grid time), given it has run ``age`` seconds.
+def remaining_cdf(samples: Sequence[float], age: float, deadline: float | None = None,
+                  grid: Sequence[float] = GRID) -> list[float]:
+    """P(the server has ended within each time of ``grid``), given it has run ``age`` seconds.
 
     The past sessions that outlived ``age`` say how much longer it runs; when
     fewer than ``MIN_TAIL`` did, its remaining time is taken from all sessions
@@ -299,7 +311,7 @@ def remaining_cdf(samples: Sequence[float], age: float, deadline: float | None =
     else:
         start, base, left = 0, 0.0, n
     out = []
-    for t in GRID:
+    for t in grid:
         if deadline is not None and t >= deadline:
             out.append(1.0)
         elif left == 0:
@@ -375,7 +387,7 @@ def estimate_ranges(ordered: Sequence[Waiter], free_milli: Mapping[str, int], ru
                     curves: dict[frozenset[str] | None, tuple[list[float], list[float], float, int]] | None = None,
                     only: str | None = None, calibration: Calibration | None = None,
                     drain: float | Rates | None = None, coverage: float | None = None,
-                    overtaking: Overtaking | None = None) -> dict[str, Estimate]:
+                    overtaking: Overtaking | None = None, forecast: Freeing | None = None) -> dict[str, Estimate]:
     """Each waiter's start range, in queue order (``ordered``: fair order, the head first).
 
     A waiter needs the GPU share of its models that it and everyone ahead of it
@@ -396,6 +408,12 @@ def estimate_ranges(ordered: Sequence[Waiter], free_milli: Mapping[str, int], ru
     alone bias short). A waiter ahead that accepts more models counts for the part of it
     that went to this waiter's models. Too few starts of its models: the release model of
     its models answers, never the whole pool's rate.
+    ``forecast``: what the held servers of each model will free as they age, and those
+    started on it after them (:class:`~gpupool_hub.eta_forecast.Forecast`); where it knows
+    the held servers' ages and the pool's frees are recorded (``drain``), the measured rate
+    gives way to it: the wait is the time until the part of what frees that went to waiters
+    lately (:meth:`Rates.used`) covers the need ahead. The rate measured over the last
+    minutes lags a pool whose release slows as its servers age.
 
     A waiter that needs more than the pool holds of its models (a small pool, a
     deep queue) waits for GPUs to be freed, taken by those ahead and freed again:
@@ -436,16 +454,32 @@ def estimate_ranges(ordered: Sequence[Waiter], free_milli: Mapping[str, int], ru
             out[w.id] = Estimate(now, now, now, "history", 0.0)
             continue
         if rate:
-            model_s = need / rate
+            used = rates.used(key) if forecast is not None and forecast.known and rates is not None else None
+
+            forecasted = False
+
+            def wait(milli: float) -> float:  # until the queue was served ``milli`` more of its models
+                nonlocal forecasted
+                if used is not None and forecast is not None:
+                    t = forecast.time_to(key, milli, used)
+                    if t is not None:
+                        forecasted = True
+                        return t
+                forecasted = False
+                return milli / rate
+
+            model_s = wait(need)
             if overtaking is not None:  # those joining ahead while it waits: the wait they add, to a fixed point
                 for _ in range(OVERTAKE_STEPS):
-                    longer = (need + overtaking.ahead(w, model_s)) / rate
+                    longer = wait(need + overtaking.ahead(w, model_s))
                     done = longer - model_s <= 0.01 * model_s + 0.5
                     model_s = longer
                     if done:
                         break
             if calibration is not None and calibration.enough:
-                secs = calibration.scales(model_s, calibrated, calibration_class(w.request))
+                # a forecast follows the pool's slowing down or speeding up: the misses of waiters
+                # who joined in another phase of it say how wide the range is, not where
+                secs = calibration.scales(model_s, calibrated, calibration_class(w.request), centred=forecasted)
             else:  # no record of misses yet: the point estimate, halved to doubled
                 secs = [model_s * UNCALIBRATED_SPREAD[0], model_s, model_s * UNCALIBRATED_SPREAD[1]]
             out[w.id] = Estimate(*(now + timedelta(seconds=t) for t in secs), "history", model_s)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .waitqueue import FairOrder, Waiter
@@ -35,6 +35,13 @@ class Drain:
     def __init__(self) -> None:
         # (seconds, GPU share in milli, model key: None when unknown), oldest first
         self.starts: deque[tuple[float, int, str | None]] = deque()
+        # (seconds, GPU share in milli, model key) of held allocations that ended, oldest first
+        self.ends: deque[tuple[float, int, str]] = deque()
+
+    def released(self, at: float, milli: int, model: str) -> None:
+        """A held allocation's ``milli`` of GPU share of ``model`` was freed at ``at``: of what the
+        pool frees, the part that goes to waiters is what serves the queue."""
+        self.ends.append((at, milli, model))
 
     def add(self, at: float, milli: int, model: str | None = None) -> None:
         """A waiter started at ``at`` with ``milli`` of GPU share of ``model``."""
@@ -46,15 +53,22 @@ class Drain:
         cut = now - DRAIN_WINDOW
         while self.starts and self.starts[0][0] < cut:
             self.starts.popleft()
+        while self.ends and self.ends[0][0] < cut:
+            self.ends.popleft()
         if len(self.starts) < MIN_DRAIN_STARTS:
             return None
-        span = max(now - max(cut, self.starts[0][0]), 1.0)
+        first = self.starts[0][0]
+        span = max(now - max(cut, first), 1.0)
         milli: dict[str | None, float] = {}
         count: dict[str | None, int] = {}
         for _, m, model in self.starts:
             milli[model] = milli.get(model, 0.0) + m / span
             count[model] = count.get(model, 0) + 1
-        return Rates(milli, count)
+        freed: dict[str, float] = {}
+        for at, m, model in self.ends:  # over the same span: before the first start, nobody waited
+            if at >= first:
+                freed[model] = freed.get(model, 0.0) + m / span
+        return Rates(milli, count, freed)
 
     def rate(self, now: float) -> float | None:
         """Milli-GPUs served per second over the last ``DRAIN_WINDOW``, all models; None with too few starts."""
@@ -69,6 +83,8 @@ class Rates:
 
     milli: Mapping[str | None, float]
     starts: Mapping[str | None, int]
+    #: milli-GPUs freed per second over the same time, per model (empty: not recorded)
+    freed: Mapping[str, float] = field(default_factory=dict)
 
     @classmethod
     def pooled(cls, milli_per_s: float) -> Rates:
@@ -87,6 +103,15 @@ class Rates:
         if self._sum(self.starts, models) < MIN_DRAIN_STARTS:
             return None
         return self._sum(self.milli, models) or None
+
+    def used(self, models: frozenset[str] | None) -> float | None:
+        """Of the GPU share of ``models`` freed lately, the part that went to waiters (what freed
+        where no waiter fitted serves nobody: single GPUs scattered for a waiter of eight);
+        None when none was freed or frees are not recorded."""
+        freed = self._sum(self.freed, models)
+        if freed <= 0:
+            return None
+        return min(1.0, self._sum(self.milli, models) / freed)
 
     def share(self, ahead: frozenset[str] | None, mine: frozenset[str] | None) -> float:
         """The part of a waiter ahead (accepting ``ahead``) that takes GPUs of ``mine``: of what

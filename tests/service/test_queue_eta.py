@@ -193,3 +193,23 @@ def test_too_few_past_starts_leave_the_models_own_range(tmp_path):
         m.ledger.queue.estimate_started(f"past{i}", shown_at + timedelta(seconds=900 - 15))
     admit(m, "alice")
     assert queued(m, "bob").details["eta_text"] in ("about 4–16 min", "about 4–17 min", "about 3–16 min")
+
+
+def test_freed_gpus_are_weighed_against_what_went_to_waiters(tmp_path):
+    # every GPU a holder frees goes to the next waiter on his retry: the estimates learn that all
+    # of what frees serves the queue (the forecast of what frees then sets the wait)
+    clock = Clock()
+    m = manager(tmp_path, clock=clock)
+    past_sessions(m, clock)
+    held = admit(m, "alice")
+    for i in range(10):
+        user = f"user{i}"
+        queued(m, user)
+        keep_waiting(m, clock, 60, user=user)
+        m.admission.release(held.id, "server stopped")
+        held = admit(m, user)  # the retry claims the freed GPU
+        assert held.user == user
+    rates = m.queue.eta.served.rates(clock().timestamp())
+    assert rates is not None and rates.used(None) == 1.0
+    r = queued(m, "zoe")
+    assert r.details["eta_basis"] == "history"

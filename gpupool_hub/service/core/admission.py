@@ -300,6 +300,8 @@ class Admission:
         if alloc_id in self.pool:
             self.pool.release(alloc_id)
             if self.queue is not None:
+                if record is not None:
+                    self.queue.freed(when, record.gpus)
                 self.queue.dispatch()
         else:  # held outside the pool (its GPUs unknown to it): never to be taken back into it now
             self.inventory.forget(alloc_id)

@@ -221,6 +221,11 @@ class WaitQueue:
         self.order.claimed(entry.waiter.user)  # admission records it now: held from here on
         return entry.waiter.id, entry.placement
 
+    def freed(self, at: datetime, gpus: Iterable[dict[str, Any]]) -> None:
+        """A held allocation's GPUs went back to the pool (the estimates weigh what frees
+        against what the queue is served)."""
+        self.eta.freed(at, gpus)
+
     def remove(self, entry: Entry, why: str) -> None:
         """Drop an entry, giving its reserved GPUs back (and to the next waiters)."""
         self.entries.pop(entry.key, None)

@@ -13,13 +13,14 @@ the admin pages publish.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 from ... import eta as eta_rules
 from ...config import GPUPool
+from ...eta_forecast import Forecast
 from ...ledger import AllocationRecord, Ledger
 from ...placement.request import normalize_model
 from ...timefmt import iso
@@ -80,6 +81,7 @@ class QueueEstimates:
         self._ranges: tuple[float, dict[str, eta_rules.Estimate]] | None = None
         self._held: tuple[float, list[AllocationRecord], dict[str, datetime]] | None = None
         self._curve_cache: tuple[list[AllocationRecord], eta_rules.SessionHistory, dict[Any, Any]] | None = None
+        self._forecast: tuple[list[AllocationRecord], eta_rules.SessionHistory, Forecast] | None = None
         self._calibration: tuple[float, eta_rules.Calibration] | None = None
         self.served = eta_rules.Drain()  # the GPU share started from the queue lately (for the ranges)
         self.joins = eta_rules.Arrivals()  # who joined lately (those the fair order puts ahead of a waiter)
@@ -93,6 +95,12 @@ class QueueEstimates:
         """A waiter's GPUs (of ``model``, a pool model string) were handed over: the queue was
         served that share at ``at``."""
         self.served.add(at.timestamp(), gpu_milli, normalize_model(model) if model else None)
+
+    def freed(self, at: datetime, gpus: Iterable[dict[str, Any]]) -> None:
+        """A held allocation's GPUs (``{"milli", "model"}`` each) went back to the pool at ``at``:
+        of what frees, the part that went to waiters is what the forecast counts as serving them."""
+        for g in gpus:
+            self.served.released(at.timestamp(), int(g["milli"]), normalize_model(g["model"]))
 
     def joined(self, at: datetime, user: str, gpu_milli: int) -> None:
         """``user`` joined the queue (it waits) asking for ``gpu_milli`` of GPU share."""
@@ -217,7 +225,8 @@ class QueueEstimates:
             out = eta_rules.estimate_ranges(fair.waiters + ([extra] if extra else []), {},
                                             self._held_for_estimates(now), history, now, curves=self._curves(history),
                                             only=extra.id if extra else only, calibration=self.calibration(),
-                                            drain=self.served.rates(stamp), overtaking=overtaking)
+                                            drain=self.served.rates(stamp), overtaking=overtaking,
+                                            forecast=self.forecast(history, now))
             if extra is not None or only is not None:
                 return out
             self._ranges = (stamp, out)
@@ -241,6 +250,15 @@ class QueueEstimates:
         if cache is None or cache[0] is not held or cache[1] is not history:
             cache = self._curve_cache = (held, history, {})
         return cache[2]
+
+    def forecast(self, history: eta_rules.SessionHistory, now: datetime) -> Forecast:
+        """What the held allocations will free as they age (and those started on it after them),
+        kept while the held allocations and the history are, like the release curves."""
+        held, _ = self.held_ends()
+        kept = self._forecast
+        if kept is None or kept[0] is not held or kept[1] is not history:
+            kept = self._forecast = (held, history, Forecast(self._held_for_estimates(now), history))
+        return kept[2]
 
     def range_of(self, entry_id: str, eta: datetime | None) -> eta_rules.Estimate:
         """The entry's range from history, else today's estimate as a point (``basis`` "fallback",
