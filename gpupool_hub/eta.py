@@ -130,6 +130,8 @@ class SessionHistory:
         self.all: list[float] = []
         # release CDFs per (id of a samples list, age bucket, deadline): valid until the next add
         self.cdfs: dict[tuple[int, int, float | None], list[float]] = {}
+        # the same on the forecast's steps (eta_forecast): rebuilt each time the held servers are read
+        self.step_cdfs: dict[tuple[int, int, float | None], list[float]] = {}
         for profile, user, seconds in sessions:
             self.add(profile, user, seconds)
 
@@ -139,6 +141,7 @@ class SessionHistory:
                        self.all):
             insort(bucket, s)  # kept sorted: estimates bisect them
         self.cdfs = {}
+        self.step_cdfs = {}
 
     def __len__(self) -> int:
         return len(self.all)

@@ -53,12 +53,19 @@ class Forecast:
             held += r.milli
             if len(samples) - bisect_right(samples, r.age) >= MIN_TAIL:
                 known += r.milli
-        released: dict[str, list[float]] = {}
+        ended: dict[str, list[float]] = {}  # per model: the held share ended by each step
         for (model, sid, bucket, deadline), milli in grouped.items():
-            cdf = remaining_cdf(samples_of[sid], math.expm1((bucket + 0.5) * LOG_BUCKET), deadline, GRID)
-            per_step = released.setdefault(model, [0.0] * (STEPS + 1))
-            for k in range(1, STEPS + 1):
-                per_step[k] += milli * (cdf[k] - cdf[k - 1])
+            ck = (sid, bucket, deadline)
+            cdf = history.step_cdfs.get(ck)
+            if cdf is None:  # the history's, kept while it is: servers age from bucket to bucket
+                age = math.expm1((bucket + 0.5) * LOG_BUCKET)
+                cdf = history.step_cdfs[ck] = remaining_cdf(samples_of[sid], age, deadline, GRID)
+            by_step = ended.get(model)
+            if by_step is None:
+                ended[model] = [milli * p for p in cdf]
+            else:
+                ended[model] = [a + milli * p for a, p in zip(by_step, cdf)]
+        released = {m: [0.0] + [e[k] - e[k - 1] for k in range(1, STEPS + 1)] for m, e in ended.items()}
         self.known = known >= MIN_KNOWN_SHARE * held if held else False
         # a session started now ends within step j with these chances (the pool's sessions)
         ends = _step_chances(history.all)
