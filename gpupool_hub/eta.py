@@ -457,7 +457,9 @@ def estimate_ranges(ordered: Sequence[Waiter], free_milli: Mapping[str, int], ru
             out[w.id] = Estimate(now, now, now, "history", 0.0)
             continue
         if rate:
-            used = rates.used(key) if forecast is not None and forecast.known and rates is not None else None
+            # a request of several GPUs waits for a node to drain, not for the flow of what frees
+            used = rates.used(key) if forecast is not None and forecast.known and rates is not None \
+                and w.request.gpus <= 1 else None
 
             forecasted = False
 

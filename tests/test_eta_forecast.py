@@ -118,3 +118,16 @@ def test_without_recorded_frees_the_measured_rate_answers() -> None:
     est = eta.estimate_ranges(ws, {}, running, heavy_tailed(), NOW, drain=d.rates(60.0), only="w59",
                               forecast=Forecast(running, heavy_tailed()))["w59"]
     assert est.model_s == pytest.approx(60.0)
+
+
+def test_a_waiter_for_several_gpus_keeps_the_measured_rate() -> None:
+    # eight GPUs on one node free when that node drains, not as the pool's flow of frees says
+    d = Drain()
+    for i in range(60):
+        d.add(float(i), 1000, A100)
+        d.released(float(i), 1000, A100)
+    ws = [waiter(f"w{i}") for i in range(52)] + [waiter("big", gpus=8)]
+    running = young(30, age=60.0) + young(50, age=600.0)
+    est = eta.estimate_ranges(ws, {}, running, heavy_tailed(), NOW, drain=d.rates(60.0), only="big",
+                              forecast=Forecast(running, heavy_tailed()))["big"]
+    assert est.model_s == pytest.approx(60.0)
