@@ -61,7 +61,7 @@ import random
 import sys
 import time
 import zlib
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -361,7 +361,7 @@ class Replay:
         """What the newcomer ``name`` is shown: the project's range (``self.shown``) and, for
         comparison, today's single-point rule (``self.shown_today``), from the same queue."""
         order = self.ordered()
-        upto = next(i for i, w in enumerate(order) if w.id == name) + 1
+        upto = list(map(attrgetter("id"), order)).index(name) + 1  # read in C: the queue holds thousands
         order = order[:upto]
         now = EPOCH + timedelta(seconds=self.now)
         stale = self.now - self.cache_at >= RELEASES_TTL_S

@@ -13,9 +13,12 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 from .waitqueue import FairOrder, Waiter
+
+_ID = attrgetter("id")  # a waiter's id, read in C (the index of a queue of thousands is built per estimate)
 
 #: the window over which the queue's service rate and its users' arrivals are measured, and
 #: the starts a service rate needs
@@ -114,25 +117,32 @@ class Arrivals:
 
     def __init__(self) -> None:
         self.joins: deque[tuple[float, str, int]] = deque()  # (seconds, user, GPU milli), oldest first
+        # per user: the joins in ``joins`` and their GPU milli, kept as joins come and go (a full
+        # pool's queue asks at every join: counting thousands of joins each time was a replay's hot spot)
+        self._count: dict[str, int] = {}
+        self._milli: dict[str, int] = {}
 
     def add(self, at: float, user: str, milli: int) -> None:
         """``user`` joined the queue at ``at`` asking for ``milli`` of GPU share."""
         if milli > 0:
             self.joins.append((at, user, milli))
+            self._count[user] = self._count.get(user, 0) + 1
+            self._milli[user] = self._milli.get(user, 0) + milli
 
     def rates(self, now: float) -> dict[str, tuple[float, float]]:
         """Per user who joined within ``DRAIN_WINDOW``: joins per second and GPU milli per join."""
         cut = now - DRAIN_WINDOW
+        count, milli = self._count, self._milli
         while self.joins and self.joins[0][0] < cut:
-            self.joins.popleft()
+            _, user, m = self.joins.popleft()
+            if count[user] == 1:
+                del count[user], milli[user]
+            else:
+                count[user] -= 1
+                milli[user] -= m
         if not self.joins:
             return {}
         span = max(now - max(cut, self.joins[0][0]), 1.0)
-        count: dict[str, int] = {}
-        milli: dict[str, int] = {}
-        for _, user, m in self.joins:
-            count[user] = count.get(user, 0) + 1
-            milli[user] = milli.get(user, 0) + m
         return {u: (n / span, milli[u] / n) for u, n in count.items()}
 
 
@@ -174,7 +184,7 @@ class Overtaking:
         if not self.arrivals or seconds <= 0:
             return 0.0
         if self._at is None:
-            self._at = {x.id: i for i, x in enumerate(self.order.waiters)}
+            self._at = dict(zip(map(_ID, self.order.waiters), range(len(self.order.waiters))))
         i = self._at.get(w.id)
         if i is None:
             return 0.0

@@ -178,17 +178,28 @@ def _sort(waiters: Iterable[Waiter], head: str | None, running: Mapping[str, int
     rounds: dict[int, dict[str, int]] = {}  # per class, per user: the round of their next waiter
     arrived = sorted(waiters, key=_ORDER_KEY)
     keys = []
-    cls, mine = None, {}
-    for w in arrived:
+    # each key also as one integer, (class, age group, round, arrival index) in mixed radix: sorting
+    # integers is several times faster than sorting tuples; the index keeps arrival order within a round
+    n = len(arrived)
+    low = min(-1, min(running.values(), default=0))  # the least round (the head's: -1)
+    span = max(running.values(), default=0) + n + 1 - low  # more than any round's distance from it
+    codes = []
+    cls, mine, base = None, {}, 0
+    for i, w in enumerate(arrived):
         if w.priority != cls:
             cls, mine = w.priority, rounds.setdefault(w.priority, {})
+            base = cls * 2 * span
         turn = mine.get(w.user)
         if turn is None:
             turn = running.get(w.user, 0)
         mine[w.user] = turn + 1
-        keys.append((cls, old_before is None or w.since >= old_before, -1 if w.id == head else turn))
-    # a stable sort on (class, age group, round) keeps arrival order within a round
-    return arrived, keys, sorted(range(len(arrived)), key=keys.__getitem__), rounds
+        young = old_before is None or w.since >= old_before
+        if w.id == head:
+            turn = -1
+        keys.append((cls, young, turn))
+        codes.append((base + young * span + turn - low) * n + i)
+    # the order of (class, age group, round), arrival order within a round
+    return arrived, keys, sorted(range(n), key=codes.__getitem__), rounds
 
 
 @dataclass(frozen=True)
@@ -213,9 +224,10 @@ class FairOrder:
         until = None
         if now is not None:
             old_before = now - reserve_after
-            young_since = min((w.since for w in arrived if w.since >= old_before), default=None)
+            young_since = min(filter(old_before.__le__, map(_SINCE, arrived)), default=None)
             until = None if young_since is None else young_since + reserve_after
-        latest = {(w.priority, w.user): _ORDER_KEY(w) for w in arrived}  # arrival order: the last wins
+        # arrival order: the last wins (built in C, as the keys below: this runs on every resort)
+        latest = dict(zip(map(_CLASS_USER, arrived), map(_ORDER_KEY, arrived)))
         return cls([arrived[i] for i in order], [keys[i] for i in order], rounds, latest, until,
                    None if now is None else reserve_after)
 
@@ -249,6 +261,8 @@ class FairOrder:
 # sort keys made in C, not a Python call per waiter (the order is resorted on every dispatch)
 _ORDER_KEY = attrgetter("priority", "since", "id")  # Waiter.order_key
 _AT = attrgetter("at")
+_SINCE = attrgetter("since")
+_CLASS_USER = attrgetter("priority", "user")
 
 
 # per pool (its node list never changes): per request, the nodes it could ever fit on
