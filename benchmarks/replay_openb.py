@@ -247,9 +247,15 @@ class Replay:
         for mk in w.request.models if w.request.models is not None else (None,):
             self.wanted[mk] = self.wanted.get(mk, 0) + 1
 
+    def rekey(self, user: str, gone: Optional[str] = None) -> None:
+        """The fair order kept, with ``user``'s waiters moved (their round changed, ``gone`` left)."""
+        if self.order_kept is not None:
+            head = self.order_kept[0]
+            self.order_kept = (head, self.order_kept[1].rekeyed(user, self.held_by_user, head, gone))
+
     def unwait(self, name: str) -> Pod:
         pod, w = self.waiting.pop(name)
-        self.order_kept = None
+        self.rekey(pod.user, name)
         del self.queue[bisect.bisect_left(self.queue, self.queue_key.pop(name))]
         self.team_waiting[pod.team] -= pod.request.total_gpu_milli
         for mk in w.request.models if w.request.models is not None else (None,):
@@ -333,8 +339,8 @@ class Replay:
             if pod.name in self.model_s:
                 self.calibration.add(self.model_s.pop(pod.name), real, eta.calibration_class(pod.request))
         self.held[pod.name] = (pod, self.now, placement)
-        self.order_kept = None  # the user's round moved
         self.held_by_user[pod.user] = self.held_by_user.get(pod.user, 0) + 1
+        self.rekey(pod.user)  # the user's round moved
         self.team_milli[pod.team] += placement.gpu_milli
         for g in placement.gpus:
             self.free_by_model[normalize_model(g.model)] -= g.milli
@@ -345,7 +351,7 @@ class Replay:
         self.pool.release(name)
         self.settled = False  # until the next full dispatch pass
         self.held_by_user[pod.user] -= 1
-        self.order_kept = None
+        self.rekey(pod.user)
         self.team_milli[pod.team] -= placement.gpu_milli
         for g in placement.gpus:
             self.free_by_model[normalize_model(g.model)] += g.milli

@@ -160,6 +160,7 @@ class Overtaking:
         ``arrivals``: :meth:`Arrivals.rates`; ``running``: servers held per user."""
         self.order, self.arrivals, self.running = order, arrivals, running
         self._at: dict[str, int] | None = None
+        self._one: tuple[str, int | None] | None = None  # the first waiter asked about and its place
         # per class: the joining users by the round of their next server (see _rounds)
         self._by_class: dict[int, list[_Round]] = {}
 
@@ -179,13 +180,26 @@ class Overtaking:
             got = self._by_class[klass] = sorted(_Round.of(r, users) for r, users in grouped.items())
         return got
 
+    def _place(self, wid: str) -> int | None:
+        """Where ``wid`` stands in the order (None: not in it). The first waiter asked about is
+        found by a scan (a replay asks about one newcomer per order, a few times): the index
+        of thousands of waiters is built only once a second one is asked about."""
+        if self._at is None:
+            if self._one is None or self._one[0] == wid:
+                if self._one is None:
+                    try:
+                        self._one = (wid, list(map(_ID, self.order.waiters)).index(wid))
+                    except ValueError:
+                        self._one = (wid, None)
+                return self._one[1]
+            self._at = dict(zip(map(_ID, self.order.waiters), range(len(self.order.waiters))))
+        return self._at.get(wid)
+
     def ahead(self, w: Waiter, seconds: float) -> float:
         """GPU milli expected to join ahead of ``w`` within ``seconds``."""
         if not self.arrivals or seconds <= 0:
             return 0.0
-        if self._at is None:
-            self._at = dict(zip(map(_ID, self.order.waiters), range(len(self.order.waiters))))
-        i = self._at.get(w.id)
+        i = self._place(w.id)
         if i is None:
             return 0.0
         klass, _, mine = self.order.keys[i]
