@@ -220,6 +220,7 @@ class Replay:
         self.releases: List[ExpectedRelease] = []
         self.res = Result(scheduler, capacity=self.cap)
         self.order_kept: Optional[Tuple[Optional[str], FairOrder]] = None  # (head, the fair order) while valid
+        self.gone: Optional[str] = None  # the waiter unwait() took out of the queue (start() rekeys its user)
         self.now = 0.0
         self.seq = 0
 
@@ -255,7 +256,7 @@ class Replay:
 
     def unwait(self, name: str) -> Pod:
         pod, w = self.waiting.pop(name)
-        self.rekey(pod.user, name)
+        self.gone = name  # it starts next: start() moves its user's waiters, this one gone
         del self.queue[bisect.bisect_left(self.queue, self.queue_key.pop(name))]
         self.team_waiting[pod.team] -= pod.request.total_gpu_milli
         for mk in w.request.models if w.request.models is not None else (None,):
@@ -340,7 +341,7 @@ class Replay:
                 self.calibration.add(self.model_s.pop(pod.name), real, eta.calibration_class(pod.request))
         self.held[pod.name] = (pod, self.now, placement)
         self.held_by_user[pod.user] = self.held_by_user.get(pod.user, 0) + 1
-        self.rekey(pod.user)  # the user's round moved
+        self.rekey(pod.user, pod.name if self.gone == pod.name else None)  # the user's round moved
         self.team_milli[pod.team] += placement.gpu_milli
         for g in placement.gpus:
             self.free_by_model[normalize_model(g.model)] -= g.milli

@@ -267,8 +267,10 @@ class FairOrder:
         ``user``'s): what :meth:`of` would answer, sorted at the same time, with only the
         user's waiters moved (a replay's every start and release would resort thousands).
         ``until`` is kept: it can only come later, so the caller resorts no later than needed."""
+        at = [i for i, w in enumerate(self.waiters) if w.user == user]
+        if not at:
+            return self  # the user waits for nothing: no round of theirs is kept
         ws, ks = list(self.waiters), list(self.keys)
-        at = [i for i, w in enumerate(ws) if w.user == user]
         young = {ws[i].id: ks[i][1] for i in at}
         classes = {ks[i][0] for i in at}
         mine = sorted((ws[i] for i in at if ws[i].id != gone), key=_ORDER_KEY)
@@ -290,9 +292,9 @@ class FairOrder:
             rounds.setdefault(cls, {})[user] = turn
             latest[(cls, user)] = arrival = _ORDER_KEY(w)
             lo, hi = bisect_left(ks, key), bisect_right(ks, key)  # among equal keys: arrival order
-            hi = lo + bisect_right(list(map(_ORDER_KEY, ws[lo:hi])), arrival)
-            ws.insert(hi, w)
-            ks.insert(hi, key)
+            place = bisect_right(ws, arrival, lo, hi, key=_ORDER_KEY)
+            ws.insert(place, w)
+            ks.insert(place, key)
         return FairOrder(ws, ks, rounds, latest, self.until, self.aging)
 
 
