@@ -60,8 +60,7 @@ import json
 import random
 import sys
 import time
-import zlib
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -73,8 +72,8 @@ from benchmarks.placement_openb import TraceNotFound, load_cluster, resolve_trac
 from gpupool_hub import eta  # noqa: E402
 from gpupool_hub.placement import ModelUnavailable, NoCapacity, Pool, Request, get_policy, load_nodes  # noqa: E402
 from gpupool_hub.placement.request import normalize_model  # noqa: E402
-from benchmarks.replay_workloads import (DERIVED, TEAMS, USERS, NoTimes, Pod, derive,  # noqa: E402
-                                         find_workloads, load_timed_pods)
+from benchmarks.replay_workloads import (DERIVED, TEAMS, NoTimes, Pod, compress, derive,  # noqa: E402,F401
+                                         find_workloads, load_timed_pods, past_sessions, resize)
 from gpupool_hub.eta_forecast import Forecast  # noqa: E402
 from gpupool_hub.waitqueue import (BORROWER, UNDER_QUOTA, Dispatch, ExpectedRelease, FairOrder, Waiter,  # noqa: E402
                                    dispatch, estimate_starts, join_behind, reserve_node)
@@ -93,39 +92,6 @@ TARGET_WALL_S = 120.0
 MIN_WAITS = 20
 SCHEDULERS = ("fifo-fgd", "project")
 VARIANTS = ("fifo-backfill", "rr-nobackfill")
-
-
-def resize(pods: List[Pod], n: Optional[int], rng: random.Random) -> List[Pod]:
-    """``n`` pods: a random subset, or the trace plus copies of random pods arriving at other pods' times."""
-    if n is None or n == len(pods):
-        return list(pods)
-    if n < len(pods):
-        return sorted(rng.sample(pods, n), key=lambda p: p.arrive)
-    out = list(pods)
-    for i in range(n - len(pods)):
-        p, at = rng.choice(pods), rng.choice(pods).arrive
-        out.append(Pod(f"{p.name}-copy{i}", p.request, at, p.hold, p.user, p.team))
-    return out
-
-
-def compress(pods: List[Pod], capacity_milli: int, load: float) -> List[Pod]:
-    """Arrivals squeezed (holds kept) so that offered GPU time / capacity over the arrival span is ``load``."""
-    t0 = min(p.arrive for p in pods)
-    span0 = max(p.arrive for p in pods) - t0
-
-    def offered(span: float) -> float:
-        return sum(p.request.total_gpu_milli * min(p.hold, span) for p in pods) / (capacity_milli * span)
-
-    if offered(1.0) < load:
-        raise ValueError(f"{len(pods)} pods cannot offer {load:.0%} of {capacity_milli // 1000} GPUs even all at "
-                         f"once (at most {offered(1.0):.0%}): use more --pods or fewer --nodes")
-    lo, hi = 1.0, span0
-    for _ in range(60):  # offered() falls as the span grows
-        mid = (lo * hi) ** 0.5
-        lo, hi = (mid, hi) if offered(mid) > load else (lo, mid)
-    scale = hi / span0
-    return sorted((Pod(p.name, p.request, (p.arrive - t0) * scale, p.hold, p.user, p.team) for p in pods),
-                  key=lambda p: p.arrive)
 
 
 @dataclass
@@ -228,6 +194,7 @@ class Replay:
         self.releases: List[ExpectedRelease] = []
         self.res = Result(scheduler, capacity=self.cap)
         self.order_kept: Optional[Tuple[Optional[str], FairOrder]] = None  # (head, the fair order) while valid
+        self.gone: Optional[str] = None  # the waiter unwait() took out of the queue (start() rekeys its user)
         self.now = 0.0
         self.seq = 0
 
@@ -255,9 +222,15 @@ class Replay:
         for mk in w.request.models if w.request.models is not None else (None,):
             self.wanted[mk] = self.wanted.get(mk, 0) + 1
 
+    def rekey(self, user: str, gone: Optional[str] = None) -> None:
+        """The fair order kept, with ``user``'s waiters moved (their round changed, ``gone`` left)."""
+        if self.order_kept is not None:
+            head = self.order_kept[0]
+            self.order_kept = (head, self.order_kept[1].rekeyed(user, self.held_by_user, head, gone))
+
     def unwait(self, name: str) -> Pod:
         pod, w = self.waiting.pop(name)
-        self.order_kept = None
+        self.gone = name  # it starts next: start() moves its user's waiters, this one gone
         del self.queue[bisect.bisect_left(self.queue, self.queue_key.pop(name))]
         self.team_waiting[pod.team] -= pod.request.total_gpu_milli
         for mk in w.request.models if w.request.models is not None else (None,):
@@ -341,8 +314,8 @@ class Replay:
             if pod.name in self.model_s:
                 self.calibration.add(self.model_s.pop(pod.name), real, eta.calibration_class(pod.request))
         self.held[pod.name] = (pod, self.now, placement)
-        self.order_kept = None  # the user's round moved
         self.held_by_user[pod.user] = self.held_by_user.get(pod.user, 0) + 1
+        self.rekey(pod.user, pod.name if self.gone == pod.name else None)  # the user's round moved
         self.team_milli[pod.team] += placement.gpu_milli
         for g in placement.gpus:
             self.free_by_model[normalize_model(g.model)] -= g.milli
@@ -353,7 +326,7 @@ class Replay:
         self.pool.release(name)
         self.settled = False  # until the next full dispatch pass
         self.held_by_user[pod.user] -= 1
-        self.order_kept = None
+        self.rekey(pod.user)
         self.team_milli[pod.team] -= placement.gpu_milli
         for g in placement.gpus:
             self.free_by_model[normalize_model(g.model)] += g.milli
@@ -371,7 +344,7 @@ class Replay:
         """What the newcomer ``name`` is shown: the project's range (``self.shown``) and, for
         comparison, today's single-point rule (``self.shown_today``), from the same queue."""
         order = self.ordered()
-        upto = next(i for i, w in enumerate(order) if w.id == name) + 1
+        upto = list(map(attrgetter("id"), order)).index(name) + 1  # read in C: the queue holds thousands
         order = order[:upto]
         now = EPOCH + timedelta(seconds=self.now)
         stale = self.now - self.cache_at >= RELEASES_TTL_S
@@ -548,13 +521,6 @@ def checks(proj: Dict[str, Any], base: Dict[str, Any]) -> List[Tuple[str, bool, 
         ("no starvation (longest wait ≤ FIFO+FGD's)", proj["wait_max_s"] <= base["wait_max_s"],
          f"{proj['wait_max_s']:.0f} s vs {base['wait_max_s']:.0f} s"),
     ]
-
-
-def past_sessions(pods: Sequence[Pod]) -> List[Tuple[str, str, float]]:
-    """The closed sessions a hub that ran the workload before would have: each pod's shape and
-    hold, under a user drawn apart from the replay's (a pod's own hold is not among its user's)."""
-    return [(eta.profile_key(p.request.gpus, p.request.gpu_milli),
-             f"u{zlib.crc32(f'past:{p.name}'.encode()) % USERS:02d}", p.hold) for p in pods]
 
 
 def replay_one(nodes: List[dict], pods: List[Pod], seed: int, schedulers: Sequence[str],

@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from gpupool_hub.eta import profile_key
 from gpupool_hub.placement import Request
 
 USERS = 64
@@ -132,3 +133,43 @@ def derive(name: str, pods: List[Pod], nodes: Sequence[dict], kinds: Sequence[st
             raise ValueError(f"unknown variant {kind!r}: choose from {', '.join(DERIVED)}")
         out.append((f"{name}+{kind}", got, None if got else f"{name} has no pod of that kind"))
     return out
+
+
+def resize(pods: List[Pod], n: Optional[int], rng: random.Random) -> List[Pod]:
+    """``n`` pods: a random subset, or the trace plus copies of random pods arriving at other pods' times."""
+    if n is None or n == len(pods):
+        return list(pods)
+    if n < len(pods):
+        return sorted(rng.sample(pods, n), key=lambda p: p.arrive)
+    out = list(pods)
+    for i in range(n - len(pods)):
+        p, at = rng.choice(pods), rng.choice(pods).arrive
+        out.append(Pod(f"{p.name}-copy{i}", p.request, at, p.hold, p.user, p.team))
+    return out
+
+
+def compress(pods: List[Pod], capacity_milli: int, load: float) -> List[Pod]:
+    """Arrivals squeezed (holds kept) so that offered GPU time / capacity over the arrival span is ``load``."""
+    t0 = min(p.arrive for p in pods)
+    span0 = max(p.arrive for p in pods) - t0
+
+    def offered(span: float) -> float:
+        return sum(p.request.total_gpu_milli * min(p.hold, span) for p in pods) / (capacity_milli * span)
+
+    if offered(1.0) < load:
+        raise ValueError(f"{len(pods)} pods cannot offer {load:.0%} of {capacity_milli // 1000} GPUs even all at "
+                         f"once (at most {offered(1.0):.0%}): use more --pods or fewer --nodes")
+    lo, hi = 1.0, span0
+    for _ in range(60):  # offered() falls as the span grows
+        mid = (lo * hi) ** 0.5
+        lo, hi = (mid, hi) if offered(mid) > load else (lo, mid)
+    scale = hi / span0
+    return sorted((Pod(p.name, p.request, (p.arrive - t0) * scale, p.hold, p.user, p.team) for p in pods),
+                  key=lambda p: p.arrive)
+
+
+def past_sessions(pods: Sequence[Pod]) -> List[Tuple[str, str, float]]:
+    """The closed sessions a hub that ran the workload before would have: each pod's shape and
+    hold, under a user drawn apart from the replay's (a pod's own hold is not among its user's)."""
+    return [(profile_key(p.request.gpus, p.request.gpu_milli),
+             f"u{zlib.crc32(f'past:{p.name}'.encode()) % USERS:02d}", p.hold) for p in pods]

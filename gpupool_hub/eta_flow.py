@@ -13,9 +13,12 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 from .waitqueue import FairOrder, Waiter
+
+_ID = attrgetter("id")  # a waiter's id, read in C (the index of a queue of thousands is built per estimate)
 
 #: the window over which the queue's service rate and its users' arrivals are measured, and
 #: the starts a service rate needs
@@ -139,25 +142,32 @@ class Arrivals:
 
     def __init__(self) -> None:
         self.joins: deque[tuple[float, str, int]] = deque()  # (seconds, user, GPU milli), oldest first
+        # per user: the joins in ``joins`` and their GPU milli, kept as joins come and go (a full
+        # pool's queue asks at every join: counting thousands of joins each time was a replay's hot spot)
+        self._count: dict[str, int] = {}
+        self._milli: dict[str, int] = {}
 
     def add(self, at: float, user: str, milli: int) -> None:
         """``user`` joined the queue at ``at`` asking for ``milli`` of GPU share."""
         if milli > 0:
             self.joins.append((at, user, milli))
+            self._count[user] = self._count.get(user, 0) + 1
+            self._milli[user] = self._milli.get(user, 0) + milli
 
     def rates(self, now: float) -> dict[str, tuple[float, float]]:
         """Per user who joined within ``DRAIN_WINDOW``: joins per second and GPU milli per join."""
         cut = now - DRAIN_WINDOW
+        count, milli = self._count, self._milli
         while self.joins and self.joins[0][0] < cut:
-            self.joins.popleft()
+            _, user, m = self.joins.popleft()
+            if count[user] == 1:
+                del count[user], milli[user]
+            else:
+                count[user] -= 1
+                milli[user] -= m
         if not self.joins:
             return {}
         span = max(now - max(cut, self.joins[0][0]), 1.0)
-        count: dict[str, int] = {}
-        milli: dict[str, int] = {}
-        for _, user, m in self.joins:
-            count[user] = count.get(user, 0) + 1
-            milli[user] = milli.get(user, 0) + m
         return {u: (n / span, milli[u] / n) for u, n in count.items()}
 
 
@@ -175,6 +185,7 @@ class Overtaking:
         ``arrivals``: :meth:`Arrivals.rates`; ``running``: servers held per user."""
         self.order, self.arrivals, self.running = order, arrivals, running
         self._at: dict[str, int] | None = None
+        self._one: tuple[str, int | None] | None = None  # the first waiter asked about and its place
         # per class: the joining users by the round of their next server (see _rounds)
         self._by_class: dict[int, list[_Round]] = {}
 
@@ -194,13 +205,26 @@ class Overtaking:
             got = self._by_class[klass] = sorted(_Round.of(r, users) for r, users in grouped.items())
         return got
 
+    def _place(self, wid: str) -> int | None:
+        """Where ``wid`` stands in the order (None: not in it). The first waiter asked about is
+        found by a scan (a replay asks about one newcomer per order, a few times): the index
+        of thousands of waiters is built only once a second one is asked about."""
+        if self._at is None:
+            if self._one is None or self._one[0] == wid:
+                if self._one is None:
+                    try:
+                        self._one = (wid, list(map(_ID, self.order.waiters)).index(wid))
+                    except ValueError:
+                        self._one = (wid, None)
+                return self._one[1]
+            self._at = dict(zip(map(_ID, self.order.waiters), range(len(self.order.waiters))))
+        return self._at.get(wid)
+
     def ahead(self, w: Waiter, seconds: float) -> float:
         """GPU milli expected to join ahead of ``w`` within ``seconds``."""
         if not self.arrivals or seconds <= 0:
             return 0.0
-        if self._at is None:
-            self._at = {x.id: i for i, x in enumerate(self.order.waiters)}
-        i = self._at.get(w.id)
+        i = self._place(w.id)
         if i is None:
             return 0.0
         klass, _, mine = self.order.keys[i]

@@ -47,7 +47,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import cached_property
-from itertools import accumulate
+from itertools import accumulate, chain
 from operator import attrgetter
 from typing import Any
 from weakref import WeakKeyDictionary, ref
@@ -163,32 +163,47 @@ def fair_order(waiters: Iterable[Waiter], head: str | None = None,
     themselves; the head first among its own age group): :func:`dispatch` lets no younger
     waiter pass it on the nodes it could use. Without ``now``, nobody is old.
     """
-    arrived, _, order, _ = _sort(waiters, head, running, now, reserve_after)
+    arrived, _, order, _, _ = _sort(waiters, head, running, now, reserve_after)
     return [arrived[i] for i in order]
 
 
 def _sort(waiters: Iterable[Waiter], head: str | None, running: Mapping[str, int] | None, now: datetime | None,
           reserve_after: timedelta
-          ) -> tuple[list[Waiter], list[tuple[int, bool, int]], list[int], dict[int, dict[str, int]]]:
+          ) -> tuple[list[Waiter], list[tuple[int, bool, int]], list[int], dict[int, dict[str, int]],
+                     dict[int, dict[str, Waiter]]]:
     """The waiters in arrival order, each one's (class, young, round), the indexes in fair order,
-    and per class per user the round of their next waiter (the order is resorted on every
-    dispatch of a replay or a service: this loop is kept lean)."""
+    per class per user the round of their next waiter, and per class per user their latest
+    waiter (the order is resorted on every dispatch of a replay or a service: this loop is kept
+    lean, and the waiters of one key are gathered as they come instead of sorted)."""
     running = running or {}
     old_before = now - reserve_after if now is not None else None
     rounds: dict[int, dict[str, int]] = {}  # per class, per user: the round of their next waiter
+    latest: dict[int, dict[str, Waiter]] = {}
     arrived = sorted(waiters, key=_ORDER_KEY)
     keys = []
-    cls, mine = None, {}
+    gathered: dict[tuple[int, bool, int], list[int]] = {}  # per key, the indexes in arrival order
+    cls, mine, last = None, {}, {}
+    i = 0
     for w in arrived:
         if w.priority != cls:
-            cls, mine = w.priority, rounds.setdefault(w.priority, {})
-        turn = mine.get(w.user)
+            cls, mine, last = w.priority, rounds.setdefault(w.priority, {}), latest.setdefault(w.priority, {})
+        user = w.user
+        turn = mine.get(user)
         if turn is None:
-            turn = running.get(w.user, 0)
-        mine[w.user] = turn + 1
-        keys.append((cls, old_before is None or w.since >= old_before, -1 if w.id == head else turn))
-    # a stable sort on (class, age group, round) keeps arrival order within a round
-    return arrived, keys, sorted(range(len(arrived)), key=keys.__getitem__), rounds
+            turn = running.get(user, 0)
+        mine[user] = turn + 1
+        last[user] = w
+        key = (cls, old_before is None or w.since >= old_before, -1 if w.id == head else turn)
+        keys.append(key)
+        same = gathered.get(key)
+        if same is None:
+            gathered[key] = [i]
+        else:
+            same.append(i)
+        i += 1
+    # by (class, age group, round), arrival order within a round: a few hundred keys sorted, not thousands
+    order = list(chain.from_iterable(gathered[key] for key in sorted(gathered)))
+    return arrived, keys, order, rounds, latest
 
 
 @dataclass(frozen=True)
@@ -209,13 +224,13 @@ class FairOrder:
     @classmethod
     def of(cls, waiters: Iterable[Waiter], head: str | None = None, running: Mapping[str, int] | None = None, *,
            now: datetime | None = None, reserve_after: timedelta = RESERVE_AFTER) -> FairOrder:
-        arrived, keys, order, rounds = _sort(waiters, head, running, now, reserve_after)
+        arrived, keys, order, rounds, last = _sort(waiters, head, running, now, reserve_after)
         until = None
         if now is not None:
             old_before = now - reserve_after
             young_since = min((w.since for w in arrived if w.since >= old_before), default=None)
             until = None if young_since is None else young_since + reserve_after
-        latest = {(w.priority, w.user): _ORDER_KEY(w) for w in arrived}  # arrival order: the last wins
+        latest = {(c, user): _ORDER_KEY(w) for c, mine in last.items() for user, w in mine.items()}
         return cls([arrived[i] for i in order], [keys[i] for i in order], rounds, latest, until,
                    None if now is None else reserve_after)
 
@@ -244,6 +259,43 @@ class FairOrder:
             until = w.since + self.aging
         return FairOrder(self.waiters[:at] + [w] + self.waiters[at:], self.keys[:at] + [key] + self.keys[at:],
                          rounds, {**self.latest, (w.priority, w.user): arrival}, until, self.aging)
+
+    def rekeyed(self, user: str, running: Mapping[str, int], head: str | None, gone: str | None = None
+                ) -> FairOrder:
+        """This order once ``user``'s running count is ``running[user]`` and their waiter ``gone``
+        (if any) left it, ``head`` holding the reserved node (it, or the one before, may be
+        ``user``'s): what :meth:`of` would answer, sorted at the same time, with only the
+        user's waiters moved (a replay's every start and release would resort thousands).
+        ``until`` is kept: it can only come later, so the caller resorts no later than needed."""
+        at = [i for i, w in enumerate(self.waiters) if w.user == user]
+        if not at:
+            return self  # the user waits for nothing: no round of theirs is kept
+        ws, ks = list(self.waiters), list(self.keys)
+        young = {ws[i].id: ks[i][1] for i in at}
+        classes = {ks[i][0] for i in at}
+        mine = sorted((ws[i] for i in at if ws[i].id != gone), key=_ORDER_KEY)
+        for i in reversed(at):
+            del ws[i], ks[i]
+        rounds = {c: dict(users) for c, users in self.next_round.items()}
+        latest = dict(self.latest)
+        for c in classes:
+            rounds[c].pop(user, None)
+            if not rounds[c]:
+                del rounds[c]
+            latest.pop((c, user), None)
+        turn, cls = 0, None
+        for w in mine:  # arrival order: each one's round as _sort counts it
+            if w.priority != cls:
+                cls, turn = w.priority, running.get(user, 0)
+            key = (cls, young[w.id], -1 if w.id == head else turn)
+            turn += 1
+            rounds.setdefault(cls, {})[user] = turn
+            latest[(cls, user)] = arrival = _ORDER_KEY(w)
+            lo, hi = bisect_left(ks, key), bisect_right(ks, key)  # among equal keys: arrival order
+            place = bisect_right(ws, arrival, lo, hi, key=_ORDER_KEY)
+            ws.insert(place, w)
+            ks.insert(place, key)
+        return FairOrder(ws, ks, rounds, latest, self.until, self.aging)
 
 
 # sort keys made in C, not a Python call per waiter (the order is resorted on every dispatch)
@@ -364,35 +416,44 @@ def dispatch(pool: Pool, ordered: Sequence[Waiter], new_id: Callable[[Waiter], s
     everything = len(pool.nodes)
     budget = max(1.0, close_at_most * everything)
     claims: set[str] = set()  # the nodes old waiters closed (the budget's count)
-    kept = _kept(pool, ordered, budget) if now is not None else frozenset()
+    # each waiter's :func:`_fits`, asked up to three times below: once here (without ``now`` never)
+    fits = [_fits(pool, w) for w in ordered] if now is not None else [frozenset()] * len(ordered)
+    kept = _kept(pool, ordered, budget, fits=fits) if now is not None else frozenset()
+    youngest: datetime | None = None  # the earliest arrival of a young waiter: ``until`` is its turning old
     started: set[str] = set()  # waiters of kept nodes placed in this pass
     # ``avoid | kept``, made again only when either changes (not once per waiter)
     union_of: tuple[frozenset[str], frozenset[str], frozenset[str]] = (avoid, kept, avoid | kept)
     # waiters that fit only on kept nodes ("inside") take them in order; their failures say
     # nothing of the others' (kept nodes closed) and the other way round: shortcuts per side
     shortcuts = {False: (failed, short), True: (set(), {})}
-    for w in ordered:
+    for w, mine in zip(ordered, fits):
         if w.priority != cls:
             if cls is not None:
                 closed_by_class[cls] = avoid
             cls = w.priority
-        old = old_before is not None and w.since < old_before
-        if old_before is not None and not old and (until is None or w.since + reserve_after < until):
-            until = w.since + reserve_after
+        since = w.since
+        old = old_before is not None and since < old_before
+        if old_before is not None and not old and (youngest is None or since < youngest):
+            youngest = since
         if len(closed) == everything:
             continue  # every node is closed: no one else starts in this pass
         kind, need = w.size
-        inside = bool(kept) and _fits(pool, w) <= kept
+        inside = bool(kept) and mine <= kept
         failed, short = shortcuts[inside]
-        if inside or not kept:
-            off = avoid
-        else:
-            if union_of[0] is not avoid or union_of[1] is not kept:
-                union_of = (avoid, kept, avoid | kept)
-            off = union_of[2]
-        blocked = (kind is not None and kind in short and _covered(need, short[kind])) or \
-            bool(failed and w.shape in failed)
-        if not blocked:
+        blocked = False
+        if kind is not None and kind in short:  # asks at least as much of each as one that found no node
+            a0, c0, m0 = need
+            for a, c, m in short[kind]:
+                if a0 >= a and c0 >= c and m0 >= m:
+                    blocked = True
+                    break
+        if not blocked and not (failed and w.shape in failed):
+            if inside or not kept:
+                off = avoid
+            else:
+                if union_of[0] is not avoid or union_of[1] is not kept:
+                    union_of = (avoid, kept, avoid | kept)
+                off = union_of[2]
             r = w.request
             cands = pool.candidates(r)
             if (any(c.name not in off for c in cands) if off else cands):
@@ -404,7 +465,7 @@ def dispatch(pool: Pool, ordered: Sequence[Waiter], new_id: Callable[[Waiter], s
                     placed.append((w, placement))
                     if inside:  # the nodes it kept are for those still waiting, not for it any more
                         started.add(w.id)
-                        kept = _kept(pool, ordered, budget, started)
+                        kept = _kept(pool, ordered, budget, started, fits)
                     continue
             else:
                 if head is None:
@@ -422,7 +483,7 @@ def dispatch(pool: Pool, ordered: Sequence[Waiter], new_id: Callable[[Waiter], s
                     front = short.setdefault(kind, [])
                     front[:] = [f for f in front if not (f[0] >= need[0] and f[1] >= need[1] and f[2] >= need[2])]
                     front.append(need)
-        if old and id(mine := _fits(pool, w)) not in claimed:  # it waits: nobody after it starts where it could
+        if old and id(mine) not in claimed:  # it waits: nobody after it starts where it could
             claimed.add(id(mine))  # trying the same nodes again changes nothing: the sets below only grow
             if not mine <= closed and len(claims | mine) <= budget:
                 claims |= mine
@@ -430,25 +491,26 @@ def dispatch(pool: Pool, ordered: Sequence[Waiter], new_id: Callable[[Waiter], s
                 avoid = frozenset(closed)
     if cls is not None:
         closed_by_class[cls] = avoid
+    if youngest is not None:
+        until = youngest + reserve_after
     if kept:  # a newcomer that fits elsewhere starts elsewhere (one that fits only there: at the next pass)
         closed_by_class = {c: nodes | kept for c, nodes in closed_by_class.items()}
     return Dispatch(placed, (head.id, held) if head is not None and held is not None else None,
                     closed_by_class, until)
 
 
-def _kept(pool: Pool, ordered: Sequence[Waiter], budget: float, started: set[str] | frozenset[str] = frozenset()
-          ) -> frozenset[str]:
+def _kept(pool: Pool, ordered: Sequence[Waiter], budget: float, started: set[str] | frozenset[str] = frozenset(),
+          fits: Sequence[frozenset[str]] | None = None) -> frozenset[str]:
     """The nodes kept for waiters that fit few of them: the nodes each waiting request of a
     comparable kind (not pinned, not MIG) could ever fit on, where they are at most ``budget``
     nodes (those of the fewest-node requests first, within the budget in all). Waiters in
-    ``started`` were placed in this pass: they keep nothing."""
+    ``started`` were placed in this pass: they keep nothing. ``fits``: each waiter's
+    :func:`_fits`, when the caller has them."""
     homes = []
     seen: set[int] = set()  # node sets by id (:func:`_fits`): one of each is enough, a repeat adds nothing
-    for w in ordered:
-        if w.size[0] is None or w.id in started:
-            continue
-        mine = _fits(pool, w)
-        if id(mine) in seen:
+    # a repeat is skipped first (thousands of waiters share a few dozen sets): whether it may keep is moot
+    for w, mine in zip(ordered, fits if fits is not None else [_fits(pool, w) for w in ordered]):
+        if id(mine) in seen or w.size[0] is None or w.id in started:
             continue
         seen.add(id(mine))
         if mine and len(mine) <= budget:
@@ -479,15 +541,6 @@ def join_behind(pool: Pool, newcomer: Waiter, held: str | frozenset[str]) -> Pla
         return pool.allocate(newcomer.id, newcomer.request, avoid=avoid)
     except (NoCapacity, ModelUnavailable):
         return None
-
-
-def _covered(need: tuple[int, int, int], front: list[tuple[int, int, int]]) -> bool:
-    """Whether ``need`` asks at least as much of each as one of ``front``."""
-    a0, c0, m0 = need
-    for a, c, m in front:
-        if a0 >= a and c0 >= c and m0 >= m:
-            return True
-    return False
 
 
 def estimate_starts(ordered: Sequence[Waiter], free_milli: Mapping[str, int],

@@ -364,6 +364,38 @@ def test_a_newcomer_put_behind_a_sorted_queue_lands_where_a_full_sort_puts_it(se
     assert hits >= 60  # nearly every newcomer is put in place without a sort
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_an_order_rekeyed_after_starts_and_releases_is_the_full_sorts(seed):
+    # A replay keeps the fair order through every start and release (FairOrder.rekeyed moves
+    # only that user's waiters) instead of sorting thousands again: whatever the classes,
+    # rounds, head, ages and same-second arrivals, the answer must be the full sort's.
+    rng = random.Random(seed)
+    users = [f"u{i}" for i in range(5)]
+    running = {u: rng.randrange(3) for u in users}
+    now = T0 + timedelta(minutes=30)
+    waiters = [Waiter(f"w{i:03d}", rng.choice(users), "", Request(gpus=1),
+                      T0 + timedelta(seconds=rng.randrange(0, 1800, 60)), rng.choice((UNDER_QUOTA, BORROWER)))
+               for i in range(60)]
+    head = rng.choice(waiters).id
+    order = FairOrder.of(waiters, head, running, now=now)
+    for _ in range(80):
+        user, gone = rng.choice(users), None
+        mine = [w for w in waiters if w.user == user and w.id != head]
+        if mine and rng.random() < 0.5:  # one of its waiters starts: it leaves the queue, one more runs
+            gone = rng.choice(mine).id
+            waiters = [w for w in waiters if w.id != gone]
+            running[user] += 1
+        elif running[user] and rng.random() < 0.5:  # one of its servers ends
+            running[user] -= 1
+        else:  # one starts that never waited
+            running[user] += 1
+        order = order.rekeyed(user, running, head, gone)
+        full = FairOrder.of(waiters, head, running, now=now)
+        assert [w.id for w in order.waiters] == [w.id for w in full.waiters] and order.keys == full.keys
+        assert order.next_round == full.next_round and order.latest == full.latest
+        assert full.until is None or order.until <= full.until  # the caller sorts again no later than needed
+
+
 def test_a_newcomer_behind_only_old_waiters_is_when_the_order_next_changes():
     # everyone has waited past RESERVE_AFTER: the order stands until the newcomer turns old
     now = T0 + timedelta(hours=1)
