@@ -21,9 +21,12 @@ Schedulers, each on a fresh ``gpupool_hub.placement.Pool`` with FGD:
 - ``project``    the hub's queue (``waitqueue.fair_order`` + ``waitqueue.dispatch``:
                  round-robin across users, backfill around a reserved node, old
                  waiters closing their nodes) with the ETA of ``gpupool_hub.eta``:
-                 the need ahead over the rate the queue was served GPUs of the
-                 waiter's models in the last 10 minutes, the range calibrated on
-                 the starts so far and the misses of those still waiting; with
+                 the time by which what the held servers of the waiter's models
+                 will free (``eta_forecast``), times the share of frees that went
+                 to waiters, covers the need ahead (else the need over the rate
+                 the queue was served lately), the range calibrated on the starts
+                 so far and the misses of those still waiting; its history is
+                 the workload's own pods as a past (``past_sessions``); with
                  ``--today``, today's estimate (known ends, else a typical session
                  of 4 h) is scored on the same waiters
 - with ``--variants``, dispatch rules for tuning: ``fifo-backfill`` (arrival

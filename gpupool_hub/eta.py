@@ -48,7 +48,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right, insort
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -276,8 +276,8 @@ class Freeing(Protocol):
 
     known: bool  # whether the history has seen most held servers' ages outlived
 
-    def time_to(self, models: frozenset[str] | None, need: float, used: float = 1.0) -> float | None:
-        """Seconds until ``used`` of what frees of ``models`` adds up to ``need`` milli."""
+    def until(self, models: frozenset[str] | None, used: float = 1.0) -> Callable[[float], float | None]:
+        """Seconds until ``used`` of what frees of ``models`` adds up to a need in milli (None: never)."""
 
 
 @dataclass(frozen=True)
@@ -438,6 +438,8 @@ def estimate_ranges(ordered: Sequence[Waiter], free_milli: Mapping[str, int], ru
             got = shares[(ahead, mine)] = rates.share(ahead, mine) if rates is not None else 1.0
         return got
 
+    # per model set: seconds until the queue is served a need, by the forecast (None: not known)
+    untils: dict[frozenset[str] | None, Callable[[float], float | None] | None] = {}
     demand: dict[frozenset[str] | None, int] = {}
     out: dict[str, Estimate] = {}
     for w in ordered:
@@ -457,26 +459,22 @@ def estimate_ranges(ordered: Sequence[Waiter], free_milli: Mapping[str, int], ru
             out[w.id] = Estimate(now, now, now, "history", 0.0)
             continue
         if rate:
-            # a request of several GPUs waits for a node to drain, not for the flow of what frees
-            used = rates.used(key) if forecast is not None and forecast.known and rates is not None \
-                and w.request.gpus <= 1 else None
-
-            forecasted = False
-
-            def wait(milli: float) -> float:  # until the queue was served ``milli`` more of its models
-                nonlocal forecasted
-                if used is not None and forecast is not None:
-                    t = forecast.time_to(key, milli, used)
-                    if t is not None:
-                        forecasted = True
-                        return t
-                forecasted = False
-                return milli / rate
-
-            model_s = wait(need)
+            until = None
+            if forecast is not None and forecast.known and w.request.gpus <= 1:
+                # (a request of several GPUs waits for a node to drain, not for the flow of what frees)
+                if key not in untils:
+                    used = rates.used(key) if rates is not None else None
+                    untils[key] = forecast.until(key, used) if used is not None else None
+                until = untils[key]
+            t = until(need) if until is not None else None
+            forecasted = t is not None
+            model_s = t if t is not None else need / rate
             if overtaking is not None:  # those joining ahead while it waits: the wait they add, to a fixed point
                 for _ in range(OVERTAKE_STEPS):
-                    longer = wait(need + overtaking.ahead(w, model_s))
+                    more = need + overtaking.ahead(w, model_s)
+                    t = until(more) if until is not None else None
+                    forecasted = t is not None
+                    longer = t if t is not None else more / rate
                     done = longer - model_s <= 0.01 * model_s + 0.5
                     model_s = longer
                     if done:

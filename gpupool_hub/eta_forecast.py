@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from .eta import LOG_BUCKET, MIN_TAIL, Running, SessionHistory, remaining_cdf
 
@@ -75,21 +75,31 @@ class Forecast:
     def time_to(self, models: frozenset[str] | None, need: float, used: float = 1.0) -> float | None:
         """Seconds until ``used`` of what the pool frees of ``models`` (None: any) adds up to
         ``need`` milli; None when the forecast never gets there (nothing left to free)."""
-        if need <= 0:
-            return 0.0
+        return self.until(models, used)(need)
+
+    def until(self, models: frozenset[str] | None, used: float = 1.0) -> Callable[[float], float | None]:
+        """:meth:`time_to` for one set of models and share, for many needs (a queue of thousands
+        asks about each waiter at every step of a fixed point)."""
         total = self._totals.get(models)
         if total is None:
             curves = [c for m, c in self.freed.items() if models is None or m in models]
             total = self._totals[models] = [sum(c[k] for c in curves) for k in range(STEPS + 1)]
-        if used <= 0 or total[STEPS] <= 0:
-            return None
-        need /= used
-        k = bisect_right(total, need - 1e-9)
-        if k <= STEPS:  # within the forecast: between steps k - 1 and k
-            rise = total[k] - total[k - 1]
-            return GRID[k - 1] + STEP * (need - total[k - 1]) / rise if rise > 0 else GRID[k]
-        rate = (total[STEPS] - total[STEPS - TAIL_STEPS]) / (TAIL_STEPS * STEP)
-        return GRID[STEPS] + (need - total[STEPS]) / rate if rate > 0 else None
+        end = total[STEPS]
+        tail = (end - total[STEPS - TAIL_STEPS]) / (TAIL_STEPS * STEP)
+
+        def seconds(need: float) -> float | None:
+            if need <= 0:
+                return 0.0
+            if used <= 0 or end <= 0:
+                return None
+            need /= used
+            k = bisect_right(total, need - 1e-9)
+            if k <= STEPS:  # within the forecast: between steps k - 1 and k
+                rise = total[k] - total[k - 1]
+                return GRID[k - 1] + STEP * (need - total[k - 1]) / rise if rise > 0 else GRID[k]
+            return GRID[STEPS] + (need - end) / tail if tail > 0 else None
+
+        return seconds
 
 def _step_chances(sessions: list[float]) -> list[float]:
     """Chance that a session started now ends within each step (index 0: none)."""
