@@ -75,7 +75,7 @@ from benchmarks.placement_openb import TraceNotFound, load_cluster, resolve_trac
 from gpupool_hub import eta  # noqa: E402
 from gpupool_hub.placement import ModelUnavailable, NoCapacity, Pool, Request, get_policy, load_nodes  # noqa: E402
 from gpupool_hub.placement.request import normalize_model  # noqa: E402
-from benchmarks.replay_workloads import (DERIVED, TEAMS, NoTimes, Pod, compress, derive,  # noqa: E402,F401
+from benchmarks.replay_workloads import (DERIVED, TEAMS, NoTimes, Pod, compress, derive,  # noqa: E402
                                          find_workloads, load_timed_pods, past_sessions, resize)
 from gpupool_hub.eta_forecast import Forecast  # noqa: E402
 from gpupool_hub.waitqueue import (BORROWER, UNDER_QUOTA, Dispatch, ExpectedRelease, FairOrder, Waiter,  # noqa: E402
@@ -367,7 +367,9 @@ class Replay:
             self.shown_today[name] = (today, today, today, "fallback")
 
     def project(self, order: List[Waiter], name: str, now: datetime, stale: bool) -> Optional[eta.Estimate]:
-        if self.now - self.snapshot_at >= HISTORY_REFRESH_S or not self.snapshot.enough:
+        if not self.learn:  # a past only: the history never changes
+            self.snapshot = self.history
+        elif self.now - self.snapshot_at >= HISTORY_REFRESH_S or not self.snapshot.enough:
             self.snapshot = eta.SessionHistory()
             for key, xs in self.history.by_user.items():
                 for x in xs:

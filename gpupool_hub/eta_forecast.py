@@ -101,6 +101,7 @@ class Forecast:
 
         return seconds
 
+
 def _step_chances(sessions: list[float]) -> list[float]:
     """Chance that a session started now ends within each step (index 0: none)."""
     n = len(sessions)
@@ -123,4 +124,3 @@ def _renewed(released: list[float], ends: list[float]) -> list[float]:
         freed[k] = released[k] + again
         out[k] = out[k - 1] + freed[k]
     return out
-

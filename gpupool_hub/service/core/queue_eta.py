@@ -222,11 +222,12 @@ class QueueEstimates:
             history = self.history()
             fair = self.order.fair()
             overtaking = eta_rules.Overtaking(fair, self.joins.rates(stamp), self.order.held_by_user)
+            rates = self.served.rates(stamp)  # without a measured rate no forecast is asked: none is built
             out = eta_rules.estimate_ranges(fair.waiters + ([extra] if extra else []), {},
                                             self._held_for_estimates(now), history, now, curves=self._curves(history),
                                             only=extra.id if extra else only, calibration=self.calibration(),
-                                            drain=self.served.rates(stamp), overtaking=overtaking,
-                                            forecast=self.forecast(history, now))
+                                            drain=rates, overtaking=overtaking,
+                                            forecast=self.forecast(history, now) if rates is not None else None)
             if extra is not None or only is not None:
                 return out
             self._ranges = (stamp, out)
