@@ -143,7 +143,7 @@ def make_nodes(n: int) -> list[dict[str, Any]]:
 def settings_for(nodes: list[dict[str, Any]]) -> Any:
     from traitlets.config import Config
 
-    from gpupool_hub.config import GPUPool
+    from gpupool_hub.config import GPUPool, make_pool
 
     c = Config()
     c.GPUPool.prices = PRICES
@@ -168,7 +168,7 @@ def make_pool_manager(nodes: list[dict[str, Any]], url: str, clock: Any, prometh
     ledger = Ledger(url, background_checkpoints=True)  # as the service opens it (measure() checkpoints)
     source = (usage_source(prometheus_url, settings, ledger, clock) if prometheus_url
               else AllocationRecordsSource(ledger))
-    return PoolManager(settings=settings, ledger=ledger, pool=settings.make_pool(), usage_source=source, clock=clock)
+    return PoolManager(settings=settings, ledger=ledger, pool=make_pool(settings), usage_source=source, clock=clock)
 
 
 def history_rows(rng: random.Random, user: str, count: int) -> tuple[list[dict[str, Any]], int]:

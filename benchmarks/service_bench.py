@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO))
 
 from traitlets.config import Config  # noqa: E402
 
-from gpupool_hub.config import GPUPool  # noqa: E402
+from gpupool_hub.config import GPUPool, make_pool  # noqa: E402
 from gpupool_hub.ledger import Ledger  # noqa: E402
 from gpupool_hub.ledger.schema import accounts  # noqa: E402
 from gpupool_hub.service.core.manager import PoolManager  # noqa: E402
@@ -91,7 +91,7 @@ def bench_debit(tmp: Path, runs: int) -> float:
             ledger.epoch(base)
             clock = lambda: base + timedelta(hours=1, minutes=5)  # noqa: E731
             source = PrometheusUsageSource(server.url, "gpupool", settle_seconds=120, clock=clock, timeout=60)
-            manager = PoolManager(settings=settings, ledger=ledger, pool=settings.make_pool(),
+            manager = PoolManager(settings=settings, ledger=ledger, pool=make_pool(settings),
                                   usage_source=source, clock=clock)
             t = time.perf_counter()
             charged = manager.debits.debit_due()

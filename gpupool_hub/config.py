@@ -12,12 +12,13 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from traitlets import Bool, Dict, Float, Integer, List, TraitError, TraitType, Unicode, default, validate
-from traitlets.config import Configurable
+from traitlets.config import Config, Configurable
 
 from .credits import CreditRules, rules_for_groups
 from .names import name_problem
 from .pricing import PriceTable, PricingError, parse_mig_prices, parse_share_factors
 from .units import AmountError, parse_amount
+from .unixname import SYSTEM_NAMES, AccountRule, ordinary_uid_range
 
 
 class TokenAmount(TraitType):  # type: ignore[type-arg]
@@ -162,6 +163,23 @@ class GPUPool(Configurable):
         times that.""",
     ).tag(config=True)
 
+    unix_uid_min = Integer(
+        help="""The lowest uid of an account that may run a user's server (localprocess, systemd, Slurm
+        spawners); others, e.g. ``root``, ``daemon``, ``nobody``, get 403 before anything is held, charged
+        or run. Default: ``UID_MIN`` of the hub's ``/etc/login.defs``, else 1000, as the node agent's
+        ``min_uid``. Never below 1.""",
+    ).tag(config=True)
+    unix_uid_max = Integer(
+        help="The highest uid of an account that may run a user's server. Default: ``UID_MAX`` of "
+             "``/etc/login.defs``, else 60000 (``nobody`` is 65534).",
+    ).tag(config=True)
+    unix_denied_names = List(
+        Unicode(), default_value=sorted(SYSTEM_NAMES),
+        help="""Accounts that never run a user's server, whatever their uid (in lower case, as JupyterHub's
+        logins): by default the system accounts of Debian, Red Hat and the programs beside a hub
+        (``gpupool_hub.unixname.SYSTEM_NAMES``). Add to it rather than replace it.""",
+    ).tag(config=True)
+
     slurm_gpu_models = Dict(
         {},
         help="""Slurm GRES type -> GPU model name, e.g. ``{"a6000": "NVIDIA RTX A6000"}`` (inventory
@@ -277,6 +295,21 @@ class GPUPool(Configurable):
     min_runtime = Float(900, help="Seconds a new server is never reclaimed as idle.").tag(config=True)
     idle_reclaim = Bool(True, help="Run the idle reclaim job at all.").tag(config=True)
     idle_dry_run = Bool(False, help="Only log and audit what idle reclaim would do.").tag(config=True)
+
+    @default("unix_uid_min")
+    def _default_uid_min(self) -> int:
+        return ordinary_uid_range()[0]
+
+    @default("unix_uid_max")
+    def _default_uid_max(self) -> int:
+        return ordinary_uid_range()[1]
+
+    def account_rule(self) -> AccountRule:
+        """Which accounts may run a user's server (``gpupool_hub.unixname``); TraitError for a bad range."""
+        try:
+            return AccountRule.of(self.unix_uid_min, self.unix_uid_max, self.unix_denied_names)
+        except ValueError as e:
+            raise TraitError(str(e)) from None
 
     @validate("teams")
     def _check_teams(self, proposal: Any) -> dict:  # type: ignore[type-arg]
@@ -394,29 +427,6 @@ class GPUPool(Configurable):
         """Extra environment for Slurm commands (SLURM_CONF), or None for this process's own."""
         return {"SLURM_CONF": self.slurm_conf} if self.slurm_conf else None
 
-    def make_inventory_source(self):  # type: ignore[no-untyped-def]
-        """The source ``c.GPUPool.inventory`` names. Imported here, on use: the Slurm and agents
-        sources build on ``inventory/sources.py``, which therefore imports neither."""
-        if self.inventory == "slurm":
-            from .slurm.inventory import SlurmInventorySource
-
-            return SlurmInventorySource(self.slurm_gpu_models, partitions=self.slurm_partitions,
-                                        env=self.slurm_env(), refresh_interval=self.slurm_refresh_interval)
-        if self.inventory == "agents":
-            from .inventory.agents import AgentInventory
-
-            return AgentInventory(self.agent_timeout)
-        from .inventory.sources import ConfigInventory
-
-        return ConfigInventory(self.nodes)
-
-    def make_pool(self, source=None):  # type: ignore[no-untyped-def]
-        """The placement pool over ``source``'s nodes (default: the source ``inventory`` names)."""
-        from .placement import Pool, get_policy, load_nodes
-
-        nodes = (source or self.make_inventory_source()).nodes()
-        return Pool(load_nodes(nodes), policy=get_policy(self.placement_policy))
-
     def team_table(self):  # type: ignore[no-untyped-def]
         from .fairshare import Teams
 
@@ -442,3 +452,43 @@ class GPUPool(Configurable):
             parsed = CreditRules.from_config(values, where=f"c.GPUPool.group_credits[{group!r}]")
             overrides[group] = {key: getattr(parsed, key) for key in values}
         return rules_for_groups(self.base_rules(), overrides, groups)
+
+
+#: the settings :func:`account_rule_from_config` reads
+_ACCOUNT_TRAITS = ("unix_uid_min", "unix_uid_max", "unix_denied_names")
+
+
+def account_rule_from_config(config: Any) -> AccountRule:
+    """The :class:`AccountRule` of ``c.GPUPool`` in a hub's configuration, for the spawners.
+
+    Only the three account settings are loaded (a mistake elsewhere in ``c.GPUPool`` is the service's
+    to report at its start, not every spawn's); a bad one is a TraitError naming it.
+    """
+    section = config.GPUPool if "GPUPool" in config else {}
+    mine = Config({"GPUPool": {k: section[k] for k in _ACCOUNT_TRAITS if k in section}})
+    return GPUPool(config=mine).account_rule()
+
+
+def make_inventory_source(settings: GPUPool):  # type: ignore[no-untyped-def]
+    """The source ``c.GPUPool.inventory`` names. Imported here, on use: the Slurm and agents
+    sources build on ``inventory/sources.py``, which therefore imports neither."""
+    if settings.inventory == "slurm":
+        from .slurm.inventory import SlurmInventorySource
+
+        return SlurmInventorySource(settings.slurm_gpu_models, partitions=settings.slurm_partitions,
+                                    env=settings.slurm_env(), refresh_interval=settings.slurm_refresh_interval)
+    if settings.inventory == "agents":
+        from .inventory.agents import AgentInventory
+
+        return AgentInventory(settings.agent_timeout)
+    from .inventory.sources import ConfigInventory
+
+    return ConfigInventory(settings.nodes)
+
+
+def make_pool(settings: GPUPool, source=None):  # type: ignore[no-untyped-def]
+    """The placement pool over ``source``'s nodes (default: the source ``inventory`` names)."""
+    from .placement import Pool, get_policy, load_nodes
+
+    nodes = (source or make_inventory_source(settings)).nodes()
+    return Pool(load_nodes(nodes), policy=get_policy(settings.placement_policy))

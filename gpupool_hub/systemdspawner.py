@@ -65,7 +65,7 @@ class GPUPoolSystemdSpawner(GPUPoolSpawner, SystemdSpawner):
         pool is asked for anything."""
         require_login_name(self.user.name)
         if not self.dynamic_users:
-            require_unix_account(self._expand_user_vars(self.username_template))
+            require_unix_account(self._expand_user_vars(self.username_template), self.config)
 
     def gpupool_unit_properties(self, allocation: dict[str, Any] | None) -> dict[str, Any]:
         """The unit's device properties for ``allocation`` on top of the admin's ``unit_extra_properties``

@@ -50,6 +50,7 @@ from traitlets import Bool, Dict, Float, Integer, TraitError, Unicode, default, 
 from traitlets.config import Application, catch_config_error
 
 from .. import __version__
+from ..unixname import ordinary_uid_range
 from .activity import AttributionHealth
 from .attribution import Snapshot, take_snapshot
 from .boundary import BoundaryGuard
@@ -132,8 +133,9 @@ class GPUPoolAgent(Application):
                                  "Bearer' (Prometheus: authorization.credentials_file); others get 401.",
                                  ).tag(config=True)
     metrics_min_uid = Integer(
-        1000, help="Processes of uids below this count as system processes in metrics, not as a user's usage "
-                   "(keeps e.g. Xorg's root out of billing with usage_preset='agent').",
+        help="Processes of uids below this count as system processes in metrics, not as a user's usage "
+             "(keeps e.g. Xorg's root out of billing with usage_preset='agent'). Default: UID_MIN of the "
+             "node's /etc/login.defs, else 1000 (gpupool_hub.unixname.ordinary_uid_range).",
     ).tag(config=True)
 
     interval = Float(15.0, help="Seconds between ticks (snapshot, export, enforcement).").tag(config=True)
@@ -145,9 +147,19 @@ class GPUPoolAgent(Application):
     dry_run = Bool(False, help="Only log what enforcement would stop; signal nothing.").tag(config=True)
     grace = Float(10.0, help="Seconds between SIGTERM and SIGKILL.").tag(config=True)
     min_uid = Integer(
-        1000, help="Never stop processes of uids below this (system accounts). Root (0) is never touched, "
-                   "whatever this says; the minimum is 1.",
+        help="Never stop processes of uids below this (system accounts). Root (0) is never touched, "
+             "whatever this says; the minimum is 1. Default: UID_MIN of the node's /etc/login.defs, else "
+             "1000: the same range the hub's spawners require of the accounts that run servers "
+             "(c.GPUPool.unix_uid_min).",
     ).tag(config=True)
+
+    @default("min_uid")
+    def _default_min_uid(self) -> int:
+        return ordinary_uid_range()[0]
+
+    @default("metrics_min_uid")
+    def _default_metrics_min_uid(self) -> int:
+        return ordinary_uid_range()[0]
 
     @validate("min_uid")
     def _check_min_uid(self, proposal: Any) -> int:

@@ -64,6 +64,6 @@ class ConfigInventory(InventorySource):
         return list(self._nodes)
 
 
-#: the names ``c.GPUPool.inventory`` takes; ``GPUPool.make_inventory_source`` builds each (this
+#: the names ``c.GPUPool.inventory`` takes; ``config.make_inventory_source`` builds each (this
 #: module stays below the sources built on it: ``inventory/agents.py``, ``slurm/inventory.py``)
 SOURCES = ("config", "slurm", "agents")

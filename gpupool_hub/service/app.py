@@ -24,7 +24,7 @@ from traitlets import Bool, Dict, Enum, Float, Integer, Unicode, default
 from traitlets.config import Application, catch_config_error
 
 from .. import __version__
-from ..config import GPUPool
+from ..config import GPUPool, make_inventory_source, make_pool
 from ..ledger import Ledger, LedgerError, upgrade_database
 from ..profiles import Profile, parse_profiles
 from ..spawnertoken import SpawnerTokenError, resolve_spawner_token
@@ -238,6 +238,7 @@ class GPUPoolService(Application):
         profiles = self._check_profiles()
         self.spawner_secret = self._spawner_secret()
         self.settings_ = GPUPool(parent=self)
+        self.settings_.account_rule()  # the spawners' account rule: a bad range stops the start, naming it
         check_slurm_share_charging(self, profiles)
         try:
             db_url = ledger_url(self.settings_)
@@ -246,9 +247,9 @@ class GPUPoolService(Application):
             raise SystemExit(f"gpupool: {e}") from None
         # writes leave the WAL's checkpoints to the "checkpoint" job (a reader thread; see ledger/engine.py)
         self.ledger = Ledger(db_url, busy_timeout=self.db_write_timeout, background_checkpoints=True)
-        self.inventory_source = self.settings_.make_inventory_source()
+        self.inventory_source = make_inventory_source(self.settings_)
         self.manager = PoolManager(
-            settings=self.settings_, ledger=self.ledger, pool=self.settings_.make_pool(self.inventory_source),
+            settings=self.settings_, ledger=self.ledger, pool=make_pool(self.settings_, self.inventory_source),
             usage_source=self.make_usage_source(),
             debit_interval=self.debit_interval, debit_delay_tolerance=self.debit_delay_tolerance,
             source=self.inventory_source,

@@ -187,7 +187,7 @@ echo "jupyterhub-singleuser ended gracefully"
 
     @default("req_homedir")
     def _default_homedir(self) -> str:
-        return require_unix_account(self.user.name).pw_dir
+        return require_unix_account(self.user.name, self.config).pw_dir
 
     req_job_name = Unicode(JOB_NAME, help="Slurm job name of every server.")
     req_nodelist = Unicode("", help="Set per spawn: the node the pool chose (--nodelist).")
@@ -228,7 +228,7 @@ echo "jupyterhub-singleuser ended gracefully"
         the hub's user name, and ``req_username`` if set otherwise, must be a Unix login name with
         an account on the hub's machine (unixname.RULE), else 403 before the pool is asked."""
         for name in dict.fromkeys([self.user.name, self.req_username]):
-            require_unix_account(name)
+            require_unix_account(name, self.config)
 
     # ------------------------------------------------------- allocation
 

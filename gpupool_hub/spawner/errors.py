@@ -18,7 +18,9 @@ from urllib.parse import unquote
 
 from jupyterhub.spawner import SpawnException
 from tornado import web
+from traitlets import TraitError
 
+from ..config import account_rule_from_config
 from ..reasons import RefusalReason
 from ..shortfall import shortfall_message
 from ..timefmt import ZONE_COOKIE, time_html, time_zone, when_text
@@ -147,9 +149,16 @@ def require_login_name(name: str) -> str:
         raise refuse_unix_name(e) from None
 
 
-def require_unix_account(name: str) -> pwd.struct_passwd:
-    """The Unix account of ``name`` if it may become a uid, else the 403 refusal."""
+def require_unix_account(name: str, config: Any) -> pwd.struct_passwd:
+    """The Unix account of ``name`` if it may become a uid and the hub's ``config`` lets it run a
+    server (no root, no system account: ``c.GPUPool.unix_uid_min``, ``unix_uid_max``,
+    ``unix_denied_names``), else the 403 refusal; a bad setting there is a 500 naming it."""
     try:
-        return unix_account(name)
+        rule = account_rule_from_config(config)
+    except TraitError as e:
+        raise GPUPoolRefused(f"The hub's account settings are wrong, so no server runs as a Unix account: {e}",
+                             reason=SpawnFailure.CONFIG, status_code=500) from None
+    try:
+        return unix_account(name, rule)
     except UnixNameError as e:
         raise refuse_unix_name(e) from None

@@ -91,7 +91,7 @@ class GPUPoolLocalProcessSpawner(_PromptStop, GPUPoolSpawner, LocalProcessSpawne
     def gpupool_check_user(self) -> None:
         """The server runs as the Unix account of the hub's user name: an ordinary login name
         with an account (unixname.RULE), else 403 before the pool is asked for anything."""
-        require_unix_account(self.user.name)
+        require_unix_account(self.user.name, self.config)
 
     def make_preexec_fn(self, name: str) -> Callable[[], None]:
         become_user = super().make_preexec_fn(name)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,7 @@ from gpupool_hub.slurm import SlurmInventory
 from tests.fixtures.hub import wait_for
 from tests.fixtures.slurm import CONFINED_NODES, MODELS, NodeSpec, SlurmCluster, poll
 from tests.fixtures.unix_accounts import unix_account  # noqa: F401 (fixture)
-from tests.slurm.test_spawner_hub import slurm_config
+from tests.slurm.test_spawner_hub import balance, slurm_calls, slurm_config
 from tests.slurm.test_usage_config import start
 from tests.spawner.conftest import allocations, server_info, set_balance, spawn, spawner_hub, stop_server
 from tests.spawner.conftest import wait_spawned
@@ -189,7 +190,27 @@ runpy.run_path({str(workdir / "tiny_server.py")!r}, run_name="__main__")
     )
     for hub in spawner_hub(tmp_path_factory, "confinedhub", config):
         hub.probe_reports = reports
+        hub.slurm_workdir = workdir
         yield hub
+
+
+@pytest.mark.parametrize("name", ["root", "daemon", "nobody"])
+def test_a_system_account_gets_no_job_no_gpu_and_no_charge(confined_hub, confined_slurm_cluster, name):
+    """Issue 48.1: ``root``, ``daemon`` and ``nobody`` are login names with accounts on every machine, and
+    with ``sudo -E -u {username}`` a job of ``root`` ran as uid 0 with a GPU. Each gets 403 naming why,
+    before the pool is asked or any Slurm command runs: no job, no allocation, no charge."""
+    cluster, hub = confined_slurm_cluster, confined_hub
+    cluster.reset()
+    set_balance(hub, name, "100")
+    r = spawn(hub, name, {"profile": "a6000"})
+    assert r.status_code == 403, f"{name}: {r.status_code} {r.text[:300]}\n{hub.log_tail(30)}"
+    message = r.json()["message"]
+    assert f"{name!r} is " in message and "never as root, a system account" in message, message
+    assert ("superuser" in message) if name == "root" else ("outside the ordinary accounts' uids" in message)
+    assert balance(hub, name) == Decimal("100")
+    assert cluster.job_ids() == [] and allocations(hub) == []
+    ran = [argv for argv in slurm_calls(hub.slurm_workdir) if f"GPUPOOL_SUBMITTED_FOR={name}" in argv]
+    assert ran == [], ran
 
 
 def test_a_gpupool_slurm_server_opens_only_its_own_device(confined_hub, confined_slurm_cluster, unix_account):

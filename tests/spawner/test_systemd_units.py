@@ -34,6 +34,7 @@ from gpupool_hub.spawner.errors import GPUPoolRefused, SpawnFailure  # noqa: E40
 from gpupool_hub.systemdspawner import GPUPoolSystemdSpawner  # noqa: E402
 from gpupool_hub.unixname import RULE  # noqa: E402
 from tests.agent.test_service import Service  # noqa: E402
+from tests.fixtures.unix_accounts import unix_account  # noqa: E402,F401 (fixture)
 
 STAND_IN = textwrap.dedent("""
     import json, os, sys
@@ -225,18 +226,19 @@ async def test_a_name_that_is_no_login_name_or_account_starts_no_unit(tmp_path, 
 
 @pytest.mark.parametrize("dynamic_users", [False, True])
 async def test_a_real_account_or_a_good_name_with_dynamic_users_starts_its_unit(tmp_path, systemd_stand_in,
-                                                                              dynamic_users):
+                                                                              dynamic_users, unix_account):
     svc = Service(tmp_path)
     try:
-        own = pwd.getpwuid(os.getuid())
-        name = own.pw_name if not dynamic_users else "gpupool-t2"  # dynamic users: systemd makes the account
+        # an ordinary account (issue 48.1: the runner's own, root, is refused); dynamic users: systemd makes it
+        name = unix_account("sysd") if not dynamic_users else "gpupool-t2"
+        own = pwd.getpwnam(name) if not dynamic_users else None
         spawner = named_spawner(svc, name, dynamic_users)
         await spawner.start()
         [alloc] = held(svc)
         assert alloc.user == name and alloc.released_at is None
         [run] = systemd_stand_in("systemd-run")
         assert run[run.index("--unit") + 1] == spawner.unit_name == f"jupyter-{name}-singleuser"
-        assert (f"--uid={own.pw_uid}" in run) == (not dynamic_users), run
+        assert (own is not None and f"--uid={own.pw_uid}" in run) == (not dynamic_users), run
         await spawner.stop(now=True)
     finally:
         svc.stop()
