@@ -27,7 +27,10 @@ from .test_api_bodies import service  # noqa: F401 (the fixture: the real app, a
 N1 = TOKENS["n1"]
 ADMIN = "admin-token"
 #: the characters no name may hold, one of each range the issue names
-INVISIBLE = ["\u200b", "\u200f", "\u202a", "\u202e", "\u2066", "\u2069", "\ufeff"]
+INVISIBLE = ["\u200b", "\u200f", "\u202a", "\u202e", "\u2066", "\u2069", "\ufeff",
+             # issue 48.6: format characters, separators, variation selectors, tags, Hangul fillers
+             "\u061c", "\u2060", "\u206a", "\u00ad", "\u034f", "\u180e", "\u115f", "\u3164", "\u2028",
+             "\U000e0041", "\ufe0f", "\U000e0100", "\ufff9"]
 
 
 async def refused(service: Service, method: str, path: str, token: str, body: Any, status: int = 400) -> str:
