@@ -29,6 +29,7 @@ from urllib.parse import quote
 
 import requests
 
+from . import strictjson
 from .reasons import AuditAction
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_MISMATCH, EXIT_UNREACHABLE = 0, 1, 2, 3, 4
@@ -54,7 +55,7 @@ class Client:
             raise CLIError(f"cannot reach the gpupool service at {self.url}: {e}", EXIT_UNREACHABLE) from None
         if r.status_code >= 400:
             try:
-                message = r.json().get("message", r.text)
+                message = strictjson.loads(r.text).get("message", r.text)
             except ValueError:
                 message = r.text[:300]
             code = EXIT_UNREACHABLE if r.status_code >= 500 else EXIT_REFUSED
@@ -62,7 +63,7 @@ class Client:
         return r
 
     def json(self, method: str, path: str, **kwargs: Any) -> Any:
-        return self.request(method, path, **kwargs).json()
+        return strictjson.loads(self.request(method, path, **kwargs).text)
 
 
 @functools.lru_cache(maxsize=None)

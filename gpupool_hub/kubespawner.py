@@ -27,12 +27,12 @@ unpaid (the mixin abandons the attempt).
 
 from __future__ import annotations
 
-import json
 from decimal import Decimal
 from typing import Any
 
 from traitlets import Dict, Unicode
 
+from . import strictjson
 from .spawner import GPUPoolSpawner
 from .spawner.errors import GPUPoolRefused, SpawnFailure
 from .spawner.memory_hints import notice_file_env
@@ -162,7 +162,7 @@ class GPUPoolKubeSpawner(GPUPoolSpawner, KubeSpawner):
 def cluster_refusal(error: ApiException) -> GPUPoolRefused:
     """The API server's refusal of a pod, with its ``Status`` message (``pods is forbidden: …``)."""
     try:
-        message = json.loads(error.body or "{}").get("message") or ""
+        message = strictjson.loads(error.body or "{}").get("message") or ""
     except (ValueError, AttributeError):
         message = ""
     detail = message or (error.body if isinstance(error.body, str) else "") or "no message"

@@ -36,6 +36,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from . import strictjson
+
 #: set by the spawner: where the pending deadline of this server is written
 NOTICE_FILE_ENV = "GPUPOOL_NOTICE_FILE"
 #: set by the spawner on a server with GPUs: the pool's allocation id
@@ -67,7 +69,7 @@ def read_notice(path: str | os.PathLike[str] | None = None) -> dict[str, Any] | 
         warnings.warn(f"gpupool notice file {file} cannot be read: {e}", RuntimeWarning, stacklevel=2)
         return None
     try:
-        notice = json.loads(text)
+        notice = strictjson.loads(text)
         if not isinstance(notice, dict) or int(notice.get("version", 0)) > VERSION:
             raise ValueError("not a gpupool notice of a version this gpupool_hub reads")
         parse_instant(notice["deadline"])

@@ -9,6 +9,7 @@ from typing import Any
 from tornado.escape import url_escape
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
+from .. import strictjson
 from .. import __version__
 from ..service.core.agent_leases import INSTANCE_HEADER
 from .attribution import Snapshot
@@ -44,13 +45,13 @@ class ServiceClient:
         if resp.code >= 300:  # 599: no connection / timeout
             message = ""
             try:
-                message = json.loads(resp.body or b"{}").get("message", "")
+                message = strictjson.loads(resp.body or b"{}").get("message", "")
             except (ValueError, AttributeError):
                 pass
             raise ServiceError(f"{method} {req.url}: HTTP {resp.code} {message or resp.error or ''}".strip(),
                                resp.code)
         try:
-            return json.loads(resp.body or b"{}")
+            return strictjson.loads(resp.body or b"{}")
         except ValueError as e:
             raise ServiceError(f"{method} {req.url}: answer is not JSON: {e}") from None
 

@@ -33,6 +33,8 @@ from typing import Mapping
 
 import psutil
 
+from .. import strictjson
+
 log = logging.getLogger("gpupool.agent.servers")
 
 #: where ``gpupool-localprocess`` records its servers and the agent reads them (both configurable)
@@ -148,7 +150,7 @@ def _read_record(path: str) -> ServerRecord | None:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or not _trusted(st):
             return None
-        data = json.loads(os.read(fd, _MAX_RECORD_BYTES))
+        data = strictjson.loads(os.read(fd, _MAX_RECORD_BYTES))
         return ServerRecord(int(data["pid"]), int(data["uid"]), str(data["user"]), str(data.get("server", "")),
                             float(data["started"]))
     except (OSError, ValueError, KeyError, TypeError):

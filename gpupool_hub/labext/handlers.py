@@ -34,6 +34,8 @@ from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
+from .. import strictjson
+
 #: Env var with the service's API base URL (ends in ``api/v1/``).
 API_URL_ENV = "GPUPOOL_API_URL"
 #: Env var with the service's name in the hub (default ``gpupool``).
@@ -117,7 +119,7 @@ class ServiceLocator:
         except Exception as e:  # connection refused, DNS, timeout …
             raise BalanceUnavailable(f"hub unreachable: {e}") from e
         try:
-            model = json.loads(resp.body)
+            model = strictjson.loads(resp.body)
         except ValueError as e:
             raise BalanceUnavailable("hub answered with something that is not JSON") from e
         base = model.get("url") if isinstance(model, dict) else None
@@ -158,7 +160,7 @@ async def fetch_me(locator: ServiceLocator) -> dict[str, Any]:
         locator.forget()
         raise BalanceUnavailable(f"gpupool service unreachable: {e}", 502) from e
     try:
-        body = json.loads(resp.body)
+        body = strictjson.loads(resp.body)
     except ValueError as e:
         raise BalanceUnavailable("gpupool service answered with something that is not JSON", 502) from e
     if not isinstance(body, dict) or "balance" not in body:

@@ -23,6 +23,8 @@ from urllib.parse import quote, urlencode
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
+from .. import strictjson
+
 log = logging.getLogger("gpupool.hub")
 group_log = logging.getLogger("gpupool.groups")
 
@@ -58,7 +60,7 @@ async def fetch_json(req: HTTPRequest, *, allow_404: bool = False) -> Any:
         raise HubError(f"{what}: {e}") from None
     if not resp.body:
         return None
-    return json.loads(resp.body)
+    return strictjson.loads(resp.body)
 
 
 class HubClient:

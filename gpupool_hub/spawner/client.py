@@ -23,6 +23,7 @@ from urllib.parse import quote, urlencode
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from traitlets.config import LazyConfigValue
 
+from .. import strictjson
 from ..reasons import RefusalReason
 from .errors import GPUPoolRefused, SpawnFailure
 
@@ -166,7 +167,7 @@ class GPUPoolClient:
         if resp.code == 599:
             raise ServiceUnavailable(str(resp.error or "no response"))
         try:
-            data = json.loads(resp.body) if resp.body else None
+            data = strictjson.loads(resp.body) if resp.body else None
         except ValueError:
             data = {"message": resp.body[:300].decode("utf8", "replace")}
         return resp.code, data

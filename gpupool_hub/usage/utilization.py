@@ -10,7 +10,6 @@ job's pressure rule reads the pool's utilization (:meth:`PrometheusUtilization.s
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -20,6 +19,7 @@ from urllib.parse import urlencode
 
 from tornado.httpclient import AsyncHTTPClient
 
+from .. import strictjson
 from ..idle import GpuReading
 
 log = logging.getLogger("gpupool.idle")
@@ -81,7 +81,7 @@ class PrometheusUtilization:
         url = f"{self.url.rstrip('/')}/api/v1/query?" + urlencode(args)
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         resp = await AsyncHTTPClient().fetch(url, headers=headers, request_timeout=10)
-        body = json.loads(resp.body)
+        body = strictjson.loads(resp.body)
         if body.get("status") != "success":
             raise RuntimeError(f"Prometheus answered {body.get('errorType')}: {body.get('error')}")
         return list(body["data"]["result"])

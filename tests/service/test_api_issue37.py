@@ -74,6 +74,21 @@ async def test_a_repeated_key_anywhere_in_a_body_is_refused(service, method, pat
     assert f"duplicate key {key!r}" in await refused(service, method, path, token, body)
 
 
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1e999"])
+@pytest.mark.parametrize("path, template", [
+    ("nodes/n1/utilization", '{"gpus": {"%s": %s}}' % (GPU, "{n}")),
+    ("nodes/n1/inventory", '{"cpu_milli": 8000, "memory_mib": {n}}'),
+    ("nodes/n1/memory", '{"warnings": [], "actions": [{"user": "alice", "server": "", "gpu_uuid": "%s", "pid": 42, '
+                        '"memory_bytes": {n}, "action": "terminated", "detail": ""}]}' % GPU),
+], ids=["utilization", "inventory", "memory"])
+async def test_a_number_json_does_not_have_is_refused(service, path, template, number):
+    """Issue 48.7: Python reads NaN (and Infinity, and 1e999 as infinity) where JSON has none; NaN then
+    passed every bound of the schema, since it compares false with each. 400, nothing written."""
+    body = template.replace("{n}", number)
+    message = await refused(service, "PUT", path, N1, body)
+    assert "a number JSON does not have" in message, message
+
+
 # ---- 4. node reports: sizes, pids and deadlines within bounds, warnings about the right users
 
 

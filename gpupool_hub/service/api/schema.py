@@ -26,7 +26,9 @@ from typing import TYPE_CHECKING, Any
 
 from tornado import web
 
+from ... import strictjson
 from ...names import name_problem as _name_rule
+from ...strictjson import NonFiniteNumber
 
 if TYPE_CHECKING:
     from jsonschema.exceptions import ValidationError
@@ -81,11 +83,14 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def parse_json(raw: bytes) -> Any:
-    """A request body as JSON, or 400: not UTF-8, not JSON, a key twice in one object
+    """A request body as JSON, or 400: not UTF-8, not JSON (``NaN`` and ``Infinity`` included, which
+    Python reads and every schema bound lets through), a key twice in one object
     (nested ones too), nested deeper than ``MAX_JSON_DEPTH``, or a string (or key) that
     is not clean text."""
     try:
-        body = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys)
+        body = strictjson.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys)
+    except NonFiniteNumber as e:
+        raise web.HTTPError(400, f"request body holds a number JSON does not have: {e}") from None
     except DuplicateKey as e:
         raise web.HTTPError(400, f"request body has a duplicate key {e.key[:100]!r}: each key may appear "
                                  "only once in an object") from None
