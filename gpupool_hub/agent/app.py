@@ -132,6 +132,12 @@ class GPUPoolAgent(Application):
     metrics_token_file = Unicode("", help="File (mode 600) holding the token a scrape must send as 'Authorization: "
                                  "Bearer' (Prometheus: authorization.credentials_file); others get 401.",
                                  ).tag(config=True)
+    metrics_without_token = Bool(
+        False, help="Serve /metrics on a loopback metrics_address without a token. Then every process on this "
+                    "node can read every user's GPU use and processes: users' own servers and kernels too, when "
+                    "they run here. Only for nodes where no user runs code. Default: a scrape needs the token of "
+                    "metrics_token_file, and without one the agent does not start.",
+    ).tag(config=True)
     metrics_min_uid = Integer(
         help="Processes of uids below this count as system processes in metrics, not as a user's usage "
              "(keeps e.g. Xorg's root out of billing with usage_preset='agent'). Default: UID_MIN of the "
@@ -273,7 +279,8 @@ class GPUPoolAgent(Application):
             if not result.nvml_ok:
                 raise SystemExit(1)
             return
-        server = open_endpoint(self.metrics.registry, self.metrics_port, self.metrics_address, self.metrics_token_file)
+        server = open_endpoint(self.metrics.registry, self.metrics_port, self.metrics_address, self.metrics_token_file,
+                               self.metrics_without_token)
         self.log.info("gpupool-agent %s on node %s: metrics on http://%s:%d/metrics%s, service %s%s", __version__,
                       self.node_name, self.metrics_address, server.server_port, self.metrics_token_file and " (token)",
                       self.service_url or "(none: metrics only)", ", DRY RUN" if self.dry_run else "")

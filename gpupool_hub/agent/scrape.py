@@ -1,13 +1,16 @@
 """Who may read the agent's ``/metrics``: where it listens, and the token a scrape must bring.
 
 The series name every user of the node with their GPUs, memory and processes, so they are
-not for whoever can open a connection to the node. By default the endpoint listens on
-127.0.0.1 only (a Prometheus, or an agent of one, on the node itself). To be scraped over
-the network it needs ``metrics_token_file``: a scrape without ``Authorization: Bearer
-<token>`` (Prometheus' ``authorization: {credentials_file: …}``) gets 401. An address other
-machines can reach, without a token, stops the agent at start-up with a message naming the
-settings; a warning would leave every user's usage open in a log nobody reads, and the
-setting would be copied from node to node with the hole in it.
+not for whoever can open a connection to the node, and that includes the node itself:
+users' servers and kernels run there, and a scrape of 127.0.0.1 by ``nobody`` read alice's
+and bob's GPU use (issue 48.5). So a scrape must bring ``Authorization: Bearer <token>``
+(Prometheus' ``authorization: {credentials_file: …}``), the token read from
+``metrics_token_file``; anything else gets 401. By default the endpoint listens on 127.0.0.1
+only. Without a token file the agent does not start, with a message naming both ways out:
+a token, or ``metrics_without_token`` — an explicit choice, for a loopback address only, on
+nodes where no user runs code. An address other machines can reach always needs the token.
+A warning would leave every user's usage open in a log nobody reads, and the setting would be
+copied from node to node with the hole in it.
 
 The token is compared in constant time (of equal-length digests), and the file holding it
 must be the agent's alone: readable by group or others, the token is anybody's.
@@ -57,17 +60,25 @@ def read_token(path: str) -> bytes:
                             holds="the token to every user's GPU use", error=MetricsAccessError).encode()
 
 
-def metrics_token(address: str, token_file: str) -> bytes | None:
-    """The token scrapes must bring; ``None`` where none is needed (only this machine can connect)."""
+def metrics_token(address: str, token_file: str, without_token: bool = False) -> bytes | None:
+    """The token scrapes must bring; ``None`` only where the admin chose ``without_token`` and only this
+    machine can connect."""
     if token_file:
         return read_token(token_file)
-    if is_loopback(address):
+    if not is_loopback(address):
+        raise MetricsAccessError(
+            f"c.GPUPoolAgent.metrics_address {address!r} can be reached from other machines, and "
+            "c.GPUPoolAgent.metrics_token_file is not set: anyone who reaches the port would read every user's "
+            "GPU use. Set metrics_token_file to a file holding a token (the scrape job's "
+            "authorization.credentials_file holds the same), or listen on 127.0.0.1 (see docs/agent.md)")
+    if without_token:
         return None
     raise MetricsAccessError(
-        f"c.GPUPoolAgent.metrics_address {address!r} can be reached from other machines, and "
-        "c.GPUPoolAgent.metrics_token_file is not set: anyone who reaches the port would read every user's "
-        "GPU use. Set metrics_token_file to a file holding a token (the scrape job's "
-        "authorization.credentials_file holds the same), or listen on 127.0.0.1 (see docs/agent.md)")
+        "c.GPUPoolAgent.metrics_token_file is not set: every process on this node, users' servers and kernels "
+        f"included, could read every user's GPU use on {address}. Set metrics_token_file to a file (mode 600) "
+        "holding a token, which the scrape job's authorization.credentials_file holds too; or, on a node where "
+        "no user runs code, set c.GPUPoolAgent.metrics_without_token = True (see docs/agent.md, 'Who may read "
+        "/metrics')")
 
 
 def require_bearer(app: WSGIApp, token: bytes) -> WSGIApp:
@@ -110,12 +121,13 @@ def serve(registry: CollectorRegistry, port: int, address: str, token: bytes | N
     return httpd
 
 
-def open_endpoint(registry: CollectorRegistry, port: int, address: str, token_file: str) -> WSGIServer:
-    """The agent's ``/metrics``: behind its token (an address other machines reach must have one),
+def open_endpoint(registry: CollectorRegistry, port: int, address: str, token_file: str,
+                  without_token: bool = False) -> WSGIServer:
+    """The agent's ``/metrics``: behind its token (unless ``without_token`` on a loopback address),
     on a port taken over from an older agent of this node if one holds it. Exits with a message
     naming the setting when it cannot be opened safely."""
     try:
-        token = metrics_token(address, token_file)
+        token = metrics_token(address, token_file, without_token)
     except MetricsAccessError as e:
         raise SystemExit(f"gpupool-agent: {e}") from None
     return bind_or_take_over(

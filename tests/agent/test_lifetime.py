@@ -102,7 +102,10 @@ def start_agent(tmp_path: Path, name: str, *args: str, service_url: str = "") ->
     log = (tmp_path / f"{name}.log").open("w")
     env = {**os.environ, "PYTHONPATH": str(REPO), "GPUPOOL_AGENT_TOKEN": TOKENS["n1"],
            "GPUPOOL_SERVICE_URL": service_url}
-    return subprocess.Popen([sys.executable, "-m", "gpupool_hub.agent", "--node", "n1", *args],
+    # these tests are about the agent's lifetime, not who reads its metrics: the probe of /metrics brings no
+    # token, so the agent serves without one (loopback only) by the explicit setting (issue 48.5)
+    return subprocess.Popen([sys.executable, "-m", "gpupool_hub.agent", "--node", "n1",
+                             "--GPUPoolAgent.metrics_without_token=True", *args],
                             stdout=log, stderr=subprocess.STDOUT, text=True, cwd=tmp_path, env=env,
                             start_new_session=True)
 

@@ -3,7 +3,9 @@
 Real agent processes (``python -m gpupool_hub.agent``, as deployed; this machine has no GPU,
 so NVML fails every tick, which does not matter here) and their real HTTP server:
 
-* by default it listens on 127.0.0.1 only: nothing answers on the machine's other address;
+* by default it needs a token even on 127.0.0.1 (users' servers run on the node), and does not start
+  without one (issue 48.5); serving without one is the explicit ``metrics_without_token``, on
+  127.0.0.1 only: nothing answers on the machine's other address;
 * listening for the network it needs a token: a scrape without it, with a wrong one or
   another scheme gets 401 and ``WWW-Authenticate: Bearer``; with it, the metrics;
 * an address other machines reach without a token, or a token file others may read, stop
@@ -29,6 +31,7 @@ import pytest
 import requests
 
 from gpupool_hub.agent.scrape import is_loopback
+from tests.e2e.conftest import system_python
 from tests.fixtures.hub import wait_for
 from tests.fixtures.ports import free_port
 from tests.fixtures.prometheus import PrometheusServer
@@ -78,13 +81,45 @@ def token_file(tmp_path: Path, text: str = TOKEN + "\n", mode: int = 0o600) -> P
     return path
 
 
-def test_37_6_by_default_metrics_are_served_to_this_machine_only(tmp_path, agents):
+def test_48_5_by_default_the_agent_does_not_serve_metrics_without_a_token(tmp_path, agents):
+    """Issue 48.5: on 127.0.0.1 without a token, ``nobody`` (or any user's server on the node) read alice's and
+    bob's GPU series. By default the agent does not start without a token, and says both ways out."""
     port = free_port()
     agent = start_agent(tmp_path, "agent", "--port", str(port))
     agents.append(agent)
+    assert agent.wait(60) != 0
+    log = (tmp_path / "agent.log").read_text()
+    assert log.startswith("gpupool-agent: c.GPUPoolAgent.metrics_token_file is not set: every process on this "
+                          "node, users' servers and kernels included, could read every user's GPU use"), log
+    assert "c.GPUPoolAgent.metrics_without_token = True" in log, log
+    assert not answers("127.0.0.1", port)  # it never served
+
+
+def test_48_5_a_local_scrape_needs_the_token_too(tmp_path, agents):
+    """The default address with a token: a process on the node itself gets 401 without it, even as ``nobody``."""
+    port = free_port()
+    agents.append(start_agent(tmp_path, "agent", "--port", str(port),
+                              f"--GPUPoolAgent.metrics_token_file={token_file(tmp_path)}"))
+    wait_for(lambda: answers("127.0.0.1", port), 60, "the agent to serve /metrics on 127.0.0.1")
+    assert scrape("127.0.0.1", port)[0] == 401
+    if os.geteuid() == 0:  # the issue's probe: a scrape by ``nobody`` on the node
+        as_nobody = subprocess.run(
+            ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", system_python(), "-c",
+             "import urllib.request, urllib.error\ntry:\n urllib.request.urlopen("
+             f"'http://127.0.0.1:{port}/metrics')\nexcept urllib.error.HTTPError as e:\n print(e.code)"],
+            capture_output=True, text=True, timeout=60)
+        assert as_nobody.stdout.strip() == "401", (as_nobody.stdout, as_nobody.stderr)
+    status, _, body = scrape("127.0.0.1", port, f"Bearer {TOKEN}")
+    assert status == 200 and "gpupool_agent_nvml_up" in body
+
+
+def test_37_6_without_a_token_by_choice_metrics_are_served_to_this_machine_only(tmp_path, agents):
+    port = free_port()
+    agent = start_agent(tmp_path, "agent", "--port", str(port), "--GPUPoolAgent.metrics_without_token=True")
+    agents.append(agent)
     wait_for(lambda: answers("127.0.0.1", port), 60, "the agent to serve /metrics on 127.0.0.1")
     status, _, body = scrape("127.0.0.1", port)
-    assert status == 200 and "gpupool_agent_nvml_up" in body  # a Prometheus on the node itself needs nothing
+    assert status == 200 and "gpupool_agent_nvml_up" in body  # the admin chose: every local process may read
     other = other_address()
     if other is None:
         pytest.skip("this machine has no address but loopback to try from")
@@ -119,7 +154,10 @@ def test_37_6_a_scrape_needs_the_bearer_token(tmp_path, agents):
     (lambda tmp: [f"--GPUPoolAgent.metrics_token_file={token_file(tmp, text=chr(10))}"],
      "must hold the token on one line, found 0 lines"),
     (lambda tmp: [f"--GPUPoolAgent.metrics_token_file={tmp / 'missing.token'}"], "cannot be read: No such file"),
-], ids=["no token", "token readable by others", "empty token", "no token file"])
+    # choosing no token is for a loopback address only
+    (lambda tmp: ["--GPUPoolAgent.metrics_without_token=True"],
+     "c.GPUPoolAgent.metrics_address '0.0.0.0' can be reached from other machines"),
+], ids=["no token", "token readable by others", "empty token", "no token file", "no token by choice"])
 def test_37_6_metrics_open_to_other_machines_without_a_usable_token_stop_the_agent(tmp_path, agents, setup, message):
     port = free_port()
     agent = start_agent(tmp_path, "agent", "--port", str(port), "--GPUPoolAgent.metrics_address=0.0.0.0",
