@@ -8,7 +8,11 @@ A database of version N is made by today's code: the frozen hand-written steps u
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import sqlite3
+import subprocess
+import sys
 from datetime import datetime
 from decimal import Decimal
 
@@ -17,11 +21,14 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
-from gpupool_hub.ledger import SCHEMA_VERSION, Ledger, LedgerError, Posting, upgrade_database
-from gpupool_hub.ledger.engine import make_engine
-from gpupool_hub.ledger.migrations import BASELINE, VERSION_TABLE, _baseline, head, legacy, migrate
+from gpupool_hub.ledger import SCHEMA_VERSION, Ledger, LedgerError, Posting, SchemaOutdated, upgrade_database
+from gpupool_hub.ledger import migrations
+from gpupool_hub.ledger.engine import make_engine, normalize_url
+from gpupool_hub.ledger.migrations import BASELINE, UPGRADE_LOCK, VERSION_TABLE, _baseline, head, legacy, migrate
 from gpupool_hub.ledger.schema import metadata
+from gpupool_hub.service.app import GPUPoolService
 from gpupool_hub.service.app import main as service_main
+from tests.fixtures.hub import wait_for
 
 CREATED = datetime(2026, 11, 1, 12, 0)
 
@@ -63,7 +70,7 @@ def state(engine: sa.engine.Engine) -> tuple[str, str, list]:
 @pytest.mark.parametrize("version", range(1, 10))
 def test_every_schema_version_upgrades_to_head_and_keeps_its_rows(url, version):
     make_version(url, version)
-    ledger = Ledger(url)  # what the service does at start
+    ledger = Ledger(url, upgrade=True)  # what the service does at start with upgrade_db, or upgrade-db does
     try:
         assert state(ledger.db.engine) == (head(), str(SCHEMA_VERSION), [])
         assert ledger.balance("alice") == Decimal(7) and ledger.verify().ok
@@ -74,6 +81,124 @@ def test_every_schema_version_upgrades_to_head_and_keeps_its_rows(url, version):
         assert ledger.balance("alice") == Decimal(5) and ledger.verify().ok
     finally:
         ledger.close()
+
+
+def stored_version(url: str) -> tuple[list[str], str | None]:
+    """The tables and gpupool_meta's schema_version, read without gpupool_hub's engine."""
+    engine = sa.create_engine(normalize_url(url))
+    try:
+        with engine.connect() as conn:
+            tables = sorted(sa.inspect(conn).get_table_names())
+            version = conn.execute(sa.text("SELECT value FROM gpupool_meta WHERE key = 'schema_version'")).scalar()
+        return tables, version
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("version", [4, 9])
+def test_opening_an_older_ledger_changes_nothing_and_names_the_upgrade(url, version):
+    """Issue 48.8: ``Ledger()`` migrated at every construction, so any process that opened the ledger
+    upgraded it, unasked and unbacked-up. As JupyterHub's check_db_revision: refused, naming the command."""
+    make_version(url, version)
+    before = stored_version(url)
+    with pytest.raises(SchemaOutdated) as e:
+        Ledger(url)
+    assert f"schema version {version} (before Alembic), older than this gpupool_hub's revision" in str(e.value)
+    assert "gpupool-service upgrade-db" in str(e.value) and "c.GPUPoolService.upgrade_db" in str(e.value)
+    assert stored_version(url) == before and VERSION_TABLE not in before[0]
+
+
+def test_upgrading_on_open_backs_an_sqlite_file_up_first(tmp_path):
+    path = tmp_path / "gpupool.sqlite"
+    make_version(f"sqlite:///{path}", 8)
+    ledger = Ledger(f"sqlite:///{path}", upgrade=True)
+    try:
+        assert ledger.balance("alice") == Decimal(7)
+    finally:
+        ledger.close()
+    [backup] = tmp_path.glob("gpupool.sqlite.*.bak")
+    with sqlite3.connect(backup) as copy:  # the database as it was before the upgrade
+        assert copy.execute("SELECT value FROM gpupool_meta").fetchall() == [("8",)]
+    Ledger(f"sqlite:///{path}", upgrade=True).close()  # at head: no second copy
+    assert list(tmp_path.glob("gpupool.sqlite.*.bak")) == [backup]
+
+
+UPGRADER = """
+import sys
+from gpupool_hub.ledger import Ledger
+Ledger(sys.argv[1], upgrade=True).close()
+print("upgraded")
+"""
+
+
+def test_two_upgrades_forced_to_overlap_on_postgresql_both_end_well(postgres_url, tmp_path):
+    """Issue 48.8: two upgrades at once crashed one process with a raw IntegrityError. Both processes are
+    started while the test holds the schema lock, so both reach it before either may go on: the first
+    upgrades, the second waits, then finds the schema at head. Neither fails; the rows are there once."""
+    make_version(postgres_url, 4)
+    holder = sa.create_engine(normalize_url(postgres_url))
+    procs = []
+    try:
+        with holder.connect() as conn:
+            conn.execute(sa.text("SELECT pg_advisory_lock(:k)"), {"k": UPGRADE_LOCK})
+            procs = [subprocess.Popen([sys.executable, "-c", UPGRADER, postgres_url], stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                     for _ in range(2)]
+
+            def both_wait() -> bool:
+                waiting = conn.execute(sa.text(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")).scalar()
+                return waiting == 2
+
+            wait_for(both_wait, 60, "both upgrades to wait for the schema lock")
+            conn.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": UPGRADE_LOCK})
+        outputs = [p.communicate(timeout=120)[0] for p in procs]
+        assert [p.returncode for p in procs] == [0, 0], outputs
+        assert all("IntegrityError" not in out for out in outputs), outputs
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        holder.dispose()
+    ledger = Ledger(postgres_url)
+    try:
+        assert state(ledger.db.engine) == (head(), str(SCHEMA_VERSION), [])
+        assert ledger.balance("alice") == Decimal(7) and [e.reason for e in ledger.history("alice")] == ["old"]
+    finally:
+        ledger.close()
+
+
+def test_an_upgrade_that_waits_too_long_says_another_one_is_running(postgres_url, monkeypatch):
+    make_version(postgres_url, 9)
+    monkeypatch.setattr(migrations, "LOCK_WAIT_S", 1)
+    holder = sa.create_engine(normalize_url(postgres_url))
+    try:
+        with holder.connect() as conn:
+            conn.execute(sa.text("SELECT pg_advisory_lock(:k)"), {"k": UPGRADE_LOCK})
+            with pytest.raises(LedgerError, match="another process has been creating or upgrading the ledger"):
+                Ledger(postgres_url, upgrade=True)
+    finally:
+        holder.dispose()
+
+
+def test_the_service_refuses_an_older_ledger_unless_told_to_upgrade(tmp_path, monkeypatch):
+    path = tmp_path / "gpupool.sqlite"
+    make_version(f"sqlite:///{path}", 9)
+    config = tmp_path / "jupyterhub_config.py"
+    config.write_text(f"c.GPUPool.db_url = 'sqlite:///{path}'\n")
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "service-token")
+    with pytest.raises(SystemExit, match="gpupool-service upgrade-db"):
+        GPUPoolService().initialize(["--config", str(config)])
+    assert stored_version(f"sqlite:///{path}")[1] == "9"
+    service = GPUPoolService()
+    try:
+        service.initialize(["--config", str(config), "--GPUPoolService.upgrade_db=True"])
+        assert service.ledger.balance("alice") == Decimal(7)
+    finally:
+        if getattr(service, "ledger", None) is not None:
+            service.ledger.close()
+    assert len(list(tmp_path.glob("gpupool.sqlite.*.bak"))) == 1
 
 
 def test_a_new_database_at_head_is_exactly_schema_py(url):
@@ -93,7 +218,7 @@ def test_upgrading_twice_is_harmless(url):
         assert state(engine) == (head(), str(SCHEMA_VERSION), [])
     finally:
         engine.dispose()
-    ledger = Ledger(url)
+    ledger = Ledger(url)  # at head now: opening it needs no upgrade
     try:
         assert ledger.balance("alice") == Decimal(7) and ledger.verify().ok
     finally:

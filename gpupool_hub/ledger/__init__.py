@@ -24,7 +24,7 @@ from __future__ import annotations
 from .book import Ledger
 from .engine import (DEFAULT_BUSY_TIMEOUT, UNAVAILABLE_MESSAGE, Db, LedgerBusy, LedgerError, is_database_busy,
                      is_database_unavailable, make_engine, normalize_url, utcnow, write_deadline)
-from .migrations import SCHEMA_VERSION, backup_sqlite, upgrade_database
+from .migrations import SCHEMA_VERSION, SchemaOutdated, backup_sqlite, upgrade_database
 from .records import (KINDS, Account, AccountRow, AllocationRecord, AuditEvent, Credited, DayTotal, Entry, GpuUse,
                       IdempotencyConflict, Mismatch, Posted, Posting, UnknownAccount, VerifyReport, Window)
 from .reports import SORTS
@@ -32,7 +32,7 @@ from .reports import SORTS
 __all__ = [
     "DEFAULT_BUSY_TIMEOUT", "KINDS", "SCHEMA_VERSION", "SORTS", "UNAVAILABLE_MESSAGE",
     "Account", "AccountRow", "AllocationRecord", "AuditEvent", "Credited", "DayTotal", "Db", "Entry", "GpuUse",
-    "IdempotencyConflict", "Ledger", "LedgerBusy", "LedgerError", "Mismatch", "Posted", "Posting",
+    "IdempotencyConflict", "Ledger", "LedgerBusy", "LedgerError", "Mismatch", "Posted", "Posting", "SchemaOutdated",
     "UnknownAccount", "VerifyReport", "Window",
     "backup_sqlite", "is_database_busy", "is_database_unavailable", "make_engine", "normalize_url",
     "upgrade_database", "utcnow", "write_deadline",

@@ -25,7 +25,7 @@ from .engine import DEFAULT_BUSY_TIMEOUT, Db, aware, chunks, db_time, insert_new
 from .gpu_use import GpuUseDays
 from .intervals import Intervals
 from .leases import Leases
-from .migrations import migrate
+from .migrations import open_schema
 from .nodes import Nodes
 from .postings import ensure_accounts, entry_of, write_postings
 from .queue import Queue
@@ -54,12 +54,15 @@ class Ledger:
     ``carries``, ``leases`` and the pages' ``reports``."""
 
     def __init__(self, url: str = "sqlite:///gpupool.sqlite", *, engine: Engine | None = None,
-                 busy_timeout: float = DEFAULT_BUSY_TIMEOUT, background_checkpoints: bool = False) -> None:
+                 busy_timeout: float = DEFAULT_BUSY_TIMEOUT, background_checkpoints: bool = False,
+                 upgrade: bool = False) -> None:
         """``background_checkpoints``: the caller runs ``db.checkpoint()`` every few seconds, so
-        writes need not (see ``engine.py``); for a long-lived process only."""
+        writes need not (see ``engine.py``); for a long-lived process only. Opening never changes an
+        existing schema: an older one raises ``SchemaOutdated`` unless ``upgrade`` (then an SQLite file
+        is backed up first); an empty database is created at head (``migrations.open_schema``)."""
         self.db = Db(url, engine=engine, busy_timeout=busy_timeout, background_checkpoints=background_checkpoints)
         self._epoch: datetime | None = None
-        migrate(self.db.engine)
+        open_schema(self.db.engine, url if engine is None else None, upgrade=upgrade)
         self.allocations = Allocations(self.db)
         self.queue = Queue(self.db)
         self.audit = Audit(self.db)

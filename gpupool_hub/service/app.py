@@ -185,6 +185,13 @@ class GPUPoolService(Application):
         while another writer holds it; then the API answers 503 with Retry-After. Reads never wait.""",
     ).tag(config=True)
 
+    upgrade_db = Bool(
+        False, help="""Upgrade the ledger database's schema when it is older than this release's, at start
+        (an SQLite file is copied next to itself first, as ``gpupool-service upgrade-db`` does). By default
+        the service refuses to start on an older schema and says to run ``gpupool-service upgrade-db``:
+        opening the ledger never changes it unasked (docs/ledger.md, Upgrading).""",
+    ).tag(config=True)
+
     queue_interval = Float(
         5, help="Seconds between wait-queue checks (entries whose spawner stopped asking; dispatch).",
     ).tag(config=True)
@@ -246,7 +253,12 @@ class GPUPoolService(Application):
             self.log.critical("%s", e)
             raise SystemExit(f"gpupool: {e}") from None
         # writes leave the WAL's checkpoints to the "checkpoint" job (a reader thread; see ledger/engine.py)
-        self.ledger = Ledger(db_url, busy_timeout=self.db_write_timeout, background_checkpoints=True)
+        try:
+            self.ledger = Ledger(db_url, busy_timeout=self.db_write_timeout, background_checkpoints=True,
+                                 upgrade=self.upgrade_db)
+        except LedgerError as e:  # an older schema, one newer than this code, another upgrade running
+            self.log.critical("%s", e)
+            raise SystemExit(f"gpupool: {e}") from None
         self.inventory_source = make_inventory_source(self.settings_)
         self.manager = PoolManager(
             settings=self.settings_, ledger=self.ledger, pool=make_pool(self.settings_, self.inventory_source),
@@ -254,7 +266,7 @@ class GPUPoolService(Application):
             debit_interval=self.debit_interval, debit_delay_tolerance=self.debit_delay_tolerance,
             source=self.inventory_source,
         )
-        self._check_slurm_gpu_boundary()
+        check_slurm_gpu_boundary(self)
         check_slurm_shares(self, profiles)
         restored = self.manager.restore()
         teams = self.settings_.team_table()
@@ -288,24 +300,6 @@ class GPUPoolService(Application):
                                                   memory_total_query=self.memory_total_query)
                             if self.prometheus_url else ReportedUtilization(self.settings_.idle_threshold))
         self.context = self.make_context()
-
-    def _check_slurm_gpu_boundary(self) -> None:
-        """With Slurm and priced GPUs, a job must be confined to its GPUs by a device cgroup
-        (ConstrainDevices), or the admin accepts hiding by environment only. slurmctld not
-        answering is only a warning, as for the accounting check."""
-        from ..slurm import SlurmCommandError, SlurmError, SlurmInventory
-
-        s = self.settings_
-        slurm = s.inventory == "slurm" or self.usage_preset == "slurm"
-        priced = bool(s.prices) or bool(s.mig_prices) or s.default_price is not None
-        if not slurm or not priced or not s.slurm_gpu_models or s.slurm_allow_env_only_gpu_hiding:
-            return
-        try:
-            SlurmInventory(s.slurm_gpu_models, env=s.slurm_env()).check_device_confinement()
-        except SlurmCommandError as e:
-            log.warning("gpupool: could not check that Slurm confines jobs to their GPUs: %s", e)
-        except SlurmError as e:
-            raise SystemExit(f"gpupool: {e}") from None
 
     def _check_profiles(self) -> list[Profile]:
         """The hub only validates spawner profiles at the first spawn; the service,
@@ -466,6 +460,25 @@ def configures_slurm_spawner(service: GPUPoolService) -> bool:
         f"{getattr(spawner_class, '__module__', '')}.{getattr(spawner_class, '__name__', '')}")
     return name in ("gpupool-slurm", "gpupool_hub.slurm.spawner.GPUPoolSlurmSpawner") or \
         "GPUPoolSlurmSpawner" in service.config
+
+
+def check_slurm_gpu_boundary(service: GPUPoolService) -> None:
+    """With Slurm and priced GPUs, a job must be confined to its GPUs by a device cgroup
+    (ConstrainDevices), or the admin accepts hiding by environment only. slurmctld not
+    answering is only a warning, as for the accounting check."""
+    from ..slurm import SlurmCommandError, SlurmError, SlurmInventory
+
+    s = service.settings_
+    slurm = s.inventory == "slurm" or service.usage_preset == "slurm"
+    priced = bool(s.prices) or bool(s.mig_prices) or s.default_price is not None
+    if not slurm or not priced or not s.slurm_gpu_models or s.slurm_allow_env_only_gpu_hiding:
+        return
+    try:
+        SlurmInventory(s.slurm_gpu_models, env=s.slurm_env()).check_device_confinement()
+    except SlurmCommandError as e:
+        log.warning("gpupool: could not check that Slurm confines jobs to their GPUs: %s", e)
+    except SlurmError as e:
+        raise SystemExit(f"gpupool: {e}") from None
 
 
 def check_slurm_share_charging(service: GPUPoolService, profiles: list[Profile]) -> None:

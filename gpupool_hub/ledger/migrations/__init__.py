@@ -1,20 +1,30 @@
 """The ledger's schema versions: Alembic revisions in ``versions/``, one per schema change.
 
 The baseline revision is schema version 9, the last of the hand-written versions that
-``gpupool_meta`` counted; ``legacy.py`` brings a database of versions 1 to 8 to it. The
-path, at every start of the service (:func:`migrate`) and with ``gpupool-service upgrade-db``
-(:func:`upgrade_database`, which backs an SQLite file up first):
+``gpupool_meta`` counted; ``legacy.py`` brings a database of versions 1 to 8 to it.
+
+Opening the ledger never changes an existing schema (:func:`open_schema`, called by every
+``Ledger``), as JupyterHub's ``check_db_revision`` does: an empty database is created at the
+head revision; a database at head is used as it is; an older one is refused with
+:class:`SchemaOutdated`, naming ``gpupool-service upgrade-db`` and
+``c.GPUPoolService.upgrade_db``, unless the caller asked to upgrade (then an SQLite file is
+backed up first); a newer one (a revision this code does not know) is refused. The upgrade
+(:func:`migrate`; ``gpupool-service upgrade-db`` is :func:`upgrade_database`):
 
 - an empty database: ``upgrade head``;
 - versions 1 to 8: the hand-written steps to 9, then as 9;
 - version 9 (no Alembic revision stored): stamped at the baseline, then ``upgrade head``;
 - a database under Alembic: ``upgrade head`` (nothing when it is there already).
 
-All of it is one transaction. The revision is stored in ``gpupool_alembic_version`` (not
-``alembic_version``, which is JupyterHub's own where the two share a database), and
-``gpupool_meta``'s ``schema_version`` then reads ``SCHEMA_VERSION`` (10) for good: the
-releases before Alembic know 9 and refuse such a database instead of writing to a schema
-they do not know. A database newer than this code (a revision it does not know) is refused.
+All of it is one transaction, and one at a time: on PostgreSQL the transaction first takes an
+advisory lock (:data:`UPGRADE_LOCK`), so a second process opening or upgrading the same
+database waits for the first to commit (up to :data:`LOCK_WAIT_S`, then says that another
+upgrade is running) and then finds the schema at head; two upgrades that overlapped used to
+crash one of them with a raw IntegrityError. On SQLite the writer's ``BEGIN IMMEDIATE`` does
+the same. The revision is stored in ``gpupool_alembic_version`` (not ``alembic_version``,
+which is JupyterHub's own where the two share a database), and ``gpupool_meta``'s
+``schema_version`` then reads ``SCHEMA_VERSION`` (10) for good: the releases before Alembic
+know 9 and refuse such a database instead of writing to a schema they do not know.
 """
 
 from __future__ import annotations
@@ -49,7 +59,16 @@ BASELINE = "3df454af529a"
 #: ``gpupool_meta``'s schema_version on every database under Alembic (the revision says the rest)
 SCHEMA_VERSION = LEGACY_VERSION + 1
 
+#: the PostgreSQL advisory lock every schema check and upgrade holds for its transaction ("gpupool" in ASCII)
+UPGRADE_LOCK = 0x677075706F6F6C
+#: seconds a schema check waits for another process's upgrade before it gives up, saying so
+LOCK_WAIT_S = 120
+
 _meta = sa.table("gpupool_meta", sa.column("key"), sa.column("value"))
+
+
+class SchemaOutdated(LedgerError):
+    """The ledger's schema is older than this code's, and nobody asked to upgrade it."""
 
 
 def alembic_config(connection: Connection | None = None, url: str | None = None) -> Config:
@@ -132,10 +151,56 @@ def _upgrade(conn: Connection) -> list[str]:
     return done
 
 
-def migrate(engine: Engine) -> list[str]:
-    """Bring the database to the head revision, in one transaction, and log what was done;
-    refuse a database newer than this code. Returns what was done (nothing: it was at head)."""
+def _serialise(conn: Connection) -> None:
+    """Hold the schema lock for ``conn``'s transaction: PostgreSQL's advisory lock (SQLite's writer
+    transaction is ``BEGIN IMMEDIATE`` already). Another holder for :data:`LOCK_WAIT_S`: LedgerError."""
+    if conn.dialect.name != "postgresql":
+        return
+    conn.exec_driver_sql(f"SET LOCAL lock_timeout = '{LOCK_WAIT_S}s'")
+    try:
+        conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": UPGRADE_LOCK})
+    except sa.exc.OperationalError as e:
+        raise LedgerError(f"another process has been creating or upgrading the ledger's schema for over "
+                          f"{LOCK_WAIT_S} s (it holds the advisory lock {UPGRADE_LOCK}); wait for it to end, "
+                          f"then start again: {e.orig}") from None
+
+
+def _is_empty(tables: set[str], version: int, revision: str | None) -> bool:
+    return revision is None and version == 0 and "gpupool_accounts" not in tables
+
+
+def _outdated(version: int, revision: str | None) -> SchemaOutdated:
+    at = f"revision {revision}" if revision else f"schema version {version} (before Alembic)"
+    return SchemaOutdated(
+        f"the ledger database is at {at}, older than this gpupool_hub's revision {head()}; opening it does "
+        f"not change it. Back it up, then run `gpupool-service upgrade-db` (it copies an SQLite file first), "
+        f"or set c.GPUPoolService.upgrade_db = True to upgrade when the service starts")
+
+
+def open_schema(engine: Engine, url: str | None = None, *, upgrade: bool = False) -> list[str]:
+    """What every ``Ledger`` does on opening: create an empty database at head, use one at head,
+    refuse a newer one, and an older one unless ``upgrade`` (then back an SQLite file at ``url`` up
+    first, and :func:`migrate`). One transaction, under the schema lock. Returns what was done."""
     with engine.begin() as conn:
+        _serialise(conn)
+        tables, version, revision = _state(conn)
+        if _is_empty(tables, version, revision) or (revision == head() and version == SCHEMA_VERSION):
+            done = _upgrade(conn)
+        elif not upgrade:
+            raise _outdated(version, revision)
+        else:
+            backup = backup_sqlite(url) if url else None
+            done = ([f"backed up to {backup}"] if backup else []) + _upgrade(conn)
+    for line in done:
+        log.info("Ledger schema: %s", line)
+    return done
+
+
+def migrate(engine: Engine) -> list[str]:
+    """Bring the database to the head revision, in one transaction under the schema lock, and log what
+    was done; refuse a database newer than this code. Returns what was done (nothing: it was at head)."""
+    with engine.begin() as conn:
+        _serialise(conn)
         done = _upgrade(conn)
     for line in done:
         log.info("Ledger schema: %s", line)
