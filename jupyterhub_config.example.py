@@ -60,6 +60,10 @@ c.JupyterHub.allow_named_servers = True                  # each named server hol
 # (c.GPUPool.max_waiting_per_user, 2 by default).
 c.JupyterHub.named_server_limit_per_user = 5
 c.JupyterHub.cleanup_servers = False                     # a hub restart keeps servers and their GPUs
+# configurable-http-proxy that the kernel stops when the hub exits, however it exits: JupyterHub
+# leaves its proxy running when a managed service fails at start (the gpupool service refusing a
+# bad setting or an old ledger). Drop this line if you set c.JupyterHub.cleanup_proxy = False.
+c.ConfigurableHTTPProxy.command = ["gpupool-proxy"]
 # The hub's home and spawn-progress pages with the wait queue: a waiting server's place and
 # range, "Leave the queue", a browser notification when it is ready (templates that extend
 # JupyterHub's own; put your own folder first to change them: docs/spawner.md, "Hub pages").

@@ -18,6 +18,13 @@ Work in flight is one database transaction at a time, so abandoning it loses
 nothing: an interval not marked done is charged by the next service. The node
 agent stops the same way (``gpupool_hub/agent/app.py``).
 
+The hub's proxy dies with its hub too (``gpupool-proxy``, :func:`proxy_main`, the example
+configuration's ``c.ConfigurableHTTPProxy.command``): JupyterHub starts
+configurable-http-proxy in a session of its own and stops it in its clean-up, but when a
+managed service exits during the hub's start (the gpupool service refusing a bad
+configuration or an old ledger schema) JupyterHub 6 calls ``exit(1)`` without that clean-up,
+and every refused start left a proxy behind on the hub's port.
+
 A program that finds its port held by an older copy of itself (a service whose
 hub is gone, an agent that hung) tells it to stop and takes the port over;
 held by anything else, it stops at once with a message naming the process.
@@ -48,19 +55,52 @@ STOP_DEADLINE = 5.0
 _PR_SET_PDEATHSIG = 1
 
 
+def _signal_when_parent_exits() -> bool:
+    """``prctl(PR_SET_PDEATHSIG, SIGTERM)``; False where it failed or does not exist (logged)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+            log.warning("gpupool: prctl(PR_SET_PDEATHSIG) failed (errno %d); watching the parent instead",
+                        ctypes.get_errno())
+            return False
+    except (OSError, AttributeError):
+        log.info("gpupool: no prctl on this platform; watching the parent process instead")
+        return False
+    return True
+
+
+#: what ``gpupool-proxy`` runs, unless ``$GPUPOOL_PROXY_COMMAND`` names another
+PROXY_COMMAND = "configurable-http-proxy"
+
+
+def proxy_main(argv: list[str] | None = None) -> None:
+    """``gpupool-proxy ARGS``: configurable-http-proxy with ARGS, which the kernel stops (SIGTERM) when
+    the hub that started it exits, however it exits. It sets the parent-death signal, which survives
+    ``exec``, then becomes the proxy (same PID, so JupyterHub's pid file and its own stop still work).
+    Not with ``c.JupyterHub.cleanup_proxy = False``, whose point is a proxy outliving its hub."""
+    import shutil
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    command = os.environ.get("GPUPOOL_PROXY_COMMAND", PROXY_COMMAND)
+    found = shutil.which(command)
+    if found is None:
+        raise SystemExit(f"gpupool-proxy: {command} is not on PATH ({os.environ.get('PATH', '')}); install it "
+                         "(npm install -g configurable-http-proxy) or name it in $GPUPOOL_PROXY_COMMAND")
+    parent = os.getppid()
+    _signal_when_parent_exits()
+    if parent <= 1 or os.getppid() != parent:  # the hub is gone already: no proxy for nobody
+        raise SystemExit("gpupool-proxy: the hub that started it has exited")
+    os.execv(found, [found, *args])
+
+
 def exit_with_parent(on_parent_exit: Callable[[str], None]) -> PeriodicCallback | None:
     """Arrange for ``on_parent_exit`` (on the IOLoop) once the parent is gone.
     Returns the watch, or None when the service has no parent to follow (PID 1)."""
     parent = os.getppid()
     if parent <= 1:
         return None
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
-            log.warning("gpupool: prctl(PR_SET_PDEATHSIG) failed (errno %d); watching the parent instead",
-                        ctypes.get_errno())
-    except (OSError, AttributeError):
-        log.info("gpupool: no prctl on this platform; watching the parent process instead")
+    _signal_when_parent_exits()
 
     def check() -> None:
         if os.getppid() != parent:
