@@ -143,7 +143,7 @@ def make_nodes(n: int) -> list[dict[str, Any]]:
 def settings_for(nodes: list[dict[str, Any]]) -> Any:
     from traitlets.config import Config
 
-    from gpupool_hub.config import GPUPool, make_pool
+    from gpupool_hub.config import GPUPool
 
     c = Config()
     c.GPUPool.prices = PRICES
@@ -160,6 +160,7 @@ def make_pool_manager(nodes: list[dict[str, Any]], url: str, clock: Any, prometh
     """The service core on the ledger at ``url``, charging from the Prometheus at ``prometheus_url``
     (the set-up, which charges nothing, leaves it out: the allocation records stand in)."""
     from benchmarks.scale_prometheus import usage_source
+    from gpupool_hub.config import make_pool
     from gpupool_hub.ledger import Ledger
     from gpupool_hub.service.core.manager import PoolManager
     from gpupool_hub.usage.own_records import AllocationRecordsSource

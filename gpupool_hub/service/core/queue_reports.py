@@ -36,6 +36,8 @@ class QueueReports:
         self.clock = clock
         self.threads = threads
         self._summary: tuple[float, dict[str, dict[str, Any]]] | None = None
+        #: the pool map's rows and the entries' count, with what they were built from (``next_waiting``)
+        self._next: tuple[tuple[Any, ...], list[dict[str, Any]], int] | None = None
 
     def waiting_per_model(self) -> dict[str, int]:
         """Per pool model, the waiters that would take it (not those whose GPUs are reserved:
@@ -76,11 +78,36 @@ class QueueReports:
     @writes
     def report(self) -> dict[str, Any]:
         """The admin view: who waits for what, since when, position and estimate."""
+        rows = self._rows(None)
+        reserved = self.order.reservation
+        return {"waiting": rows, "length": self.order.waiting_count(),
+                "reserved_node": reserved[1] if reserved else None, "accuracy": self.eta.accuracy()}
+
+    @writes
+    def next_waiting(self, first: int) -> tuple[list[dict[str, Any]], int]:
+        """The pool map's rows: the first ``first`` entries in ``report``'s order, and how many
+        entries there are. Built once per change of the entries, their order or the estimates
+        (every ``ESTIMATE_TTL`` at most), never for the thousands the page does not draw: at
+        2,000 waiters the whole report took most of the pool page's time (issue 48.10)."""
+        estimates, ranges = self.eta.estimates(), self.eta.ranges()
+        key = (self.entries.version, self.order.ordered(), estimates, ranges, first)
+        kept = self._next
+        if kept is not None and kept[0][0] == key[0] and all(a is b for a, b in zip(kept[0][1:4], key[1:4])) \
+                and kept[0][4] == first:
+            return kept[1], kept[2]
+        rows = self._rows(first, estimates)
+        self._next = (key, rows, len(self.entries))
+        return rows, len(self.entries)
+
+    def _rows(self, first: int | None, estimates: dict[str, datetime | None] | None = None) -> list[dict[str, Any]]:
+        """``report``'s rows, the next to start first (entries whose GPUs are reserved lead); only the
+        first ``first`` of them are built."""
         now = self.clock()
-        estimates = self.eta.estimates()
+        estimates = self.eta.estimates() if estimates is None else estimates
         place = {w.id: i for i, w in enumerate(self.order.ordered(), 1)}
+        entries = sorted(self.entries.values(), key=lambda e: (place.get(e.waiter.id, 0), e.waiter.since))
         rows = []
-        for e in sorted(self.entries.values(), key=lambda e: (place.get(e.waiter.id, 0), e.waiter.since)):
+        for e in entries if first is None else entries[:first]:
             w = e.waiter
             rows.append({"user": w.user, "server": w.server, "request": w.request.describe(),
                          "since": iso(w.since), "waited_seconds": int((now - w.since).total_seconds()),
@@ -88,9 +115,7 @@ class QueueReports:
                          "eta": iso(estimates.get(w.id)), "reserved_on": e.placement.node if e.placement else None,
                          "last_seen": iso(e.last_seen), **range_json(
                              None if e.placement else self.eta.range_of(w.id, estimates.get(w.id)), now)})
-        reserved = self.order.reservation
-        return {"waiting": rows, "length": self.order.waiting_count(),
-                "reserved_node": reserved[1] if reserved else None, "accuracy": self.eta.accuracy()}
+        return rows
 
     def waiting_of(self, user: str) -> list[dict[str, Any]]:
         """``GET me``'s ``waiting``: the user's waiting servers with position and the last
