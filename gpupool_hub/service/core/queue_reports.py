@@ -78,7 +78,8 @@ class QueueReports:
     @writes
     def report(self) -> dict[str, Any]:
         """The admin view: who waits for what, since when, position and estimate."""
-        rows = self._rows(None)
+        estimates = self.eta.estimates()
+        rows = self._rows(None, estimates, lambda w: self.eta.range_of(w.id, estimates.get(w.id)))
         reserved = self.order.reservation
         return {"waiting": rows, "length": self.order.waiting_count(),
                 "reserved_node": reserved[1] if reserved else None, "accuracy": self.eta.accuracy()}
@@ -86,24 +87,28 @@ class QueueReports:
     @writes
     def next_waiting(self, first: int) -> tuple[list[dict[str, Any]], int]:
         """The pool map's rows: the first ``first`` entries in ``report``'s order, and how many
-        entries there are. Built once per change of the entries, their order or the estimates
-        (every ``ESTIMATE_TTL`` at most), never for the thousands the page does not draw: at
+        entries there are. Built once per change of the entries, their order or the estimates,
+        never for the thousands the page does not draw, and from the estimates last computed
+        (the waiters' retries recompute them every ``ESTIMATE_TTL``; a page view does not): at
         2,000 waiters the whole report took most of the pool page's time (issue 48.10)."""
-        estimates, ranges = self.eta.estimates(), self.eta.ranges()
+        estimates, ranges = self.eta.last_estimates(), self.eta.last_ranges()
+        if not estimates and len(self.entries):  # none computed yet (a service just started)
+            estimates, ranges = self.eta.estimates(), self.eta.ranges()
         key = (self.entries.version, self.order.ordered(), estimates, ranges, first)
         kept = self._next
         if kept is not None and kept[0][0] == key[0] and all(a is b for a, b in zip(kept[0][1:4], key[1:4])) \
                 and kept[0][4] == first:
             return kept[1], kept[2]
-        rows = self._rows(first, estimates)
+        rows = self._rows(first, estimates, lambda w: self.eta.last_shown(w.id) or ranges.get(w.id) or (
+            eta_rules.Estimate(*[estimates.get(w.id)] * 3, "fallback") if w.id in estimates else None))
         self._next = (key, rows, len(self.entries))
         return rows, len(self.entries)
 
-    def _rows(self, first: int | None, estimates: dict[str, datetime | None] | None = None) -> list[dict[str, Any]]:
-        """``report``'s rows, the next to start first (entries whose GPUs are reserved lead); only the
-        first ``first`` of them are built."""
+    def _rows(self, first: int | None, estimates: dict[str, datetime | None],
+              shown: Callable[[Waiter], eta_rules.Estimate | None]) -> list[dict[str, Any]]:
+        """``report``'s rows, the next to start first (entries whose GPUs are reserved lead), each
+        waiter's range from ``shown``; only the first ``first`` of them are built."""
         now = self.clock()
-        estimates = self.eta.estimates() if estimates is None else estimates
         place = {w.id: i for i, w in enumerate(self.order.ordered(), 1)}
         entries = sorted(self.entries.values(), key=lambda e: (place.get(e.waiter.id, 0), e.waiter.since))
         rows = []
@@ -113,8 +118,7 @@ class QueueReports:
                          "since": iso(w.since), "waited_seconds": int((now - w.since).total_seconds()),
                          "position": place.get(w.id, 0), "priority": "under_quota" if w.priority == 0 else "fcfs",
                          "eta": iso(estimates.get(w.id)), "reserved_on": e.placement.node if e.placement else None,
-                         "last_seen": iso(e.last_seen), **range_json(
-                             None if e.placement else self.eta.range_of(w.id, estimates.get(w.id)), now)})
+                         "last_seen": iso(e.last_seen), **range_json(None if e.placement else shown(w), now)})
         return rows
 
     def waiting_of(self, user: str) -> list[dict[str, Any]]:
