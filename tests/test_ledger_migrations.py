@@ -201,6 +201,25 @@ def test_the_service_refuses_an_older_ledger_unless_told_to_upgrade(tmp_path, mo
     assert len(list(tmp_path.glob("gpupool.sqlite.*.bak"))) == 1
 
 
+def test_allocations_of_an_older_ledger_are_charged_from_their_creation(url):
+    """Revision 7b2e9c41d0a5 (issue 48.2/48.3): every allocation so far was charged from its creation."""
+    make_version(url, 9)
+    engine = make_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text(
+                "INSERT INTO gpupool_allocations (id, \"user\", server, node, gpus, request, price_per_hour_milli, "
+                "borrowed, created_at) VALUES ('a1', 'alice', '', 'n1', '[]', '{}', 1000, false, :t)"), {"t": CREATED})
+    finally:
+        engine.dispose()
+    ledger = Ledger(url, upgrade=True)
+    try:
+        [held] = ledger.allocations.active()
+        assert held.charged_from == held.created_at and held.stop_asked_at is None
+    finally:
+        ledger.close()
+
+
 def test_a_new_database_at_head_is_exactly_schema_py(url):
     ledger = Ledger(url)
     try:
@@ -213,7 +232,7 @@ def test_upgrading_twice_is_harmless(url):
     make_version(url, 4)
     engine = make_engine(url)
     try:
-        assert len(migrate(engine)) == 2  # the steps to 9, the stamp
+        assert len(migrate(engine)) == 3  # the steps to 9, the stamp, the revisions after the baseline
         assert migrate(engine) == [] and upgrade_database(url) == []
         assert state(engine) == (head(), str(SCHEMA_VERSION), [])
     finally:

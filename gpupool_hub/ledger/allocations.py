@@ -29,6 +29,7 @@ def allocation_of(row: sa.Row) -> AllocationRecord:  # type: ignore[type-arg]
         request=dict(m["request"]), price_per_hour=from_milli(m["price_per_hour_milli"]),
         borrowed=bool(m["borrowed"]), created_at=aware(m["created_at"]),  # type: ignore[arg-type]
         released_at=aware(m["released_at"]), release_reason=m["release_reason"],
+        charged_from=aware(m["charged_from"]), stop_asked_at=aware(m["stop_asked_at"]),
     )
 
 
@@ -49,6 +50,7 @@ class Allocations:
                 gpus=list(record.gpus), request=record.request,
                 price_per_hour_milli=to_milli(record.price_per_hour), borrowed=record.borrowed,
                 created_at=db_time(record.created_at), released_at=None,
+                charged_from=None if record.charged_from is None else db_time(record.charged_from),
             ))
 
     def release(self, alloc_id: str, *, at: datetime, reason: str) -> AllocationRecord | None:
@@ -73,6 +75,25 @@ class Allocations:
             conn.execute(allocations.update()
                          .where(allocations.c.id == alloc_id, allocations.c.released_at.is_(None))
                          .values(gpus=list(gpus)))
+
+    def start_charge(self, alloc_id: str, at: datetime) -> bool:
+        """The server's work started at ``at``: its charge starts then. Only the first time (a later,
+        repeated report changes nothing); False when it had started already, or is released."""
+        with self.db.write() as conn:
+            done = conn.execute(allocations.update()
+                                .where(allocations.c.id == alloc_id, allocations.c.charged_from.is_(None),
+                                       allocations.c.released_at.is_(None))
+                                .values(charged_from=db_time(at)))
+        return bool(done.rowcount)
+
+    def ask_stop(self, alloc_id: str, at: datetime) -> bool:
+        """The hub asked the engine to stop the server at ``at`` and waits for it to confirm (renewed
+        while it waits); False when the allocation is not held."""
+        with self.db.write() as conn:
+            done = conn.execute(allocations.update()
+                                .where(allocations.c.id == alloc_id, allocations.c.released_at.is_(None))
+                                .values(stop_asked_at=db_time(at)))
+        return bool(done.rowcount)
 
     # ---- reads
 

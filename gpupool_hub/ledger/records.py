@@ -109,6 +109,19 @@ class AllocationRecord:
     created_at: datetime
     released_at: datetime | None = None
     release_reason: str | None = None
+    #: when the charge starts (``created_at`` unless the server's work started later); None: it has not
+    #: started (a batch job pending in its scheduler), so nothing is charged
+    charged_from: datetime | None = None
+    #: the hub stopped the server and the engine has not yet confirmed that its work ended (held, charged)
+    stop_asked_at: datetime | None = None
+
+    def charged_span(self, start: datetime, end: datetime) -> tuple[datetime, datetime] | None:
+        """The part of [start, end) this allocation is charged for: from ``charged_from`` until it was
+        released; None if none (not started, or outside)."""
+        if self.charged_from is None:
+            return None
+        low, high = max(start, self.charged_from), min(end, self.released_at or end)
+        return (low, high) if high > low else None
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,10 @@ allocations = sa.Table(
     sa.Column("created_at", sa.DateTime, nullable=False),
     sa.Column("released_at", sa.DateTime, nullable=True),
     sa.Column("release_reason", sa.UnicodeText, nullable=True),
+    # the charge starts here; NULL: the server's work has not started (a pending batch job), nothing charged
+    sa.Column("charged_from", sa.DateTime, nullable=True),
+    # the hub stopped the server, the engine has not confirmed its work ended: held and charged until it does
+    sa.Column("stop_asked_at", sa.DateTime, nullable=True),
     sa.Index("ix_gpupool_allocations_active", "released_at", "user"),
 )
 

@@ -54,11 +54,13 @@ class PoolCollector(Collector):
             after = page[-1].name
         yield balance
         held = GaugeMetricFamily(
-            "gpupool_allocated_gpus", "GPUs held by an allocation (fractions as shares)",
+            "gpupool_allocated_gpus", "GPUs held and charged by an allocation (fractions as shares; none while its batch job is pending)",
             labels=["user", "server", "model", "node", "allocation"],
         )
         per_model: dict[str, float] = {}
         for record in self.manager.ledger.allocations.active():
+            if record.charged_from is None:  # a batch job still pending in its scheduler: not charged
+                continue
             for model, share in held_gpus(record).items():
                 held.add_metric([record.user, record.server, model, record.node, record.id], share)
                 per_model[model] = per_model.get(model, 0.0) + share

@@ -2,7 +2,9 @@
 
 Needs no Prometheus, so a small install works out of the box. What it charges
 is what was *allocated* (a server holding two GPUs pays for two, busy or not),
-exactly to the microsecond of the allocation's start and release. A MIG
+exactly to the microsecond of the allocation's start and release; an allocation
+whose server's work had not started yet (a batch job pending in Slurm) is charged
+from when it did (``AllocationRecord.charged_from``). A MIG
 instance is charged as an instance of its profile (see ``Usage.mig_profile``),
 a fraction by its guarantee class (``Usage.share_class``).
 """
@@ -26,11 +28,10 @@ class AllocationRecordsSource:
     def usage(self, start: datetime, end: datetime) -> list[Usage]:
         totals: dict[tuple[str, str, str, str], Decimal] = defaultdict(Decimal)
         for record in self.ledger.allocations.overlapping(start, end):
-            held_from = max(start, record.created_at)
-            held_to = min(end, record.released_at or end)
-            if held_to <= held_from:
+            span = record.charged_span(start, end)  # from when its work started: a pending job is not
+            if span is None:
                 continue
-            delta = held_to - held_from
+            delta = span[1] - span[0]
             seconds = Decimal(delta.days * 86400 + delta.seconds) + Decimal(delta.microseconds) / 1_000_000
             for gpu in record.gpus:
                 profile = gpu.get("mig_profile")

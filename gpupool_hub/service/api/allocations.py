@@ -35,7 +35,8 @@ class AllocationsHandler(APIHandler):
         if groups is None:
             groups = await self.groups_of(user)
         try:
-            record = await self.manager.admission.admit.off_loop(user, groups, server, req, models, key=key)
+            record = await self.manager.admission.admit.off_loop(user, groups, server, req, models, key=key,
+                                                                 pending=bool(body.get("pending")))
         except BadRequest as e:
             raise web.HTTPError(400, str(e)) from None
         except AttemptAbandoned as e:
@@ -73,18 +74,34 @@ class AllocationHandler(APIHandler):
     openapi_path = "/allocations/{id}"
 
     async def patch(self, alloc_id: str) -> None:
-        """The spawner records the GPU indices a batch scheduler really bound (gpupool-slurm)."""
+        """The spawner reports on the allocation's server (gpupool-slurm): the GPU indices its job was
+        really bound to, when its work started (the charge starts then), or that its stop is not yet
+        confirmed (held and charged until it is)."""
         if not self.is_spawner:
-            raise web.HTTPError(403, "only the hub's spawner records the GPUs a job was bound to")
-        indices = self.json_body()["gpu_indices"]
+            raise web.HTTPError(403, "only the hub's spawner reports on an allocation's server")
+        body = self.json_body()
+        alloc_id = self.path_text(alloc_id, "allocation id")
+        m = self.manager
         try:
-            record = await self.manager.inventory.rebind.off_loop(
-                self.manager.ledger, self.path_text(alloc_id, "allocation id"), indices)
-        except LookupError:
-            raise web.HTTPError(404, f"no held allocation {alloc_id!r}") from None
+            started = parse_instant(body["started_at"]) if "started_at" in body else None
         except ValueError as e:
-            raise web.HTTPError(409, str(e)) from None
-        self.write_json({"allocation": self.manager.views.allocation_json(record)})
+            raise web.HTTPError(400, f"request body field /started_at: {e}") from None
+        record = await m.records.allocation.off_loop(alloc_id)
+        if record is None or record.released_at is not None:
+            raise web.HTTPError(404, f"no held allocation {alloc_id!r}")
+        if "gpu_indices" in body:
+            try:
+                record = await m.inventory.rebind.off_loop(m.ledger, alloc_id, body["gpu_indices"])
+            except LookupError:
+                raise web.HTTPError(404, f"no held allocation {alloc_id!r}") from None
+            except ValueError as e:
+                raise web.HTTPError(409, str(e)) from None
+        if started is not None:
+            await m.admission.started.off_loop(alloc_id, started)
+        if body.get("stopping"):
+            await m.admission.stopping.off_loop(alloc_id)
+        record = await m.records.allocation.off_loop(alloc_id) or record
+        self.write_json({"allocation": m.views.allocation_json(record)})
 
 
 class ReclaimsHandler(APIHandler):

@@ -152,7 +152,8 @@ class Admission:
 
     @writes
     def admit(self, user: str, groups: Iterable[str], server: str, request: Request,
-              requested_models: list[str] | None = None, key: str | None = None) -> AllocationRecord:
+              requested_models: list[str] | None = None, key: str | None = None, *,
+              pending: bool = False) -> AllocationRecord:
         """Place a server's GPUs if the user can pay and the pool has room; else ``Refused``.
 
         A second request for the same (user, server) while one is held returns
@@ -160,7 +161,9 @@ class Admission:
         With a spawn attempt's ``key``: the same key gets the same allocation; a
         key released by key is refused (``AttemptAbandoned``); an allocation of
         the same server held under another key belongs to an earlier attempt
-        whose release has not arrived, and is released before placing anew.
+        whose release has not arrived, and is released before placing anew. ``pending``: the
+        server's work has not started (a batch job about to be queued in its scheduler), so the
+        allocation holds its GPUs uncharged until ``started`` says when it did.
         """
         if key is not None and key in self.tombstones:
             raise AttemptAbandoned(f"spawn attempt {key!r} was abandoned and its allocation released")
@@ -177,10 +180,11 @@ class Admission:
         groups = set(groups)
         affordable = self.affordable_models(user, groups, request, requested_models, held)
         req = dataclasses.replace(request, models=affordable)
-        return self.place(user, groups, server, request, req, requested_models, key)
+        return self.place(user, groups, server, request, req, requested_models, key, pending=pending)
 
     def place(self, user: str, groups: set[str], server: str, request: Request, req: Request,
-              requested_models: list[str] | None, key: str | None = None) -> AllocationRecord:
+              requested_models: list[str] | None, key: str | None = None, *,
+              pending: bool = False) -> AllocationRecord:
         """Find GPUs for ``req`` (models already narrowed to what the user affords)."""
         teams = self.reclaims.teams
         team, usage, holdings = None, None, []
@@ -191,7 +195,7 @@ class Admission:
                     rc = self.reclaims.claim(pending)
                     usage = teams.usage(self.reclaims.holdings(exclude=rc.id))
                     return self.record(rc.id, user, server, rc.request, requested_models, rc.placement, rc.team,
-                                       usage, key)
+                                       usage, key, pending=pending)
                 self.reclaims.cancel(pending, "the request changed")
             holdings = self.reclaims.holdings()
             usage = teams.usage(holdings)
@@ -201,7 +205,7 @@ class Admission:
             queue.expire()
             waited = self._from_queue(user, server, req, requested_models, team, usage)
             if waited is not None:
-                return self.record(waited[0], user, server, request, requested_models, waited[1], team, usage, key)
+                return self.record(waited[0], user, server, request, requested_models, waited[1], team, usage, key, pending=pending)
         alloc_id = uuid.uuid4().hex
         try:
             placement = self.pool.allocate(alloc_id, req)
@@ -214,14 +218,14 @@ class Admission:
                 self.reclaims.start(user, server, team, usage, holdings, req, requested_models)
             if queue is not None and queue.enabled_for(req):
                 alloc_id, placement = queue.join(user, server, req, requested_models, self._priority(team, req, usage))
-                return self.record(alloc_id, user, server, request, requested_models, placement, team, usage, key)
+                return self.record(alloc_id, user, server, request, requested_models, placement, team, usage, key, pending=pending)
             free = self.pool.free_summary()
             raise Refused(RefusalReason.NO_CAPACITY,
                           f"No capacity for {request.describe()} right now. Free now: {free}."
                           f"{self.inventory.outside_note()} "
                           "Try again when other servers stop, or pick a smaller profile.",
                           details={"free": free.as_dict()}) from None
-        return self.record(alloc_id, user, server, request, requested_models, placement, team, usage, key)
+        return self.record(alloc_id, user, server, request, requested_models, placement, team, usage, key, pending=pending)
 
     def _from_queue(self, user: str, server: str, req: Request, requested_models: list[str] | None,
                     team: str | None, usage: fairshare.Usage | None) -> tuple[str, Placement] | None:
@@ -254,8 +258,8 @@ class Admission:
 
     def record(self, alloc_id: str, user: str, server: str, request: Request, requested_models: list[str] | None,
                placement: Placement, team: str | None, usage: fairshare.Usage | None,
-               key: str | None = None) -> AllocationRecord:
-        """Write the allocation to the ledger (from now on it is charged)."""
+               key: str | None = None, *, pending: bool = False) -> AllocationRecord:
+        """Write the allocation to the ledger (from now on it is charged, or once its work starts)."""
         borrowed = False
         stored: dict[str, Any] = {"cpu_milli": request.cpu_milli, "memory_mib": request.memory_mib,
                                   "gpus": request.gpus, "gpu_milli": request.gpu_milli,
@@ -276,7 +280,7 @@ class Admission:
                        for g in placement.gpus),
             request=stored,
             price_per_hour=round_milli(self.inventory.price_of(placement, request.share)), borrowed=borrowed,
-            created_at=self.clock(),
+            created_at=(now := self.clock()), charged_from=None if pending else now,
         )
         try:
             self.ledger.allocations.add(record)
@@ -308,6 +312,34 @@ class Admission:
         if record is not None:
             self.cache.forget(record.user)
         return record
+
+    @writes
+    def started(self, alloc_id: str, at: datetime) -> bool:
+        """The server's work started at ``at`` (a batch job left its scheduler's queue): a pending
+        allocation is charged from then, kept within [its creation, now]. Once: a repeat, or an
+        allocation charged already, changes nothing (False)."""
+        held = self.ledger.allocations.get(alloc_id)
+        if held is None or held.released_at is not None or held.charged_from is not None:
+            return False
+        when = min(max(at, held.created_at), self.clock())
+        done = self.ledger.allocations.start_charge(alloc_id, when)
+        if done:
+            log.info("Allocation %s of %s/%s charged from %s, when its work started", alloc_id, held.user,
+                     held.server, when.isoformat())
+            self.cache.forget(held.user)
+        return done
+
+    @writes
+    def stopping(self, alloc_id: str) -> bool:
+        """The hub stopped the server, and the engine has not confirmed its work ended: the allocation
+        stays held and charged, shown as stopping (renewed while the hub keeps asking)."""
+        held = self.ledger.allocations.get(alloc_id)
+        done = self.ledger.allocations.ask_stop(alloc_id, self.clock())
+        if done and held is not None and held.stop_asked_at is None:  # said once, not at every renewal
+            self.cache.forget(held.user)
+            log.warning("Allocation %s: its server was stopped but its work has not been seen to end; its GPUs "
+                        "stay held (and charged) until it has", alloc_id)
+        return done
 
     @writes
     def release_all(self, alloc_ids: list[str], reason: str) -> list[str]:

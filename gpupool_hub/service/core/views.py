@@ -178,6 +178,7 @@ class Views:
                       **({"share": g["share"]} if g.get("share") else {})} for g in record.gpus],
             "price_per_hour": format_tokens(record.price_per_hour), "borrowed": record.borrowed,
             "started_at": iso(record.created_at), "released_at": iso(record.released_at),
+            "charged_from": iso(record.charged_from), "stopping_since": iso(record.stop_asked_at),
             "description": self.inventory.describe(record),
         }
 
@@ -265,7 +266,9 @@ class Views:
         held = self.ledger.allocations.active(user)
         burn = sum((r.price_per_hour for r in held), Decimal(0))
         return {
-            FLOOR_BASIS: (balance, rules.floor, [(r.price_per_hour, r.created_at) for r in held]),
+            # what is charging, from when (a pending batch job is not): the floor stop counts it
+            FLOOR_BASIS: (balance, rules.floor, [(r.price_per_hour, r.charged_from) for r in held
+                                                 if r.charged_from is not None]),
             "user": user,
             "balance": format_tokens(balance),
             "floor": format_tokens(rules.floor),

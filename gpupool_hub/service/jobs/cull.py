@@ -82,7 +82,8 @@ class CullJob:
         records = await self.records.active_allocations.off_loop()
         for record in records:
             servers.setdefault(record.user, set()).add(record.server)
-            held.setdefault(record.user, []).append((record.price_per_hour, record.created_at))
+            if record.charged_from is not None:  # a pending batch job holds GPUs but is not charged
+                held.setdefault(record.user, []).append((record.price_per_hour, record.charged_from))
             models.setdefault(record.user, set()).update(g["model"] for g in record.gpus)
             allocated += sum((Decimal(g["milli"]) / 1000 for g in record.gpus), Decimal(0))
         for user, server in enforcement.revoked_servers():

@@ -81,6 +81,8 @@ class ReconcileJob:
         for record in active:
             if (record.user, record.server) in running or record.created_at >= started:
                 continue  # running, or made after the hub was asked
+            if record.stop_asked_at is not None:
+                continue  # stopped, its work not yet seen to end: its spawner (or the Slurm watch) releases it
             try:
                 if record.user not in models:
                     models[record.user] = await self._user_with_stopped_servers(record.user)
