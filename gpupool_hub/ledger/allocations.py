@@ -141,6 +141,17 @@ class Allocations:
         with self.db.read() as conn:
             return [allocation_of(r) for r in conn.execute(q)]
 
+    def unsettled(self) -> list[AllocationRecord]:
+        """Held allocations not simply running: the server's work has not started (a batch job
+        pending, not charged), or its stop is not confirmed (held and charged): the pool map lists
+        them all, however old; a few in a pool of thousands."""
+        q = (sa.select(allocations).where(allocations.c.released_at.is_(None),
+                                          sa.or_(allocations.c.charged_from.is_(None),
+                                                 allocations.c.stop_asked_at.is_not(None)))
+             .order_by(allocations.c.created_at))
+        with self.db.read() as conn:
+            return [allocation_of(r) for r in conn.execute(q)]
+
     def active_holders(self) -> dict[str, tuple[str, str, bool]]:
         """Each held allocation's (user, server, borrowed), by id: who holds what on the pool
         map, without parsing every allocation's GPUs and request."""

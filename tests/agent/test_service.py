@@ -37,8 +37,9 @@ class StubHubAuth:
 
 
 class Service:
-    def __init__(self, tmp_path, **settings):
-        self.manager = make_manager(NODES, {"A100": 2}, f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    def __init__(self, tmp_path, clock=None, **settings):
+        self.manager = make_manager(NODES, {"A100": 2}, f"sqlite:///{tmp_path / 'ledger.sqlite'}",
+                                    **({"clock": clock} if clock is not None else {}))
         self.app = make_app(ServiceContext(manager=self.manager, hub_auth=StubHubAuth(), prefix=PREFIX,
                                            admin_scope=ADMIN_SCOPE, agent_tokens=dict(TOKENS), **settings))
         sock, self.port = bind_unused_port()

@@ -91,6 +91,11 @@ class Records:
         return self.ledger.allocations.active_on(nodes=nodes, newest=newest)
 
     @reads
+    def unsettled_allocations(self) -> list[AllocationRecord]:
+        """Held allocations whose batch job is pending, or whose stop is not yet confirmed."""
+        return self.ledger.allocations.unsettled()
+
+    @reads
     def active_holders(self) -> dict[str, tuple[str, str, bool]]:
         return self.ledger.allocations.active_holders()
 

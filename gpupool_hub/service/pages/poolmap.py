@@ -122,6 +122,7 @@ class PoolMapHandler(AdminPage):
             outside=self.context.reconcile_report(),
             reclaims=(await m.reclaims.team_report.off_loop())["reclaims"],  # the writer changes them
             allocations=allocations[:ALLOCATIONS_SHOWN], allocations_total=allocations_total,
+            unsettled=await m.records.unsettled_allocations.off_loop(),  # pending jobs, stops not confirmed
             summary=summary, models=model_rows(per_model), model=model, search=search,
             page=page, pages=max(1, -(-matched // NODES_PER_PAGE)), matched=matched,
             node_count=node_count, attention=attention[:ATTENTION_SHOWN], attention_total=len(attention),
