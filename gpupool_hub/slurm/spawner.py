@@ -28,6 +28,7 @@ with ``#`` or ``-``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import re
@@ -43,9 +44,11 @@ from batchspawner.batchspawner import format_template
 from traitlets import Dict, Unicode, default
 
 from ..spawner.base import GPUPoolSpawner
+from ..spawner.ends import NothingRan, WorkEnd
 from ..spawner.errors import GPUPoolRefused, SpawnFailure, require_unix_account
 from ..unixname import RULE, starts_unsafely
 from .commands import OutageLog, SlurmError, controller_unreachable
+from .ends import JobEnd, job_ended
 from .inventory import SlurmInventory
 from .job import SlurmJobStart
 from .owners import ALLOCATION_COMMENT
@@ -358,9 +361,12 @@ echo "jupyterhub-singleuser ended gracefully"
             self.job_status = await self.run_argv(self.slurm_argv(self.batch_query_cmd, job_id=self.job_id))
         except RuntimeError as e:  # squeue's stderr: the state_unknown_re patterns read it
             self.job_status = e.args[0] if e.args else ""
+            if not job_ended(None, self.job_status):  # not "Invalid job id": squeue could not say (issue 48.2)
+                return JobStatus.UNKNOWN
         except Exception:
             self.log.exception("Error querying job %s", self.job_id)
             self.job_status = ""
+            return JobStatus.UNKNOWN
         if self.state_isrunning():
             return JobStatus.RUNNING
         if self.state_ispending():
@@ -368,6 +374,16 @@ echo "jupyterhub-singleuser ended gracefully"
         if self.state_isunknown():
             return JobStatus.UNKNOWN
         return JobStatus.NOTFOUND
+
+    def gpupool_work_end(self) -> WorkEnd:
+        """The job, by id, with this server's query and cancel commands (as the user): the GPUs go
+        back only once it left squeue or ended there (:mod:`.ends`)."""
+        if not self.job_id:
+            return NothingRan("no Slurm job")
+        query = self.slurm_argv(self.batch_query_cmd, job_id=self.job_id)
+        cancel = self.slurm_argv(self.batch_cancel_cmd, job_id=self.job_id)
+        return JobEnd(int(self.job_id), functools.partial(self.run_argv, query),
+                      functools.partial(self.run_argv, cancel))
 
     async def cancel_batch_job(self) -> None:
         argv = self.slurm_argv(self.batch_cancel_cmd, job_id=self.job_id)

@@ -23,6 +23,7 @@ spawner's ``start``.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator, Mapping
 from datetime import datetime, timezone
 from typing import Any
@@ -36,7 +37,8 @@ from .client import (
     DEFAULT_API_URL, GPUPoolClient, ServiceError, ServiceUnavailable, api_url_from_config,
     unreachable_refusal,
 )
-from .errors import GPUPoolRefused, SpawnFailure, confirm_by_post, for_viewer, invalid_options
+from .ends import PolledEnd, WorkEnd
+from .errors import GPUPoolRefused, SpawnFailure, confirm_by_post, for_viewer, invalid_options, still_stopping_refusal
 from .form import gpupool_options_from_form, render_form
 from .memory_hints import notice_file_env, share_memory_env
 from .logs import install_refusal_log_filter
@@ -373,6 +375,8 @@ class GPUPoolSpawner(Spawner):
             if self.gpupool_allocation_id:
                 await self.gpupool_release("server restarting", wait=0)
             flushed = await self.releases.flush(self.request_timeout)  # False: the service does not answer
+            if not flushed and (work := self.releases.still_stopping()):
+                raise still_stopping_refusal(work)
             if profile is not None and profile.needs_gpu:
                 if not flushed:
                     raise unreachable_refusal(profile.describe(gpus))
@@ -415,7 +419,7 @@ class GPUPoolSpawner(Spawner):
             self.gpupool_allocation = None
 
     async def gpupool_release(self, reason: str, stopped_at: datetime | None = None,
-                              wait: float | None = None) -> bool:
+                              wait: float | None = None, end: WorkEnd | None = None) -> bool:
         """Give the held allocation back; True once the service confirmed (or never knew it).
 
         ``stopped_at`` is when the server stopped (default: now); the service
@@ -427,16 +431,22 @@ class GPUPoolSpawner(Spawner):
         if not alloc:
             return True
         return await self.releases.release(alloc, reason, stopped_at or datetime.now(timezone.utc),
-                                           self.release_wait if wait is None else wait)
+                                           self.release_wait if wait is None else wait, end)
 
-    async def gpupool_abandon(self, reason: str, wait: float = 0) -> bool:
+    async def gpupool_abandon(self, reason: str, wait: float = 0, end: WorkEnd | None = None) -> bool:
         """Give up on the current spawn attempt: whatever its key got is released, never charged,
         and the key's ``POST`` is refused if it still arrives. Sent in the background by default
         (``wait`` 0): a spawn that failed must not also wait for a service that does not answer."""
         key = self.gpupool_attempt_key
         if key is None:
-            return await self.gpupool_release(reason, wait=wait)
-        return await self.releases.abandon(key, (self.gpupool_allocation or {}).get("id"), reason, wait)
+            return await self.gpupool_release(reason, wait=wait, end=end)
+        return await self.releases.abandon(key, (self.gpupool_allocation or {}).get("id"), reason, wait, end)
+
+    def gpupool_work_end(self) -> WorkEnd:
+        """This server's work, built at a stop before the hub clears the state: its GPUs go back only
+        once it ended (``spawner/ends.py``). Here the wrapped spawner's poll and stop (a unit, a pod)."""
+        wrapped = super()
+        return PolledEnd(f"the server of {self._log_name}", wrapped.poll, functools.partial(wrapped.stop, now=True))
 
     # ----------------------------------------------------- JupyterHub's calls
 
@@ -464,21 +474,19 @@ class GPUPoolSpawner(Spawner):
             self.start_timeout = self._gpupool_wait_start_timeout  # the hub reads it at the next spawn
 
     async def stop(self, now: bool = False) -> None:
-        """Stop the server; its charge ends now, even if the service only hears of it later.
-
-        A stop while the spawn is still going, or of a server the hub gave up
-        waiting for (``http_timeout``), abandons the attempt: never charged. A
-        spawn still waiting in the pool's queue gives up its place.
-        """
+        """Stop the server; its charge ends now, even if the service only hears of it later, or once its
+        work was seen to end. A stop while the spawn is still going, or of a server the hub gave up on
+        (``http_timeout``), abandons the attempt: never charged. A waiting spawn leaves the queue."""
         await self.waits.stop()
+        end = self.gpupool_work_end()  # before the hub clears the state: which job, which process
         try:
             await super().stop(now=now)
-        finally:
+        finally:  # a stop that failed (scancel while slurmctld is down) releases nothing until the work ended
             given_up = self._gpupool_starting or getattr(self, "_waiting_for_response", False)
             if given_up or self.gpupool_attempt_abandoned:
-                await self.gpupool_abandon("the hub gave up on the spawn")
+                await self.gpupool_abandon("the hub gave up on the spawn", end=end)
             else:
-                await self.gpupool_release("server stopped", stopped_at=datetime.now(timezone.utc))
+                await self.gpupool_release("server stopped", stopped_at=datetime.now(timezone.utc), end=end)
 
     async def poll(self) -> int | None:
         status = await super().poll()

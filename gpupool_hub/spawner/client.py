@@ -224,6 +224,23 @@ class GPUPoolClient:
         if status not in (200, 404):
             raise ServiceError(status, _message(data))
 
+    async def stopping(self, allocation_id: str) -> None:
+        """``PATCH /allocations/{id}`` ``{"stopping": true}``: its server was stopped, and its work is
+        not yet seen to end; held (and charged) until the release. Gone already: nothing to say."""
+        status, data = await self.request("PATCH", f"/allocations/{quote(allocation_id, safe='')}",
+                                          {"stopping": True})
+        if status not in (200, 404):
+            raise ServiceError(status, _message(data))
+
+    async def started(self, allocation_id: str, at: datetime) -> None:
+        """``PATCH /allocations/{id}`` ``{"started_at": …}``: the server's batch job started then (a
+        pending allocation is charged from then)."""
+        stamp = at.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+        status, data = await self.request("PATCH", f"/allocations/{quote(allocation_id, safe='')}",
+                                          {"started_at": stamp})
+        if status not in (200, 404):
+            raise ServiceError(status, _message(data))
+
     async def cancel_reclaim(self, user: str, server: str, reason: str) -> bool:
         """``DELETE /reclaims``: the spawn waiting for a reclaim is gone; True if one was cancelled."""
         status, data = await self.request("DELETE", "/reclaims",

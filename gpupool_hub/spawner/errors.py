@@ -27,7 +27,7 @@ from ..timefmt import ZONE_COOKIE, time_html, time_zone, when_text
 from ..unixname import UnixNameError, check_login_name, unix_account
 
 __all__ = ["GPUPoolRefused", "SpawnFailure", "confirm_by_post", "for_viewer", "invalid_options", "refuse_unix_name",
-           "require_login_name", "require_unix_account"]
+           "require_login_name", "require_unix_account", "still_stopping_refusal"]
 
 
 class SpawnFailure(str, Enum):
@@ -43,6 +43,7 @@ class SpawnFailure(str, Enum):
     SCHEDULER_DOWN = "gpupool_scheduler_down"  # the batch scheduler's command failed (slurmctld down)
     CLUSTER_REFUSED = "gpupool_cluster_refused"  # the Kubernetes API refused the server's pod (RBAC, invalid pod)
     UNIX_NAME = "gpupool_unix_name"  # the user name cannot be a Unix account (unixname.RULE): refused, 403
+    STILL_STOPPING = "gpupool_still_stopping"  # the server's last stop is not yet confirmed by its engine
 
     def __str__(self) -> str:
         return self.value
@@ -139,6 +140,14 @@ def refuse_unix_name(error: UnixNameError) -> GPUPoolRefused:
     refusal but a failure of the spawner's (ERROR in the hub's log: such a name may be an attack)."""
     return GPUPoolRefused(f"Your user name cannot start a server here: {error}. Ask an admin.",
                           reason=SpawnFailure.UNIX_NAME, status_code=403)
+
+
+def still_stopping_refusal(work: str) -> GPUPoolRefused:
+    """A new spawn of a server whose last stop is not yet confirmed: its GPUs are still held (and
+    charged) for ``work``, which the engine has not seen end; 503, asked again shortly."""
+    return GPUPoolRefused(f"Your previous server is still stopping: {work} has not been seen to end yet, so its "
+                          "GPUs are still held (and charged) for it. The hub keeps asking for it to end; try again "
+                          "in a minute.", reason=SpawnFailure.STILL_STOPPING, status_code=503, retry_after=30)
 
 
 def require_login_name(name: str) -> str:

@@ -16,6 +16,7 @@ from traitlets import Integer, Unicode
 
 from ..agent.servers import RECORD_DIR, forget_server, record_server
 from .base import GPUPoolSpawner
+from .ends import NothingRan, ProcessEnd, WorkEnd
 from .errors import require_unix_account
 
 __all__ = ["GPUPoolLocalProcessSpawner", "GPUPoolSimpleSpawner"]
@@ -28,7 +29,14 @@ class _PromptStop:
     """JupyterHub waits for a stopping local server with exponential backoff, up to 5 s between
     looks, so a server that exits in one second is seen gone up to five seconds later: its GPUs
     stay held (and charged) that long, a queued user waits that long, and under load the demo's
-    Ctrl-C overran its 10 s. A look at a local child is one waitpid, so look often."""
+    Ctrl-C overran its 10 s. A look at a local child is one waitpid, so look often.
+
+    The GPUs go back only once the server's process is gone (issue 48.2): JupyterHub forgets the
+    pid when it stops the server, so the stop names the process by pid and start time."""
+
+    def gpupool_work_end(self) -> WorkEnd:
+        pid = self.pid  # type: ignore[attr-defined]
+        return ProcessEnd.of(pid) if pid else NothingRan("no process")
 
     async def wait_for_death(self, timeout: float = 10) -> bool:
         deadline = time.monotonic() + timeout

@@ -16,6 +16,13 @@ Two things went wrong when a release was a single request that could fail:
   service next started.** Now a release remembers when its server stopped
   (``stopped_at``) and is sent with it (``?at=``), however late.
 
+* **A stop that failed freed GPUs whose work ran on** (issue 48.2). A release
+  made by a stop carries the server's :class:`~gpupool_hub.spawner.ends.WorkEnd`
+  and is sent only once the engine confirms the work ended; until then the
+  service is told the allocation is stopping (held and charged), the engine is
+  asked again to end it at every retry, and a new spawn of that server is
+  refused (``ServerReleases.still_stopping``).
+
 A :class:`Release` is one such fact for the service. The process-wide
 :data:`outbox` sends each at once and, while the service does not answer,
 keeps it and tries again every ``retry_interval`` seconds, in order for each
@@ -37,6 +44,7 @@ from typing import Any
 from tornado import web
 
 from .client import GPUPoolClient, ServiceError, ServiceUnavailable
+from .ends import WorkEnd
 from .errors import GPUPoolRefused, SpawnFailure
 
 __all__ = ["ATTEMPT_KEY", "STATE_KEY", "Release", "ReleaseOutbox", "ServerReleases", "new_attempt_key", "outbox",
@@ -46,6 +54,13 @@ STATE_KEY = "gpupool_allocation"  # the service's reconcile job reads this key o
 ATTEMPT_KEY = "gpupool_attempt"
 
 log = logging.getLogger("gpupool.spawner.release")
+
+#: seconds between the service's reminders that a release waits for its work to end
+STOPPING_RENEW = 60.0
+
+
+class WorkNotEnded(Exception):
+    """The release waits: the engine has not confirmed that the server's work ended."""
 
 
 def new_attempt_key() -> str:
@@ -72,6 +87,11 @@ class Release:
     on_confirmed: Callable[[], None] | None = None
     confirmed: bool = False
     failures: int = field(default=0)
+    #: the stopped server's work: nothing is released until it ended (None: nothing to wait for)
+    end: WorkEnd | None = None
+    #: the engine has confirmed the end (at the first check, or later: then the charge ends then)
+    ended: bool = False
+    _told_stopping: float | None = None
 
     @property
     def what(self) -> str:
@@ -84,11 +104,35 @@ class Release:
         return self.allocation_id == other.allocation_id
 
     async def deliver(self) -> None:
-        """One request; raises :class:`ServiceUnavailable` or :class:`ServiceError` if not confirmed."""
+        """One request; raises :class:`ServiceUnavailable` or :class:`ServiceError` if not confirmed,
+        :class:`WorkNotEnded` while the server's work has not been seen to end."""
+        if self.end is not None and not self.ended:
+            await self._wait_for_end()
         if self.key is not None:
             await self.client.release_key(self.key, self.reason)
         elif self.allocation_id is not None:
             await self.client.release(self.allocation_id, self.reason, self.stopped_at)
+
+
+    async def _wait_for_end(self) -> None:
+        """The end confirmed: go on (the charge ends now, if it was ever seen running after the stop).
+        Not yet: tell the service it is stopping (every :data:`STOPPING_RENEW` s), ask the engine again."""
+        assert self.end is not None
+        if await self.end.ended():
+            self.ended = True
+            if self._told_stopping is not None and self.stopped_at is not None:
+                self.stopped_at = datetime.now(timezone.utc)  # held and charged until it was seen gone
+            return
+        now = asyncio.get_running_loop().time()
+        if self.allocation_id is not None and (self._told_stopping is None
+                                               or now - self._told_stopping >= STOPPING_RENEW):
+            await self.client.stopping(self.allocation_id)
+            self._told_stopping = now
+        try:
+            await self.end.stop_again()
+        except Exception as e:  # slurmctld still down, say: the next check sees
+            log.debug("Asking again to end %s: %s", self.end.what, e)
+        raise WorkNotEnded(f"{self.end.what} has not ended")
 
 
 class ReleaseOutbox:
@@ -208,6 +252,12 @@ class ReleaseOutbox:
     async def _deliver(self, release: Release) -> bool:
         try:
             await release.deliver()
+        except WorkNotEnded as e:
+            release.failures += 1
+            level = logging.WARNING if release.failures == 1 else logging.DEBUG
+            log.log(level, "Not releasing %s yet: %s; its GPUs stay held (and charged) until it has, and it is "
+                    "asked again every %g s", release.what, e, self.retry_interval)
+            return False
         except (ServiceUnavailable, ServiceError) as e:
             release.failures += 1
             level = logging.WARNING if release.failures == 1 else logging.DEBUG
@@ -256,17 +306,28 @@ class ServerReleases:
         return Release(self.client(), *self.server_of(), reason,
                        on_confirmed=lambda: self.on_released(alloc), **kwargs)
 
-    async def release(self, alloc: str, reason: str, stopped_at: datetime, wait: float) -> bool:
+    async def release(self, alloc: str, reason: str, stopped_at: datetime, wait: float,
+                      end: WorkEnd | None = None) -> bool:
         """Give the allocation ``alloc`` back, its charge ending at ``stopped_at`` however late this
-        arrives; True once the service confirmed within ``wait`` s (else it stays in the outbox)."""
-        release = self._release_of(reason, alloc, allocation_id=alloc, stopped_at=stopped_at)
+        arrives; True once the service confirmed within ``wait`` s (else it stays in the outbox).
+        With ``end``, only once the server's work ended (the charge then ends when it was seen to)."""
+        release = self._release_of(reason, alloc, allocation_id=alloc, stopped_at=stopped_at, end=end)
         return await self.outbox.send(release, wait)
 
-    async def abandon(self, key: str, alloc: str | None, reason: str, wait: float) -> bool:
+    async def abandon(self, key: str, alloc: str | None, reason: str, wait: float,
+                      end: WorkEnd | None = None) -> bool:
         """Give up the spawn attempt ``key``: whatever it got (``alloc``, if known) is released,
-        never charged, and the key's ``POST`` is refused if it still arrives."""
+        never charged, and the key's ``POST`` is refused if it still arrives; with ``end``, only
+        once the attempt's work ended."""
         self.abandoned_key = key
-        return await self.outbox.send(self._release_of(reason, alloc, key=key), wait)
+        return await self.outbox.send(self._release_of(reason, alloc, key=key, end=end), wait)
+
+    def still_stopping(self) -> str | None:
+        """What of this server's is stopped but not yet seen to end ("Slurm job 42"), or None."""
+        for release in self.outbox.pending_for(*self.server_of()):
+            if release.end is not None and not release.ended:
+                return release.end.what
+        return None
 
     async def flush(self, wait: float) -> bool:
         """Every release of this server delivered (True), or still not after ``wait`` s (False)."""

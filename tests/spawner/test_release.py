@@ -8,6 +8,11 @@ the time the server stopped) at the level of the spawner and its HTTP calls.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
 from datetime import datetime, timezone
 from typing import Any
 
@@ -17,6 +22,7 @@ from tornado.httpserver import HTTPServer
 
 from gpupool_hub.spawner import GPUPoolRefused
 from gpupool_hub.spawner.client import GPUPoolClient
+from gpupool_hub.spawner.ends import ProcessEnd
 from gpupool_hub.spawner.release import ATTEMPT_KEY, Release, ReleaseOutbox
 from tests.spawner.test_units import make
 from tests.fixtures.ports import free_port
@@ -40,6 +46,10 @@ class StandIn:
         class Handler(web.RequestHandler):
             def delete(self, path: str) -> None:
                 calls.append({"path": path, "args": {k: self.get_argument(k) for k in self.request.arguments}})
+                self.finish({"allocation": None})
+
+            def patch(self, path: str) -> None:
+                calls.append({"path": path, "patch": json.loads(self.request.body)})
                 self.finish({"allocation": None})
 
         app = web.Application([(r"/services/gpupool/api/v1/allocations/(.*)", Handler)])
@@ -119,3 +129,41 @@ def test_each_spawn_attempt_has_its_own_key_in_the_state():
     other = make()
     other.load_state({ATTEMPT_KEY: first, "gpupool_allocation": "a9"})
     assert other.gpupool_attempt_key == first and other.gpupool_allocation_id == "a9"
+
+
+async def test_48_2_a_stopped_servers_gpus_go_back_only_once_its_process_is_gone():
+    """Issue 48.2: a release made by a stop waits for the server's work to end: meanwhile the service is told
+    the allocation is stopping (held, charged), the engine is asked again, a new spawn of the server is
+    refused; once the process is gone the release goes out, its charge ending then."""
+    service = StandIn(free_port())
+    service.start()
+    outbox = ReleaseOutbox(retry_interval=0.1)
+    # a server that will not die of SIGTERM: the engine's stop "failed"
+    proc = subprocess.Popen([sys.executable, "-c", "import signal, time\nsignal.signal(signal.SIGTERM, "
+                             "signal.SIG_IGN)\nprint('up', flush=True)\ntime.sleep(600)"],
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stdout.readline() == "up\n"
+        end = ProcessEnd.of(proc.pid)
+        end.stop_again = lambda: _term(proc.pid)  # the engine asked again, and again failing to stop it
+        stopped = datetime(2026, 11, 22, 10, 0, 5, tzinfo=timezone.utc)
+        release = Release(GPUPoolClient(service.api_url, "t", timeout=2), "alice", "", "server stopped",
+                          allocation_id="a1", stopped_at=stopped, end=end)
+        assert await outbox.send(release, wait=0.5) is False  # not released: the process runs
+        await wait_until(lambda: any(c.get("patch") == {"stopping": True} for c in service.calls))
+        assert not any("args" in c for c in service.calls)  # no DELETE yet
+        assert not await outbox.flush("alice", "", wait=0.2)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        await wait_until(lambda: release.confirmed)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        service.stop()
+    [delete] = [c for c in service.calls if "args" in c]
+    assert delete["path"] == "a1" and delete["args"]["at"] > "2026-11-22T10:00:05Z"  # charged until seen gone
+
+
+async def _term(pid: int) -> None:
+    os.kill(pid, signal.SIGTERM)
