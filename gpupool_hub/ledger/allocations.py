@@ -4,7 +4,7 @@ estimates learn from the released ones. Reached as ``ledger.allocations``."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -71,10 +71,15 @@ class Allocations:
 
     def set_gpus(self, alloc_id: str, gpus: Iterable[dict]) -> None:  # type: ignore[type-arg]
         """The devices a held allocation really got (a batch scheduler bound others than the pool chose)."""
+        self.set_gpus_of({alloc_id: gpus})
+
+    def set_gpus_of(self, moved: Mapping[str, Iterable[dict]]) -> None:  # type: ignore[type-arg]
+        """The devices of several held allocations at once, in one transaction (a swap: both or neither)."""
         with self.db.write() as conn:
-            conn.execute(allocations.update()
-                         .where(allocations.c.id == alloc_id, allocations.c.released_at.is_(None))
-                         .values(gpus=list(gpus)))
+            for alloc_id, gpus in moved.items():
+                conn.execute(allocations.update()
+                             .where(allocations.c.id == alloc_id, allocations.c.released_at.is_(None))
+                             .values(gpus=list(gpus)))
 
     def start_charge(self, alloc_id: str, at: datetime) -> bool:
         """The server's work started at ``at``: its charge starts then. Only the first time (a later,

@@ -235,7 +235,7 @@ def test_shard_rebind_moves_the_share_and_its_price_stays_the_share_held(tmp_pat
     first = m.admission.admit("u1", [], "", Request(gpu_milli=500), ["RTX A6000"])
     [g] = first.gpus
     other = 1 - g["index"]
-    moved = m.inventory.rebind(m.ledger, first.id, [other])
+    moved = m.rebinds.rebind(m.ledger, first.id, [other])
     assert [(x["index"], x["milli"], x["uuid"]) for x in moved.gpus] == [(other, 500, f"sgpu-a/gpu{other}")]
     assert {k: v for k, v in moved.gpus[0].items() if k not in ("index", "uuid")} == \
         {k: v for k, v in g.items() if k not in ("index", "uuid")}
@@ -245,6 +245,7 @@ def test_shard_rebind_moves_the_share_and_its_price_stays_the_share_held(tmp_pat
     assert [x["index"] for x in whole.gpus] == [g["index"]]
     second = m.admission.admit("u3", [], "", Request(gpu_milli=500), ["RTX A6000"])
     assert [x["index"] for x in second.gpus] == [other]
-    with pytest.raises(ValueError, match="held by another allocation"):  # Slurm never gives a full GPU's shards
-        m.inventory.rebind(m.ledger, second.id, [g["index"]])
+    # Slurm never gives a full GPU's shards; the refusal names the holder (issue 48.3: it named the mover)
+    with pytest.raises(ValueError, match=f"held by {whole.id}: swapping the bookings fails, they do not fit"):
+        m.rebinds.rebind(m.ledger, second.id, [g["index"]])
     assert [x["index"] for x in m.ledger.allocations.get(second.id).gpus] == [other]

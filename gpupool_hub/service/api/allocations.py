@@ -91,7 +91,7 @@ class AllocationHandler(APIHandler):
             raise web.HTTPError(404, f"no held allocation {alloc_id!r}")
         if "gpu_indices" in body:
             try:
-                record = await m.inventory.rebind.off_loop(m.ledger, alloc_id, body["gpu_indices"])
+                record = await m.rebinds.rebind.off_loop(m.ledger, alloc_id, body["gpu_indices"])
             except LookupError:
                 raise web.HTTPError(404, f"no held allocation {alloc_id!r}") from None
             except ValueError as e:

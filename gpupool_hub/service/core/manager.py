@@ -6,6 +6,7 @@ owns its state and is the only one to change it:
 ========== ================================================================
 records    the ledger's reads for the event loop (reader threads)
 inventory  the placement pool, prices, node agents' reports
+rebinds    bookings moved to the GPUs a batch scheduler bound (swaps)
 accounts   opening accounts, credits, grants
 admission  affordability, placement, allocation records, release
 reclaims   team fair share: holdings, reclaims of borrowed GPUs
@@ -46,6 +47,7 @@ from .enforcement import TAKEN_WATCH, Enforcement
 from ...cull import CullWarning
 from .idle import IdleWarnings
 from .pool_inventory import PoolInventory
+from .rebinds import Rebinds
 from .memory import MemoryWarnings
 from .takeback_notices import Notices
 from .queue import WaitQueue
@@ -72,6 +74,7 @@ class PoolManager:
         self.gpu_use = GpuUseLog(ledger, threads=threads)
         self.notices = Notices(ledger, self.cache, clock, threads=threads)
         self.inventory = PoolInventory(pool, settings.price_table(), clock, source, threads=threads)
+        self.rebinds = Rebinds(self.inventory, threads=threads)
         self.enforcement = Enforcement(clock=clock)
         self.agent_leases = AgentLeases(settings.agent_timeout, clock)
         self.memory = MemoryWarnings()

@@ -22,7 +22,7 @@ lock that node out and report its utilization (issue 27.12).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -340,7 +340,8 @@ class PoolInventory:
         """A placeholder allocation for what the hub does not hold (not a server's)."""
         return alloc_id.startswith((OUTSIDE, UNAVAILABLE))
 
-    def _drop_placeholders(self, node: str | None = None) -> None:
+    def drop_placeholders(self, node: str | None = None) -> None:
+        """Take what is held outside the hub (of ``node``) out of the pool: ``apply_node_status`` puts it back."""
         for alloc_id in [a for a in list(self.pool._allocs) if self.is_outside(a)]:
             if node is None or alloc_id.split(":", 1)[1] == node:
                 self.pool.release(alloc_id)
@@ -359,7 +360,7 @@ class PoolInventory:
         """
         self.node_status = dict(status)
         self.problems = {name: st.problem for name, st in status.items() if st.problem}
-        self._drop_placeholders()
+        self.drop_placeholders()
         outside: dict[str, list[int]] = {}
         unavailable: dict[str, str] = {}
         for ns in self.pool.nodes:
@@ -404,67 +405,6 @@ class PoolInventory:
     def outside_note(self) -> str:
         """For a refusal: what outside the hub holds (empty when nothing)."""
         return _outside_note(self.pool, self.held_outside, self.unavailable)
-
-    @writes
-    def rebind(self, ledger: Ledger, alloc_id: str, indices: list[int]) -> AllocationRecord:
-        """Record the GPUs a server's job really got (same node, same models, same count).
-
-        A batch scheduler binds devices itself; the pool's choice of indices was a
-        guess. A share of one GPU (Slurm's ``gres/shard``) moves, with its share, to the
-        GPU whose shards the job got. Raises ``ValueError`` (with a message for the caller) when the new
-        indices do not fit the allocation; ``LookupError`` when it is not held.
-        """
-        record = ledger.allocations.get(alloc_id)
-        if record is None or record.released_at is not None:
-            raise LookupError(f"no held allocation {alloc_id!r}")
-        ns = self.pool.by_name.get(record.node)
-        if ns is None:
-            raise ValueError(f"node {record.node!r} is not in the pool")
-        if len(set(indices)) != len(indices) or len(indices) != len(record.gpus):
-            raise ValueError(f"allocation {alloc_id} holds {len(record.gpus)} GPU(s); got indices {indices}")
-        if any(g.get("mig_uuid") for g in record.gpus) or (
-                len(record.gpus) > 1 and any(g.get("milli", MILLI) != MILLI for g in record.gpus)):
-            raise ValueError("only whole GPUs or a share of one GPU can be rebound")
-        gpus = {g.index: g for g in ns.node.gpus}
-        unknown = [i for i in indices if i not in gpus]
-        if unknown:
-            raise ValueError(f"node {record.node} has no GPU {unknown[0]}")
-        old_models = sorted(g["model"] for g in record.gpus)
-        if sorted(gpus[i].model for i in indices) != old_models:
-            raise ValueError(f"GPUs {sorted(indices)} of {record.node} are not the allocation's models {old_models}")
-        new = _rebound(record.gpus, {i: gpus[i] for i in indices})
-        if sorted(g["index"] for g in record.gpus) == sorted(indices):
-            return record
-        old = self.pool.get(alloc_id)
-        self._drop_placeholders(record.node)
-        if old is not None:
-            self.pool.release(alloc_id)
-        placement = Placement(node=record.node, gpus=tuple(GPUShare(g["index"], g["uuid"], g["model"], g["milli"])
-                                                          for g in new),
-                              cpu_milli=record.request.get("cpu_milli", 0),
-                              memory_mib=record.request.get("memory_mib", 0))
-        try:
-            self.pool.restore(alloc_id, placement)
-        except Exception as e:
-            if old is not None:
-                self.pool.restore(alloc_id, old)
-            self.apply_node_status(self.node_status)
-            raise ValueError(f"GPUs {sorted(indices)} of {record.node} are held by another allocation: {e}") from None
-        ledger.allocations.set_gpus(alloc_id, new)
-        self.apply_node_status(self.node_status)
-        log.info("Allocation %s rebound to GPUs %s of %s (as the scheduler bound them)", alloc_id,
-                 sorted(indices), record.node)
-        return ledger.allocations.get(alloc_id)  # type: ignore[return-value]
-
-
-def _rebound(old: Sequence[dict], gpus: Mapping[int, Any]) -> tuple[dict, ...]:
-    """An allocation's devices moved to ``gpus`` (index -> the node's GPU): whole GPUs, or one share
-    that keeps its size and class ("milli", "share") on the GPU whose shards the job got."""
-    if len(old) == 1 and old[0].get("milli", MILLI) != MILLI:
-        [(i, g)] = gpus.items()
-        return ({**old[0], "index": i, "uuid": g.uuid, "model": g.model},)
-    return tuple({"index": i, "uuid": g.uuid, "model": g.model, "milli": MILLI, "mig_uuid": None}
-                 for i, g in sorted(gpus.items()))
 
 
 def _differences(configured: Node | None, node: Node) -> list[str]:
