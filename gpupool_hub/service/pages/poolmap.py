@@ -113,9 +113,11 @@ class PoolMapHandler(AdminPage):
         inventory = m.inventory
         attention = [(name, inventory.unavailable.get(name) or inventory.problems.get(name))
                      for name in sorted({*inventory.unavailable, *inventory.problems})]
-        queue = await m.queue.reports.report.off_loop()  # who waits for what (GET queue's report)
+        # who waits for what: the first rows of GET queue's report, only those built
+        waiting, waiting_total = await m.queue.reports.first_waiting.off_loop(WAITING_SHOWN)
         self.render_page(
-            "admin/pool.html", nodes=nodes, waiting=queue["waiting"][:WAITING_SHOWN], waiting_total=len(queue["waiting"]), legend=legend, free=free.per_model,
+            "admin/pool.html", nodes=nodes, waiting=waiting, waiting_total=waiting_total, legend=legend,
+            free=free.per_model,
             eta_accuracy=await m.queue.eta.accuracy.off_loop(),  # the wait estimates' record: a read-only query
             outside=self.context.reconcile_report(),
             reclaims=(await m.reclaims.team_report.off_loop())["reclaims"],  # the writer changes them
