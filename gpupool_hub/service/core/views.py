@@ -134,7 +134,8 @@ class Views:
         """``compute(pool)``, kept until the pool allocates or releases (``Pool.changes``) or
         an inventory change replaces it: the admin pool map's summaries walk every GPU (10,000
         at 1,000 nodes) on the writer thread, and between two renders the pool mostly did not
-        change. What is kept is shared by the renders: read it, never change it."""
+        change. ``compute`` must read the pool alone (anything else it read would be kept past
+        its own changes), and what is kept is shared by the renders: read it, never change it."""
         pool = self.inventory.pool
         kept = self._pool_views.get(what)
         if kept is None or kept[0] is not pool or kept[1] != pool.changes:
