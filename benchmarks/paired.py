@@ -15,8 +15,11 @@ slower". Target: every ratio <= 1.05.
     .venv/bin/python benchmarks/paired.py --old 7c93812 --new HEAD [--rounds 2]
 
 Quick sizes (each benchmark's own options) keep the run within ~15 minutes on
-two cores; ``--bench`` picks some of service, spawn, pages. The last line
-printed is one JSON object.
+two cores; ``--bench`` picks some of service, spawn, pages, poolmap. ``poolmap``
+(the admin pool page on ``scale.py``'s pool of 100k users and 1,000 nodes) first
+builds that pool's ledger once in each tree (2-3 minutes each). A benchmark added
+with the change it measures (``poolmap``) is the new tree's script, run against
+each tree's package. The last line printed is one JSON object.
 """
 
 from __future__ import annotations
@@ -43,6 +46,9 @@ class Bench:
     args: tuple[str, ...]
     #: figure -> True when larger is better (a rate), False for a time
     figures: dict[str, bool]
+    #: the new tree's script for both trees, each run with its own package (PYTHONPATH): a
+    #: benchmark written with the change it measures, which the old tree does not have
+    new_script: bool = False
 
 
 BENCHES = {
@@ -52,6 +58,8 @@ BENCHES = {
                    {"gpupool_start_ms_median": False, "spawn_overhead_ms_median": False}),
     "pages": Bench("benchmarks/pages_bench.py", ("--requests", "15", "--others", "2"),
                    {"server_median_ms_30d": False, "server_median_ms_90d": False, "server_p95_ms_90d": False}),
+    "poolmap": Bench("benchmarks/poolmap_bench.py", ("--requests", "40"),
+                     {"pool_page_median_ms": False, "pool_page_p95_ms": False}, new_script=True),
 }
 
 
@@ -66,12 +74,15 @@ def add_worktree(rev: str, where: Path) -> str:
     return commit
 
 
-def run_once(tree: Path, bench: Bench, timeout: float, tries: int = 2) -> dict[str, float]:
-    """One run of ``bench`` in ``tree``: the JSON object of its last line. A failed run
-    (on a loaded machine a client may time out) is tried once more, then reported."""
+def run_once(tree: Path, bench: Bench, timeout: float, tries: int = 2, script_tree: Path | None = None
+             ) -> dict[str, float]:
+    """One run of ``bench`` in ``tree`` (its script from ``script_tree``, by default the same
+    tree): the JSON object of its last line. A failed run (on a loaded machine a client may
+    time out) is tried once more, then reported."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
+    script = str((script_tree or tree) / bench.script)
     for attempt in range(1, tries + 1):
-        proc = subprocess.run([sys.executable, bench.script, *bench.args], cwd=tree, env=env, capture_output=True,
+        proc = subprocess.run([sys.executable, script, *bench.args], cwd=tree, env=env, capture_output=True,
                               text=True, timeout=timeout)
         lines = proc.stdout.strip().splitlines()
         if proc.returncode == 0 and lines:
@@ -118,7 +129,9 @@ def main() -> None:
             for name in names:
                 for side in order:
                     t0 = time.perf_counter()
-                    runs[name][side].append(run_once(trees[side], BENCHES[name], args.timeout))
+                    bench = BENCHES[name]
+                    runs[name][side].append(run_once(trees[side], bench, args.timeout,
+                                                     script_tree=trees["new"] if bench.new_script else None))
                     print(f"round {i + 1}: {name} {side} in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
         figures: dict[str, dict[str, float]] = {}
         print(f"{'figure':<34} {'old median':>11} {'new median':>11} {'new/old':>8} {'target':>8}")

@@ -111,7 +111,8 @@ TARGETS: dict[str, tuple[float | None, str]] = {
     "spawn_p50_ms": (None, "ms"), "retry_p99_ms": (25.0, "ms"), "pool_api_p95_ms": (None, "ms"),
     "pool_api_kb": (None, "kB"),
     **{f"page_{p}_{k}": (t, u) for p in ("usage", "pool", "accounts", "audit")
-       for k, t, u in (("p95_ms", 100.0 if p == "pool" else 300.0, "ms"), ("kb", 500.0, "kB"))},
+       for k, t, u in (("p95_ms", 300.0, "ms"), ("kb", 500.0, "kB"))},
+    "page_pool_p95_ms": (100.0, "ms"),  # the admin pool map: issue 48.10 (it was 254-339 ms at 100k/1,000)
     "rss_setup_mb": (500.0, "MB"), "rss_end_mb": (500.0, "MB"),
 }
 
@@ -166,7 +167,8 @@ def make_pool_manager(nodes: list[dict[str, Any]], url: str, clock: Any, prometh
     from gpupool_hub.usage.own_records import AllocationRecordsSource
 
     settings = settings_for(nodes)
-    ledger = Ledger(url, background_checkpoints=True)  # as the service opens it (measure() checkpoints)
+    # as the service opens it (measure() checkpoints); a cache of older code is upgraded, as upgrade_db would
+    ledger = Ledger(url, background_checkpoints=True, upgrade=True)
     source = (usage_source(prometheus_url, settings, ledger, clock) if prometheus_url
               else AllocationRecordsSource(ledger))
     return PoolManager(settings=settings, ledger=ledger, pool=make_pool(settings), usage_source=source, clock=clock)
@@ -776,7 +778,7 @@ def one_size(args: argparse.Namespace) -> dict[str, Any]:
         print(f"set-up: cached {cache}", file=sys.stderr)
         from gpupool_hub.ledger import Ledger
 
-        Ledger(f"sqlite:///{cache}").close()  # a cache built by older code: the current schema (PostgreSQL copies it)
+        Ledger(f"sqlite:///{cache}", upgrade=True).close()  # a cache built by older code: upgraded (PostgreSQL copies it)
     else:
         tmp = cache.with_suffix(".building")
         tmp.unlink(missing_ok=True)

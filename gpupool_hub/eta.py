@@ -622,15 +622,24 @@ def accuracy(rows: Iterable[tuple[float | None, float | None, float | None, floa
                     len(long_errors))
 
 
-def fallback_source(at: datetime | None, known_ends: Iterable[datetime], now: datetime) -> str:
+def fallback_source(at: datetime | None, known_ends: Sequence[datetime], now: datetime) -> str:
     """Where a single-point estimate (``waitqueue.estimate_starts``) came from: ``"free"`` when
     it is now, ``"deadline"`` when it is one of the holders' known ends (a reclaim, idle or
-    floor stop), else ``"typical"`` (a held server's start plus the typical session)."""
+    floor stop; an end already passed counts as now), else ``"typical"`` (a held server's
+    start plus the typical session).
+
+    ``known_ends`` is sorted, earliest first: the queue asks this for every waiter it shows,
+    against the known ends of thousands of held servers, so it looks them up by bisection."""
     if at is None:
         return "typical"
     if at <= now:
         return "free"
-    return "deadline" if any(abs((at - max(end, now)).total_seconds()) < 1.0 for end in known_ends) else "typical"
+    second = timedelta(seconds=1)
+    i = bisect_right(known_ends, at - second)  # the first end after at - 1 s: a match if before at + 1 s
+    if i < len(known_ends) and known_ends[i] < at + second:
+        return "deadline"
+    passed = bool(known_ends) and known_ends[0] <= now  # an end passed, counted as now
+    return "deadline" if passed and at - now < second else "typical"
 
 
 def source_note(source: str, typical_hours: float | None = None) -> str | None:

@@ -54,3 +54,27 @@ def test_scale_bench_prints_every_figure(tmp_path):
     assert "set-up: cached" in second.stderr
     assert cached[0].stat().st_mtime_ns == before
     assert json.loads(second.stdout.strip().splitlines()[-1])["pool"] == pool
+
+
+def test_the_pool_map_bench_times_the_page_on_the_scale_pool(tmp_path):
+    """benchmarks/poolmap_bench.py (issue 48.10; paired.py's ``poolmap``) on a tiny pool past the
+    size the map draws cell by cell: it builds scale.py's pool into scale.py's cache file, times
+    the admin pool page, and a second run reuses the ledger."""
+    cmd = [sys.executable, str(REPO / "benchmarks" / "poolmap_bench.py"), "--users", "200", "--nodes", "40",
+           "--quick", "--requests", "3", "--cache", str(tmp_path / "cache")]
+
+    def run() -> dict:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                                env={**os.environ, "PYTHONPATH": str(REPO)}, start_new_session=True)
+        out, err = communicate_or_kill(proc, 300)
+        assert proc.returncode == 0, err[-3000:]
+        assert "admin pool page: median" in out
+        return json.loads(out.strip().splitlines()[-1])
+
+    first = run()
+    assert first["target_p95_ms"] == TARGETS["page_pool_p95_ms"][0] == 100.0
+    assert all(first[k] > 0 for k in ("pool_page_median_ms", "pool_page_p95_ms", "pool_page_first_ms", "pool_page_kb"))
+    assert (first["pool"]["users"], first["pool"]["nodes"]) == (200, 40) and first["pool"]["running"] > 0
+    cached = tmp_path / "cache" / "26-200-40-quick.sqlite"  # scale.py's name for this pool: either reuses it
+    before = cached.stat().st_mtime_ns
+    assert run()["pool"] == first["pool"] and cached.stat().st_mtime_ns == before

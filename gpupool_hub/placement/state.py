@@ -181,6 +181,7 @@ class Pool:
         self.allocated_gpu_milli = 0
         self.releases = 0  # counts release(): whoever saw the pool unable to place something can tell
         # whether it may have changed its mind since (only a release frees capacity)
+        self.changes = 0  # counts every allocation and release: a summary of the pool is of one count
         if policy is None:
             policy = "fgd"
         self.policy = get_policy(policy) if isinstance(policy, str) else policy
@@ -404,6 +405,7 @@ class Pool:
         self._by_whole[ns.model_key][ns.n_full] += 1
         self._resign(ns)
         self._allocs[alloc_id] = (ns, slots, charges, placement)
+        self.changes += 1
 
     def release(self, alloc_id: str) -> Placement:
         """Give back everything ``alloc_id`` held; the exact inverse of allocate."""
@@ -412,6 +414,7 @@ class Pool:
         except KeyError:
             raise PlacementConflict(f"unknown allocation id {alloc_id!r}") from None
         self.releases += 1
+        self.changes += 1
         self._by_whole[ns.model_key][ns.n_full] -= 1
         ns.cpu_free += placement.cpu_milli
         ns.mem_free += placement.memory_mib

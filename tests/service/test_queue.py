@@ -259,9 +259,13 @@ def test_one_user_waits_in_at_most_two_places_and_others_are_not_pushed_back(tmp
     assert queued(m, "mallory", server="s1").details["position"] == 3
     assert [(w["user"], w["server"], w["position"]) for w in m.queue.reports.report()["waiting"]] == [
         ("mallory", "s0", 1), ("bob", "", 2), ("mallory", "s1", 3)]
+    # the admin pool map builds only the rows it shows: the report's first ones, and the count
+    assert m.queue.reports.first_waiting(2) == (m.queue.reports.report()["waiting"][:2], 3)
     assert [w["position"] for w in m.queue.reports.waiting_of("mallory")] == [1, 3]
     # the freed GPU goes to mallory's first; the next one to bob, not to her second
     m.admission.release(held.id, "stopped")
+    reserved, _ = m.queue.reports.first_waiting(1)  # mallory's first, her GPU reserved: still first
+    assert reserved == m.queue.reports.report()["waiting"][:1] and reserved[0]["reserved_on"] == "node-a"
     first = admit(m, "mallory", server="s0")
     assert queued(m, "bob").details["position"] == 1
     assert queued(m, "mallory", server="s1").details["position"] == 2

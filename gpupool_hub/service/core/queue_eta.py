@@ -79,7 +79,8 @@ class QueueEstimates:
         self._releases: tuple[float, list[ExpectedRelease]] | None = None
         self._history: tuple[float, eta_rules.SessionHistory] | None = None
         self._ranges: tuple[float, dict[str, eta_rules.Estimate]] | None = None
-        self._held: tuple[float, list[AllocationRecord], dict[str, datetime]] | None = None
+        # (when read, held allocations, each one's known end, those ends sorted: fallback_source)
+        self._held: tuple[float, list[AllocationRecord], dict[str, datetime], list[datetime]] | None = None
         self._curve_cache: tuple[list[AllocationRecord], eta_rules.SessionHistory, dict[Any, Any]] | None = None
         self._forecast: tuple[list[AllocationRecord], eta_rules.SessionHistory, Forecast] | None = None
         self._calibration: tuple[float, eta_rules.Calibration] | None = None
@@ -270,9 +271,8 @@ class QueueEstimates:
             got = self.ranges(only=entry_id).get(entry_id)  # a newcomer: not in the cached ranges yet
         now = self.clock()
         if got is None:
-            _, known = self.held_ends()
             got = eta_rules.Estimate(eta, eta, eta, "fallback",
-                                     source=eta_rules.fallback_source(eta, known.values(), now))
+                                     source=eta_rules.fallback_source(eta, self._held_now()[3], now))
         shown = self._steady[entry_id] = eta_rules.steady(self._steady.get(entry_id), got, now)
         if len(self._steady) > 4 * max(16, self.order.waiting_count()):  # entries that left: forget them
             waiting = {w.id for w in self.order.ordered()}
@@ -288,11 +288,17 @@ class QueueEstimates:
     def held_ends(self) -> tuple[list[AllocationRecord], dict[str, datetime]]:
         """The held allocations and the known end of each that has one (cached ``RELEASES_TTL``
         seconds: it reads every holder's balance, and every estimate of a join needs it)."""
+        _, held, known, _ = self._held_now()
+        return held, known
+
+    def _held_now(self) -> tuple[float, list[AllocationRecord], dict[str, datetime], list[datetime]]:
+        """``held_ends``' answer, when it was read and the known ends sorted (``fallback_source``)."""
         stamp = self.clock().timestamp()
         if self._held is None or stamp - self._held[0] >= RELEASES_TTL:
             held = self.ledger.allocations.active()
-            self._held = (stamp, held, self._known_ends(held, self.clock()))
-        return self._held[1], self._held[2]
+            known = self._known_ends(held, self.clock())
+            self._held = (stamp, held, known, sorted(known.values()))
+        return self._held
 
     def _known_ends(self, held: list[AllocationRecord], now: datetime) -> dict[str, datetime]:
         """When each held allocation is known to end: a reclaim or idle deadline, or its

@@ -9,6 +9,7 @@ estimates, and keeps its own summary a few seconds.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -18,7 +19,7 @@ from ...placement.request import Request, normalize_model
 from ...timefmt import iso
 from ...waitqueue import Waiter, fair_order
 from .pool_inventory import PoolInventory
-from .queue_entries import Entries
+from .queue_entries import Entries, Entry
 from .queue_eta import ESTIMATE_TTL, QueueEstimates, range_json
 from .queue_order import FairQueueOrder
 from .threads import CoreThreads, writes
@@ -36,8 +37,6 @@ class QueueReports:
         self.clock = clock
         self.threads = threads
         self._summary: tuple[float, dict[str, dict[str, Any]]] | None = None
-        #: the pool map's rows and the entries' count, with what they were built from (``next_waiting``)
-        self._next: tuple[tuple[Any, ...], list[dict[str, Any]], int] | None = None
 
     def waiting_per_model(self) -> dict[str, int]:
         """Per pool model, the waiters that would take it (not those whose GPUs are reserved:
@@ -78,48 +77,39 @@ class QueueReports:
     @writes
     def report(self) -> dict[str, Any]:
         """The admin view: who waits for what, since when, position and estimate."""
-        estimates = self.eta.estimates()
-        rows = self._rows(None, estimates, lambda w: self.eta.range_of(w.id, estimates.get(w.id)))
+        rows, _ = self.first_waiting(None)
         reserved = self.order.reservation
         return {"waiting": rows, "length": self.order.waiting_count(),
                 "reserved_node": reserved[1] if reserved else None, "accuracy": self.eta.accuracy()}
 
     @writes
-    def next_waiting(self, first: int) -> tuple[list[dict[str, Any]], int]:
-        """The pool map's rows: the first ``first`` entries in ``report``'s order, and how many
-        entries there are. Built once per change of the entries, their order or the estimates,
-        never for the thousands the page does not draw, and from the estimates last computed
-        (the waiters' retries recompute them every ``ESTIMATE_TTL``; a page view does not): at
-        2,000 waiters the whole report took most of the pool page's time (issue 48.10)."""
-        estimates, ranges = self.eta.last_estimates(), self.eta.last_ranges()
-        if not estimates and len(self.entries):  # none computed yet (a service just started)
-            estimates, ranges = self.eta.estimates(), self.eta.ranges()
-        key = (self.entries.version, self.order.ordered(), estimates, ranges, first)
-        kept = self._next
-        if kept is not None and kept[0][0] == key[0] and all(a is b for a, b in zip(kept[0][1:4], key[1:4])) \
-                and kept[0][4] == first:
-            return kept[1], kept[2]
-        rows = self._rows(first, estimates, lambda w: self.eta.last_shown(w.id) or ranges.get(w.id) or (
-            eta_rules.Estimate(*[estimates.get(w.id)] * 3, "fallback") if w.id in estimates else None))
-        self._next = (key, rows, len(self.entries))
-        return rows, len(self.entries)
+    def first_waiting(self, count: int | None) -> tuple[list[dict[str, Any]], int]:
+        """The first ``count`` rows (all, with None) of ``report``'s ``waiting``, in its order
+        (those with GPUs reserved, then the queue's order), and how many entries there are.
 
-    def _rows(self, first: int | None, estimates: dict[str, datetime | None],
-              shown: Callable[[Waiter], eta_rules.Estimate | None]) -> list[dict[str, Any]]:
-        """``report``'s rows, the next to start first (entries whose GPUs are reserved lead), each
-        waiter's range from ``shown``; only the first ``first`` of them are built."""
+        The admin pool map shows the head of a queue of thousands, on every render: a row
+        costs its waiter's estimate range, so the rows it does not show are not built (2,000
+        of them took 0.25–3 s of the writer thread). Nothing is kept between calls, so the
+        next render shows every join, start and release."""
         now = self.clock()
+        estimates = self.eta.estimates()
         place = {w.id: i for i, w in enumerate(self.order.ordered(), 1)}
-        entries = sorted(self.entries.values(), key=lambda e: (place.get(e.waiter.id, 0), e.waiter.since))
+        entries = list(self.entries.values())  # one copy, sorted, or only the first few picked
+
+        def key(e: Entry) -> tuple[int, datetime]:
+            return place.get(e.waiter.id, 0), e.waiter.since
+
+        first = sorted(entries, key=key) if count is None else heapq.nsmallest(count, entries, key=key)
         rows = []
-        for e in entries if first is None else entries[:first]:
+        for e in first:
             w = e.waiter
             rows.append({"user": w.user, "server": w.server, "request": w.request.describe(),
                          "since": iso(w.since), "waited_seconds": int((now - w.since).total_seconds()),
                          "position": place.get(w.id, 0), "priority": "under_quota" if w.priority == 0 else "fcfs",
                          "eta": iso(estimates.get(w.id)), "reserved_on": e.placement.node if e.placement else None,
-                         "last_seen": iso(e.last_seen), **range_json(None if e.placement else shown(w), now)})
-        return rows
+                         "last_seen": iso(e.last_seen), **range_json(
+                             None if e.placement else self.eta.range_of(w.id, estimates.get(w.id)), now)})
+        return rows, len(entries)
 
     def waiting_of(self, user: str) -> list[dict[str, Any]]:
         """``GET me``'s ``waiting``: the user's waiting servers with position and the last

@@ -18,12 +18,13 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from datetime import date, datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 from ...config import GPUPool
 from ...credits import balance_status, floor_reached_at, next_credit_times
 from ...ledger import AllocationRecord, Ledger
 from ...placement.report import FreeSummary
+from ...placement.state import Pool
 from ...timefmt import iso
 from ...units import format_tokens
 from .accounts import Accounts
@@ -34,6 +35,7 @@ from .catalog import catalog
 from .threads import CoreThreads, reads, writes
 
 ViewKey = tuple[frozenset[str], date]
+T = TypeVar("T")
 
 #: the cached view's balance, floor and held servers (price, start): ``_finish`` words when the
 #: floor is reached from them at each answer's time, and leaves them out of the answer
@@ -98,6 +100,7 @@ class Views:
         self.memory_warnings = memory_warnings
         self.notices = notices
         self._clock_cache: tuple[int, int, int, dict[str, Any]] | None = None
+        self._pool_views: dict[str, tuple[Pool, int, Any]] = {}  # _of_pool: what -> (pool, its changes, view)
 
     @writes
     def models(self) -> dict[str, Any]:
@@ -112,16 +115,32 @@ class Views:
 
     @writes
     def free_summary(self) -> FreeSummary:
-        """What is free now, per model (writer thread: the pool lives there)."""
-        return self.inventory.pool.free_summary()
+        """What is free now, per model (writer thread: the pool lives there), once per change
+        of the pool (``_of_pool``)."""
+        return self._of_pool("free", lambda pool: pool.free_summary())
 
     @writes
     def pool_summary(self) -> tuple[dict[str, dict[str, int]], dict[str, int], FreeSummary]:
         """The pool per model, each allocation's GPU share, and what is free: the admin pool
-        map's summary of a large pool (writer thread: the pool lives there), one pass each."""
+        map's summary of a large pool (writer thread: the pool lives there), one pass each,
+        once per change of the pool (``_of_pool``)."""
+        def summary(pool: Pool) -> tuple[dict[str, dict[str, int]], dict[str, int], FreeSummary]:
+            per_model, by_alloc = pool.held_per_model()
+            return per_model, by_alloc, pool.free_summary()
+
+        return self._of_pool("summary", summary)
+
+    def _of_pool(self, what: str, compute: Callable[[Pool], T]) -> T:
+        """``compute(pool)``, kept until the pool allocates or releases (``Pool.changes``) or
+        an inventory change replaces it: the admin pool map's summaries walk every GPU (10,000
+        at 1,000 nodes) on the writer thread, and between two renders the pool mostly did not
+        change. ``compute`` must read the pool alone (anything else it read would be kept past
+        its own changes), and what is kept is shared by the renders: read it, never change it."""
         pool = self.inventory.pool
-        per_model, by_alloc = pool.held_per_model()
-        return per_model, by_alloc, pool.free_summary()
+        kept = self._pool_views.get(what)
+        if kept is None or kept[0] is not pool or kept[1] != pool.changes:
+            kept = self._pool_views[what] = (pool, pool.changes, compute(pool))
+        return kept[2]
 
     @writes
     def pool_report(self, active: Mapping[str, tuple[str, str, bool]], idle_since: dict[str, datetime],

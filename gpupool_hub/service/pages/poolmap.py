@@ -113,8 +113,8 @@ class PoolMapHandler(AdminPage):
         inventory = m.inventory
         attention = [(name, inventory.unavailable.get(name) or inventory.problems.get(name))
                      for name in sorted({*inventory.unavailable, *inventory.problems})]
-        # who waits for what: the rows drawn, not GET queue's whole report
-        waiting, waiting_total = await m.queue.reports.next_waiting.off_loop(WAITING_SHOWN)
+        # who waits for what: the first rows of GET queue's report, only those built
+        waiting, waiting_total = await m.queue.reports.first_waiting.off_loop(WAITING_SHOWN)
         self.render_page(
             "admin/pool.html", nodes=nodes, waiting=waiting, waiting_total=waiting_total, legend=legend,
             free=free.per_model,
