@@ -7,6 +7,7 @@ here (that is :mod:`gpupool_hub.slurm.commands`). The nodes are read in
 from __future__ import annotations
 
 import re
+from datetime import datetime, timezone
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -287,6 +288,9 @@ class SlurmJob:
     stdout: str | None = None  # the batch script's output file, as slurmctld resolved it
     #: node -> GRES type -> (GPU indices whose shards it holds, shard count): ``GRES=shard:a6000:8(IDX:1)``
     shards: Mapping[str, Mapping[str, tuple[tuple[int, ...], int]]] = field(default_factory=dict)
+    #: when it started running (``StartTime``, epoch seconds with ``SLURM_TIME_FORMAT=%s``); None while pending
+    start_time: datetime | None = None
+    comment: str = ""  # ``--comment``: the hub's servers carry their allocation (``gpupool-allocation=<id>``)
 
     def gpu_indices(self, node: str) -> tuple[int, ...]:
         return tuple(sorted(i for idx in self.gpus.get(node, {}).values() for i in idx))
@@ -345,7 +349,17 @@ def parse_job(text: str) -> SlurmJob:
         exit_code=_first(pairs, "ExitCode"),
         stdout=_first(pairs, "StdOut") or None,
         shards=shards,
+        start_time=_epoch(_first(pairs, "StartTime")) if state not in ("PENDING", "CONFIGURING") else None,
+        comment=_first(pairs, "Comment") or "",
     )
+
+
+def _epoch(value: str | None) -> datetime | None:
+    """An ``scontrol`` time printed as epoch seconds (the runner sets ``SLURM_TIME_FORMAT=%s``), else None
+    (``Unknown``, ``None``, or a runner that did not set it)."""
+    if value is None or not value.isdigit() or int(value) == 0:
+        return None
+    return datetime.fromtimestamp(int(value), tz=timezone.utc)
 
 
 #: squeue --format for :func:`parse_squeue`: job id, state, reason, user, nodes, name (last: free text).

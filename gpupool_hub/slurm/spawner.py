@@ -34,6 +34,7 @@ import os
 import re
 import shlex
 import shutil
+from datetime import datetime, timezone
 from decimal import Decimal
 from urllib.parse import quote
 from collections.abc import Mapping
@@ -45,6 +46,7 @@ from traitlets import Dict, Unicode, default
 
 from ..spawner.base import GPUPoolSpawner
 from ..spawner.ends import NothingRan, WorkEnd
+from ..spawner.client import ServiceUnavailable
 from ..spawner.errors import GPUPoolRefused, SpawnFailure, require_unix_account
 from ..unixname import RULE, starts_unsafely
 from .commands import OutageLog, SlurmError, controller_unreachable
@@ -197,6 +199,9 @@ echo "jupyterhub-singleuser ended gracefully"
     req_comment = Unicode("", help="Set per spawn: gpupool-allocation=<id> (--comment).")
     #: set per spawn: (GRES type, milli) of a share of one GPU, asked of Slurm as shards; None: whole GPUs
     gpupool_share: tuple[str, int] | None = None
+    #: the job may wait in Slurm's queue once its GPUs are held: charged from its StartTime (issue 48.3)
+    gpupool_pending_start = True
+    _gpupool_recording: asyncio.Future[None] | None = None
 
     # squeue -h -j 42 -o '%T %B %r'  ->  "RUNNING gpu-a None" / "PENDING n/a Resources"
     batch_query_cmd = Unicode("squeue -h -j {job_id} -o '%T %B %r'").tag(config=True)
@@ -409,33 +414,48 @@ echo "jupyterhub-singleuser ended gracefully"
     def slurm_inventory(self) -> SlurmInventory:
         return SlurmInventory(self.slurm_gpu_models, env=self.slurm_env or None)
 
-    async def gpupool_record_bound_gpus(self) -> None:
-        """Tell the pool which GPUs Slurm bound to the running job (it may differ from the pool's guess)."""
+    async def gpupool_record_bound_gpus(self) -> bool:
+        """Tell the pool when the job started (its charge starts then: nothing while it was pending)
+        and which GPUs Slurm bound to it (it may differ from the pool's guess; the pool swaps bookings
+        with another allocation that stands on them). True once the service took it, or the job or
+        allocation is gone (nothing to tell); False to be tried again (slurmctld or the service down)."""
         alloc = self.gpupool_allocation
         if not alloc or not self.job_id:
-            return
+            return True
         try:
             job = await asyncio.get_running_loop().run_in_executor(
                 None, self.slurm_inventory().job, int(self.job_id))
         except (SlurmError, ValueError) as e:
             self.log.warning("Could not read the GPUs of job %s: %s", self.job_id, e)
-            return
+            return False
         if job is None:
-            indices = []
-        elif self.gpupool_share is not None:  # shard:a6000:8(IDX:1): the GPU whose shards it got
-            indices = list(job.shard_indices(alloc["node"]))
-        else:
-            indices = list(job.gpu_indices(alloc["node"]))
-        if not indices:
-            return
-        status, body = await self.gpupool_request("PATCH", f"/allocations/{quote(alloc['id'], safe='')}", {"gpu_indices": indices})
+            return True
+        indices = list(job.shard_indices(alloc["node"]) if self.gpupool_share is not None
+                       else job.gpu_indices(alloc["node"]))
+        body: dict[str, Any] = {"started_at": (job.start_time or datetime.now(timezone.utc)).isoformat()}
+        if indices:
+            body["gpu_indices"] = indices
+        try:
+            status, answer = await self.gpupool_request("PATCH", f"/allocations/{quote(alloc['id'], safe='')}", body)
+        except ServiceUnavailable as e:
+            self.log.warning("Could not tell the pool about job %s: %s", self.job_id, e)
+            return False
         if status == 200:
-            self.gpupool_allocation = body["allocation"]
-            self.log.info("Job %s of %s got GPUs %s on %s", self.job_id, self._log_name, indices, alloc["node"])
-        else:
-            self.log.warning("The pool did not take GPUs %s of job %s: %s %s", indices, self.job_id, status, body)
+            self.gpupool_allocation = answer["allocation"]
+            self.log.info("Job %s of %s started at %s on GPUs %s of %s", self.job_id, self._log_name,
+                          body["started_at"], indices, alloc["node"])
+        elif status != 404:
+            self.log.warning("The pool did not take GPUs %s of job %s: %s %s", indices, self.job_id, status, answer)
+        return status in (200, 404)
+
+    async def _record_until_taken(self) -> None:
+        """Retry :meth:`gpupool_record_bound_gpus` until the service takes it (an outage of slurmctld or
+        of the service, a swap that does not fit yet): the pool and Slurm must end up agreeing."""
+        while not await self.gpupool_record_bound_gpus():
+            await asyncio.sleep(self.release_retry_interval)
 
     async def start(self) -> Any:
         result = await super().start()
-        await self.gpupool_record_bound_gpus()
+        if not await self.gpupool_record_bound_gpus():  # tried again in the background until it is taken
+            self._gpupool_recording = asyncio.ensure_future(self._record_until_taken())
         return result

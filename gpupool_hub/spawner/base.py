@@ -165,6 +165,7 @@ class GPUPoolSpawner(Spawner):
     _gpupool_starting = False
     _gpupool_form_choice: dict[str, Any] | None = None  # options of a GET the form shows instead of starting
     gpupool_refused_at: datetime | None = None  # the pool's last refusal: newer than a floor stop, the form keeps it
+    gpupool_pending_start = False  # a batch job may wait after its GPUs are held: charged from its start
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -302,14 +303,11 @@ class GPUPoolSpawner(Spawner):
         except Exception:
             return []
 
-    async def gpupool_check_reachable(self) -> bool:
-        return await self.gpupool_client.ping()
-
     async def gpupool_allocate(self, profile: Profile, gpus: int) -> dict[str, Any]:
         """Ask the pool for ``gpus`` of ``profile``: the allocation, or :class:`GPUPoolRefused`."""
         return await self.gpupool_client.allocate(
             self.user.name, self.name or "", self._groups(), profile.request(gpus), profile.describe(gpus),
-            key=self.gpupool_attempt_key,
+            key=self.gpupool_attempt_key, pending=self.gpupool_pending_start,
         )
 
     # --------------------------------------------------------- environment
@@ -389,7 +387,7 @@ class GPUPoolSpawner(Spawner):
                 self.gpupool_allocation_id, self.gpupool_allocation = allocation["id"], allocation
                 self.apply_gpupool_allocation(allocation)
             else:
-                if not self.cpu_only_fail_open and not await self.gpupool_check_reachable():
+                if not self.cpu_only_fail_open and not await self.gpupool_client.ping():
                     raise GPUPoolRefused(
                         "The GPU pool service is not reachable and this hub does not start servers without it; "
                         "try again in a minute.", reason=SpawnFailure.UNREACHABLE, status_code=503,

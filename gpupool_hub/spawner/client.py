@@ -187,7 +187,7 @@ class GPUPoolClient:
         return status < 500
 
     async def allocate(self, user: str, server: str, groups: list[str], request: Mapping[str, Any],
-                       what: str, key: str | None = None) -> dict[str, Any]:
+                       what: str, key: str | None = None, pending: bool = False) -> dict[str, Any]:
         """``POST /allocations``: the allocation, or :class:`GPUPoolRefused` saying why not.
 
         ``key`` names the spawn attempt: asking again with it returns the same
@@ -196,6 +196,8 @@ class GPUPoolClient:
         body: dict[str, Any] = {"user": user, "server": server, "groups": groups, "request": dict(request)}
         if key is not None:
             body["key"] = key
+        if pending:  # a batch job: charged from when it starts (PATCH started_at)
+            body["pending"] = True
         try:
             status, data = await self.request("POST", "/allocations", body)
         except ServiceUnavailable as e:

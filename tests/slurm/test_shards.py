@@ -15,6 +15,8 @@ pool's share to that GPU.
 
 from __future__ import annotations
 
+import threading
+from datetime import datetime, timedelta
 from decimal import Decimal
 
 import pytest
@@ -129,6 +131,130 @@ def test_shard_shares_pack_one_gpu_and_never_book_past_it(shard_hub, shard_slurm
         for u in users:
             stop_server(hub, u)
         wait_for(lambda: not allocations(hub), 30, "the allocations to be released")
+        cluster.reset()
+
+
+def job_of(cluster, alloc_id: str):
+    """The hub job of an allocation, by its comment (the spawner's ``gpupool-allocation=<id>``)."""
+    [job] = [j for j in server_jobs(cluster).values() if j.comment == f"gpupool-allocation={alloc_id}"]
+    return job
+
+
+def agree(hub, cluster, users) -> bool:
+    """Whether every user's allocation names the GPU its job was really given (a share: whose shards)."""
+    for u in users:
+        alloc = alloc_of(hub, u)
+        job = job_of(cluster, alloc["id"])
+        slurm = job.shard_indices("sgpu-a") or job.gpu_indices("sgpu-a")
+        if sorted(g["index"] for g in alloc["gpus"]) != list(slurm):
+            return False
+    return True
+
+
+def test_48_3_a_half_and_a_whole_gpu_asked_for_at_once_agree_in_pool_and_slurm(shard_hub, shard_slurm_cluster,
+                                                                                unix_account):
+    """Issue 48.3: a half and a whole GPU asked for at nearly the same moment: Slurm gave them opposite GPUs,
+    the pool's fix-up was refused (409), never retried, and the whole-GPU job waited while charged. Both
+    spawns at once end with the pool booking what Slurm bound, each charged from its job's start."""
+    cluster, hub = shard_slurm_cluster, shard_hub
+    cluster.reset()
+    half, whole = unix_account("conch"), unix_account("concw")
+    for u in (half, whole):
+        set_balance(hub, u, "100")
+    try:
+        responses = {}
+        threads = [threading.Thread(target=lambda u=u, p=p: responses.__setitem__(u, spawn(hub, u, {"profile": p})))
+                   for u, p in ((half, "half-a6000"), (whole, "a6000"))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for u in (half, whole):
+            ok, message = wait_spawned(hub, u, "", responses[u])
+            assert ok, f"{u} did not start: {message}\n{hub.log_tail(40)}"
+        wait_for(lambda: agree(hub, cluster, (half, whole)), 60, "the pool to book what Slurm bound")
+        for u in (half, whole):
+            alloc = alloc_of(hub, u)
+            started = job_of(cluster, alloc["id"]).start_time
+            assert alloc["charged_from"] is not None and started is not None
+            assert abs(datetime.fromisoformat(alloc["charged_from"].replace("Z", "+00:00")) - started) <= \
+                timedelta(seconds=1), (alloc, started)
+        wait_for(lambda: not held_outside(hub), 30, "nothing held outside the hub")
+    finally:
+        for u in (half, whole):
+            stop_server(hub, u)
+        wait_for(lambda: not allocations(hub), 30, "the allocations to be released")
+        cluster.reset()
+
+
+def test_48_3_opposite_gpus_in_slurm_swap_the_bookings(shard_hub, shard_slurm_cluster):
+    """The swap itself, made certain: the pool books a half and a whole GPU, then real jobs are submitted in
+    the order that makes Slurm bind them the other way round, and each allocation is told its job's GPUs as
+    the spawner tells it. The first answer swaps both bookings (before: 409 naming the mover as holder)."""
+    cluster, hub = shard_slurm_cluster, shard_hub
+    cluster.reset()
+    posted = {}
+    for user, request in (("swaph", {"gpu_fraction": 0.5, "models": ["RTX A6000"]}),
+                          ("swapw", {"gpus": 1, "models": ["RTX A6000"]})):
+        hub.service("POST", f"/users/{user}/grant", hub.tester_token, json={"amount": "100", "reason": "test"})
+        r = hub.service("POST", "/allocations", hub.spawner_token, json={"user": user, "request": request})
+        assert r.status_code == 201, r.text
+        posted[user] = r.json()["allocation"]
+    h = posted["swaph"]["gpus"][0]["index"]
+    assert posted["swapw"]["gpus"][0]["index"] == 1 - h
+    jobs = []
+    try:
+        # Slurm gives the first GPU with room: submitted in this order, the whole lands on h, the half on 1 - h
+        order = [("swapw", "gpu:a6000:1"), ("swaph", f"shard:a6000:{SHARDS // 2}")]
+        for user, gres in (order if h == 0 else order[::-1]):
+            jobs.append((user, cluster.submit(gres=gres, node="sgpu-a", name="gpupool-server")))
+        inventory = SlurmInventory(MODELS, env=cluster.env)
+        bound = {u: inventory.job(j) for u, j in jobs}
+        assert bound["swapw"].gpu_indices("sgpu-a") == (h,) and bound["swaph"].shard_indices("sgpu-a") == (1 - h,)
+        r = hub.service("PATCH", f"/allocations/{posted['swaph']['id']}", hub.spawner_token,
+                        json={"gpu_indices": [1 - h]})
+        assert r.status_code == 200, r.text
+        now = {a["id"]: [g["index"] for g in a["gpus"]] for a in allocations(hub)}
+        assert now == {posted["swaph"]["id"]: [1 - h], posted["swapw"]["id"]: [h]}
+        # the whole GPU's own report then agrees already: nothing moves
+        r = hub.service("PATCH", f"/allocations/{posted['swapw']['id']}", hub.spawner_token, json={"gpu_indices": [h]})
+        assert r.status_code == 200 and [g["index"] for g in r.json()["allocation"]["gpus"]] == [h]
+    finally:
+        cluster.cancel(*(j for _, j in jobs))
+        for a in posted.values():
+            hub.service("DELETE", f"/allocations/{a['id']}", hub.spawner_token)
+        cluster.reset()
+
+
+def test_48_3_nothing_is_charged_while_the_job_is_pending_in_slurm(shard_hub, shard_slurm_cluster, unix_account):
+    """A whole-GPU job that Slurm keeps pending (its partition down) holds its GPU in the pool but costs
+    nothing until it runs; then it is charged from its StartTime."""
+    cluster, hub = shard_slurm_cluster, shard_hub
+    cluster.reset()
+    user = unix_account("pendw")
+    set_balance(hub, user, "100")
+    cluster.run(["scontrol", "update", "PartitionName=gpu", "State=DOWN"])
+    try:
+        r = spawn(hub, user, {"profile": "a6000"})
+        assert r.status_code == 202, r.text
+        wait_for(lambda: [a for a in allocations(hub) if a["user"] == user] and server_jobs(cluster), 60,
+                 "the allocation and its job")
+        [job] = server_jobs(cluster).values()
+        assert job.state == "PENDING", job
+        alloc = alloc_of(hub, user)
+        assert alloc["charged_from"] is None  # held, not charged
+        cluster.run(["scontrol", "update", "PartitionName=gpu", "State=UP"])
+        ok, message = wait_spawned(hub, user, "", r)
+        assert ok, message
+        alloc = alloc_of(hub, user)
+        started = job_of(cluster, alloc["id"]).start_time
+        assert alloc["charged_from"] is not None and started is not None
+        assert datetime.fromisoformat(alloc["charged_from"].replace("Z", "+00:00")) >= started - timedelta(seconds=1)
+        assert started > datetime.fromisoformat(alloc["started_at"].replace("Z", "+00:00"))
+    finally:
+        cluster.run(["scontrol", "update", "PartitionName=gpu", "State=UP"])
+        stop_server(hub, user)
+        wait_for(lambda: not allocations(hub), 30, "the allocation to be released")
         cluster.reset()
 
 
