@@ -14,6 +14,7 @@ import asyncio
 import logging
 import os
 import threading
+from collections.abc import Awaitable, Callable
 from urllib.parse import urlparse
 
 from jupyterhub.services.auth import HubAuth, HubOAuth
@@ -288,7 +289,8 @@ class GPUPoolService(Application):
         self.lease = JobsLease(self.ledger, self.jobs_lease_ttl, threads=m.threads)
         self.jobs = JobRunner(self.metrics, self.lease)
         self.server: HTTPServer | None = None
-        self.reconciler = ReconcileJob(self.hub, m.records, m.admission, self.reconcile_grace)
+        self.reconciler = ReconcileJob(self.hub, m.records, m.admission, self.reconcile_grace,
+                                       engine_work=slurm_hub_jobs(self))
         self.reclaimer = ReclaimExecutor(self.hub, m.reclaims)
         m.reclaims.announce_to(self.reclaimer.schedule)
         m.debits.report_to(self.metrics.count_charges)
@@ -460,6 +462,22 @@ def configures_slurm_spawner(service: GPUPoolService) -> bool:
         f"{getattr(spawner_class, '__module__', '')}.{getattr(spawner_class, '__name__', '')}")
     return name in ("gpupool-slurm", "gpupool_hub.slurm.spawner.GPUPoolSlurmSpawner") or \
         "GPUPoolSlurmSpawner" in service.config
+
+
+def slurm_hub_jobs(service: GPUPoolService) -> Callable[[], Awaitable[set[str]]] | None:
+    """With the Slurm spawner (or inventory), the allocations whose job slurmctld still has, read off the
+    event loop: reconcile releases a stopped server's allocation once its job is gone (issue 48.2)."""
+    s = service.settings_
+    if not s.slurm_gpu_models or not (s.inventory == "slurm" or configures_slurm_spawner(service)):
+        return None
+    from ..slurm import SlurmInventory
+
+    inventory = SlurmInventory(s.slurm_gpu_models, env=s.slurm_env(), skip_unmapped=True)
+
+    async def alive() -> set[str]:
+        return await asyncio.get_running_loop().run_in_executor(None, inventory.hub_allocations)
+
+    return alive
 
 
 def check_slurm_gpu_boundary(service: GPUPoolService) -> None:

@@ -22,7 +22,8 @@ from ..inventory.sources import InventorySource, NodeStatus
 from .commands import Runner, SlurmCommandError, SlurmError, run_slurm
 from .confinement import device_confinement_problems, key_values
 from .nodes import SlurmNode, check_models, parse_nodes
-from .parse import SQUEUE_FORMAT, QueueEntry, SlurmJob, parse_job, parse_squeue
+from .ends import END_STATES
+from .parse import SQUEUE_FORMAT, QueueEntry, SlurmJob, allocation_of, job_records, parse_job, parse_squeue
 
 __all__ = ["SlurmInventory", "SlurmInventorySource"]
 
@@ -89,6 +90,19 @@ class SlurmInventory:
                 return None
             raise
         return parse_job(text)
+
+    def jobs(self) -> list[SlurmJob]:
+        """Every job slurmctld knows, with its GPUs, start and comment (``scontrol -d show job -o``)."""
+        text = self._run(["scontrol", "--details", "show", "job", "--oneliner"])
+        if not text.strip() or text.strip().startswith("No jobs"):
+            return []
+        return [parse_job(record) for record in job_records(text)]
+
+    def hub_allocations(self) -> set[str]:
+        """The allocations whose server's job slurmctld still runs or has queued (by the job's
+        ``gpupool-allocation=<id>`` comment); a job in an end state counts for nothing."""
+        return {alloc for job in self.jobs() if job.state.split()[0] not in END_STATES
+                and (alloc := allocation_of(job.comment)) is not None}
 
     def queue(self, job_ids: Iterable[int] | None = None) -> list[QueueEntry]:
         """Jobs slurmctld knows (all states), optionally only the given ids."""

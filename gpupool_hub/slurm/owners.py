@@ -31,24 +31,11 @@ from collections.abc import Callable, Sequence
 
 from ..ledger import Ledger, UnknownAccount
 from .accounting import JobOwners, SacctJob
+from .parse import ALLOCATION_COMMENT, allocation_of
 
 __all__ = ["ALLOCATION_COMMENT", "HubJobOwners", "allocation_of"]
 
 log = logging.getLogger(__name__)
-
-#: the comment the gpupool-slurm spawner gives every server's job, before the allocation id
-ALLOCATION_COMMENT = "gpupool-allocation="
-
-_ALLOCATION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
-
-
-def allocation_of(comment: str) -> str | None:
-    """The allocation id in a job comment written by the spawner, or None."""
-    if not comment.startswith(ALLOCATION_COMMENT):
-        return None
-    alloc_id = comment[len(ALLOCATION_COMMENT):].strip()
-    return alloc_id if _ALLOCATION_ID.fullmatch(alloc_id) else None
-
 
 def _own_unix_user() -> str | None:
     try:

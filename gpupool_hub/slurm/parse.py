@@ -300,6 +300,25 @@ class SlurmJob:
         return tuple(sorted({i for idx, _ in self.shards.get(node, {}).values() for i in idx}))
 
 
+#: the comment the gpupool-slurm spawner gives every server's job, before the allocation id
+ALLOCATION_COMMENT = "gpupool-allocation="
+
+_ALLOCATION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+def allocation_of(comment: str) -> str | None:
+    """The allocation id in a job comment written by the spawner, or None."""
+    if not comment.startswith(ALLOCATION_COMMENT):
+        return None
+    alloc_id = comment[len(ALLOCATION_COMMENT):].strip()
+    return alloc_id if _ALLOCATION_ID.fullmatch(alloc_id) else None
+
+
+def job_records(text: str) -> list[str]:
+    """``scontrol -d show job -o`` of several jobs: one record each (a comment may span lines)."""
+    return _records(text, "JobId", "job")
+
+
 def parse_job(text: str) -> SlurmJob:
     """``scontrol -d show job -o <id>`` for one job (not an array: one line expected)."""
     lines = _records(text, "JobId", "job")

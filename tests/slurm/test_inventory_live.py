@@ -129,3 +129,43 @@ def test_an_unmapped_gres_type_leaves_the_other_gpus_and_nodes_in_service(slurm:
     assert [g["index"] for g in report["gpu-c"]["gpus"]] == [0]  # its A6000 stays in service
     got = [m.admission.admit(f"u{i}", [], "", Request(gpus=1), ["RTX A6000"]) for i in range(5)]
     assert sorted(a.node for a in got) == ["gpu-a"] * 4 + ["gpu-c"]
+
+
+async def test_48_2_reconcile_releases_a_stopped_servers_allocation_once_slurm_no_longer_has_its_job(
+        slurm: SlurmCluster, tmp_path) -> None:
+    """Issue 48.2 after a hub restart: the spawner that waited for a stopped server's job to end is gone.
+    The allocation stays held (and charged) while Slurm still has the job, and is released once it has not."""
+    import asyncio
+
+    from gpupool_hub.placement import Request
+    from gpupool_hub.service.jobs.reconcile import ReconcileJob
+    from tests.fixtures.manager import make_manager
+    from tests.service.test_allocation_states import HubWithoutServers
+
+    nodes = [{"name": "gpu-a", "cpu_milli": 8000, "memory_mib": 16000,
+              "gpus": [{"index": 0, "uuid": "gpu-a/0", "model": MODELS["a6000"]}]}]
+    m = make_manager(nodes, {"A6000": 1}, f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    alloc = m.admission.admit("carol", [], "", Request(gpus=1), None)
+    m.admission.stopping(alloc.id)
+    job = slurm.submit(gres="gpu:a6000:1", node="gpu-a", comment=f"gpupool-allocation={alloc.id}",
+                       name="gpupool-server")
+    inventory = SlurmInventory(MODELS, env=slurm.env)
+
+    async def alive() -> set[str]:
+        return await asyncio.get_running_loop().run_in_executor(None, inventory.hub_allocations)
+
+    reconcile = ReconcileJob(HubWithoutServers(), m.records, m.admission, grace=0, engine_work=alive)
+    await reconcile()
+    assert [r.id for r in m.ledger.allocations.active()] == [alloc.id]  # the job runs: held
+    slurm.stop_slurmctld()
+    try:
+        await reconcile()  # slurmctld cannot say: held
+        assert [r.id for r in m.ledger.allocations.active()] == [alloc.id]
+    finally:
+        slurm.start_slurmctld()
+    slurm.cancel(job)
+    slurm.wait_job_done(job)
+    await reconcile()
+    assert m.ledger.allocations.active() == []
+    [released] = [r for r in m.ledger.allocations.overlapping(alloc.created_at, alloc.created_at.replace(year=2100))]
+    assert released.release_reason == "reconcile: its stopped job has ended"

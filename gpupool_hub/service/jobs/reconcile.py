@@ -53,7 +53,11 @@ class ReconcileJob:
     """
 
     def __init__(self, hub: HubClient, records: Records, admission: Admission, grace: float,
-                 clock: Clock = _utcnow) -> None:
+                 clock: Clock = _utcnow, engine_work: Callable[[], Awaitable[set[str]]] | None = None) -> None:
+        """``engine_work``: the allocations whose server's work the engine still runs (Slurm's jobs by
+        their comment); it alone releases a stopped server's allocation whose spawner lost track of it
+        (a hub restart while it waited for the job to end). None: no engine the service can ask."""
+        self.engine_work = engine_work
         self.hub = hub
         self.records = records
         self.admission = admission
@@ -82,7 +86,8 @@ class ReconcileJob:
             if (record.user, record.server) in running or record.created_at >= started:
                 continue  # running, or made after the hub was asked
             if record.stop_asked_at is not None:
-                continue  # stopped, its work not yet seen to end: its spawner (or the Slurm watch) releases it
+                await self._settle_stopped(record)  # its work not yet seen to end: released once it has
+                continue
             try:
                 if record.user not in models:
                     models[record.user] = await self._user_with_stopped_servers(record.user)
@@ -107,6 +112,22 @@ class ReconcileJob:
             log.error("Server %s/%s holds allocation %s the pool does not know", user, server_name, alloc)
         self.findings = findings
         self.checked_through = started
+
+    async def _settle_stopped(self, record: AllocationRecord) -> None:
+        """A stopped server whose work its spawner has not seen end: held and charged, unless the engine
+        says its work is gone (a hub restart lost the spawner that was waiting for it)."""
+        if self.engine_work is None:
+            return
+        try:
+            alive = await self.engine_work()
+        except Exception as e:  # slurmctld down: the next run asks again
+            log.debug("Cannot ask the engine whether %s's work ended: %s", record.id, e)
+            return
+        if record.id not in alive:
+            log.warning("Releasing allocation %s of %s/%s: stopped %s, and its job is no longer in Slurm",
+                        record.id, record.user, record.server, record.stop_asked_at.isoformat()
+                        if record.stop_asked_at else "")
+            await self.admission.release.off_loop(record.id, "reconcile: its stopped job has ended")
 
     async def _user_with_stopped_servers(self, name: str) -> dict[str, Any] | None:
         return await self.hub.request("GET", f"/users/{quote(name, safe='')}",
