@@ -36,6 +36,8 @@ class NodeStatus:
     gpus_in_use: frozenset[int] = frozenset()
     #: what an admin must fix about the node (an unmapped GRES type), shown on the pool map
     problem: str | None = None
+    #: GPUs its scheduler gave whole to one job while another holds shards of them (``slurm.shared.SharedGpu``)
+    shared: tuple[Any, ...] = ()
 
 
 class InventorySource:

@@ -414,7 +414,7 @@ class GPUPoolService(Application):
                                                               on_recorded=self.metrics.count_gpu_use))
         if self.inventory_source.dynamic:
             jobs.every(self.inventory_source.refresh_interval, "inventory",  # this service's own pool view
-                       InventoryRefreshJob(self.inventory_source, m.inventory, jobs.in_thread),
+                       InventoryRefreshJob(self.inventory_source, m.inventory, jobs.in_thread, m.rebinds, m.ledger),
                        leased=False)
         if self.culler.enabled:
             probe = ServerUtilization(self.culler, self.utilization)

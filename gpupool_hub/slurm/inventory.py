@@ -24,6 +24,7 @@ from .confinement import device_confinement_problems, key_values
 from .nodes import SlurmNode, check_models, parse_nodes
 from .ends import END_STATES
 from .parse import SQUEUE_FORMAT, QueueEntry, SlurmJob, allocation_of, job_records, parse_job, parse_squeue
+from .shared import SharedGpu, shared_whole
 
 __all__ = ["SlurmInventory", "SlurmInventorySource"]
 
@@ -140,5 +141,15 @@ class SlurmInventorySource(InventorySource):
         return self.slurm.node_configs()
 
     def node_status(self) -> dict[str, NodeStatus]:
-        return {n.name: NodeStatus(n.name, n.takes_placements, n.why_not, n.gpus_in_use, n.problem)
-                for n in self.slurm.nodes()}
+        """Each node's state and GPUs in use, and the GPUs Slurm gave whole while shards of them are
+        held (:mod:`.shared`): read at every refresh, so seen within one."""
+        nodes = self.slurm.nodes()
+        shared: dict[str, list[SharedGpu]] = {}
+        if any(n.shards_per_gpu for n in nodes):  # shards configured: ask for the jobs too
+            for gpu in shared_whole(self.slurm.jobs(), {n.name: n.shards_per_gpu for n in nodes}):
+                shared.setdefault(gpu.node, []).append(gpu)
+        return {n.name: NodeStatus(n.name, n.takes_placements, n.why_not, n.gpus_in_use,
+                                   "; ".join([*([n.problem] if n.problem else []),
+                                              *(g.describe() for g in shared.get(n.name, []))]) or None,
+                                   tuple(shared.get(n.name, ())))
+                for n in nodes}

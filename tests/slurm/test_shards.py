@@ -25,7 +25,7 @@ from gpupool_hub.slurm import SlurmInventory
 from tests.fixtures.hub import wait_for
 from tests.fixtures.slurm import MODELS, NodeSpec, running_cluster
 from tests.fixtures.unix_accounts import unix_account  # noqa: F401 (fixture)
-from tests.slurm.test_spawner_hub import PROFILES, pool_gpus, slurm_config
+from tests.slurm.test_spawner_hub import PROFILES, inventory_refreshes, pool_gpus, slurm_config
 from tests.slurm.test_usage_config import start
 from tests.spawner.conftest import allocations, set_balance, spawn, spawner_hub, stop_server, wait_spawned
 
@@ -197,7 +197,8 @@ def test_48_3_opposite_gpus_in_slurm_swap_the_bookings(shard_hub, shard_slurm_cl
     for user, request in (("swaph", {"gpu_fraction": 0.5, "models": ["RTX A6000"]}),
                           ("swapw", {"gpus": 1, "models": ["RTX A6000"]})):
         hub.service("POST", f"/users/{user}/grant", hub.tester_token, json={"amount": "100", "reason": "test"})
-        r = hub.service("POST", "/allocations", hub.spawner_token, json={"user": user, "request": request})
+        r = hub.service("POST", "/allocations", hub.spawner_token,  # as the Slurm spawner asks: pending
+                        json={"user": user, "request": request, "pending": True})
         assert r.status_code == 201, r.text
         posted[user] = r.json()["allocation"]
     h = posted["swaph"]["gpus"][0]["index"]
@@ -255,6 +256,77 @@ def test_48_3_nothing_is_charged_while_the_job_is_pending_in_slurm(shard_hub, sh
         cluster.run(["scontrol", "update", "PartitionName=gpu", "State=UP"])
         stop_server(hub, user)
         wait_for(lambda: not allocations(hub), 30, "the allocation to be released")
+        cluster.reset()
+
+
+def node_problem(hub, node: str) -> str:
+    r = hub.service("GET", "/pool", hub.tester_token)
+    r.raise_for_status()
+    return next((n.get("problem") or "" for n in r.json()["nodes"] if n["node"] == node), "")
+
+
+def test_48_4_slurm_2205_gives_a_gpu_whole_while_its_shards_are_held_and_the_service_sees_it(
+        shard_hub, shard_slurm_cluster):
+    """Issue 48.4, with plain sbatch: two shard jobs share a GPU; when one ends, Slurm 22.05.8 forgets the
+    other's shards (GresUsed shard:a6000:0) and gives that GPU whole to the next job. The service sees it
+    within one refresh, says so once in its log and on the pool map."""
+    cluster, hub = shard_slurm_cluster, shard_hub
+    cluster.reset()
+    inventory = SlurmInventory(MODELS, env=cluster.env)
+    try:
+        a = cluster.submit(gres=f"shard:a6000:{SHARDS // 2}", node="sgpu-a", name="A")
+        b = cluster.submit(gres=f"shard:a6000:{SHARDS // 2}", node="sgpu-a", name="B")
+        [gpu] = inventory.job(b).shard_indices("sgpu-a")
+        assert inventory.job(a).shard_indices("sgpu-a") == (gpu,)
+        other = cluster.submit(gres="gpu:a6000:1", node="sgpu-a", name="X")  # the other GPU, whole
+        assert inventory.job(other).gpu_indices("sgpu-a") == (1 - gpu,)
+        cluster.cancel(a)
+        cluster.wait_job_done(a)
+        used = cluster.run(["scontrol", "-d", "show", "node", "-o", "sgpu-a"]).stdout
+        assert "shard:a6000:0(IDX:N/A)" in used, used  # B's shards forgotten
+        w = cluster.submit(gres="gpu:a6000:1", node="sgpu-a", name="W")  # Slurm's bug: it runs, on B's GPU
+        assert inventory.job(w).gpu_indices("sgpu-a") == (gpu,) and inventory.job(b).shard_indices("sgpu-a") == (gpu,)
+        said = f"GPU {gpu} was given whole to Slurm job {w} while job {b} holds shards of it"
+        wait_for(lambda: said in node_problem(hub, "sgpu-a"), 30, "the pool map to say so")
+        warning = f"Node sgpu-a: {said}"
+        wait_for(lambda: warning in hub.log_tail(4000), 30, "the service's warning")
+        seen = inventory_refreshes(hub)
+        wait_for(lambda: inventory_refreshes(hub) >= seen + 3, 60, "three more inventory refreshes")
+        assert hub.log_tail(8000).count(warning) == 1  # said once, not at every refresh
+    finally:
+        cluster.reset()
+    wait_for(lambda: not node_problem(hub, "sgpu-a"), 30, "the problem to clear once the jobs are gone")
+
+
+def test_48_4_a_whole_gpu_server_put_on_a_shared_gpu_is_charged_only_what_is_left(shard_hub, shard_slurm_cluster,
+                                                                                   unix_account):
+    """Through the hub: two halves share GPU 0; one stops, Slurm forgets the other's shards, and the next
+    whole-GPU server (the pool booked GPU 1) is given GPU 0 by Slurm. The pool books it where Slurm put it,
+    as the half that is left, and charges it that; the half-share user keeps its booking."""
+    cluster, hub = shard_slurm_cluster, shard_hub
+    cluster.reset()
+    h1, h2, w = unix_account("lost1"), unix_account("lost2"), unix_account("lostw")
+    for u in (h1, h2, w):
+        set_balance(hub, u, "100")
+    try:
+        for u in (h1, h2):
+            ok, message = wait_spawned(hub, u, "", spawn(hub, u, {"profile": "half-a6000"}))
+            assert ok, message
+        g = alloc_of(hub, h2)["gpus"][0]["index"]
+        assert g == 0 and alloc_of(hub, h1)["gpus"][0]["index"] == 0  # Slurm's first GPU with room
+        stop_server(hub, h1)
+        wait_for(lambda: all(a["user"] != h1 for a in allocations(hub)), 60, "the first half to be released")
+        ok, message = wait_spawned(hub, w, "", spawn(hub, w, {"profile": "a6000"}))
+        assert ok, message
+        assert job_of(cluster, alloc_of(hub, w)["id"]).gpu_indices("sgpu-a") == (0,)  # Slurm's bug
+        wait_for(lambda: [(g["index"], Decimal(g["fraction"])) for g in alloc_of(hub, w)["gpus"]] == [(0, HALF_GPU)],
+                 60, "the whole-GPU server to be booked and charged as the half that is left")
+        assert [(g["index"], Decimal(g["fraction"])) for g in alloc_of(hub, h2)["gpus"]] == [(0, HALF_GPU)]
+        assert "was given whole to Slurm job" in node_problem(hub, "sgpu-a")
+    finally:
+        for u in (h1, h2, w):
+            stop_server(hub, u)
+        wait_for(lambda: not allocations(hub), 60, "the allocations to be released")
         cluster.reset()
 
 
@@ -372,6 +444,6 @@ def test_shard_rebind_moves_the_share_and_its_price_stays_the_share_held(tmp_pat
     second = m.admission.admit("u3", [], "", Request(gpu_milli=500), ["RTX A6000"])
     assert [x["index"] for x in second.gpus] == [other]
     # Slurm never gives a full GPU's shards; the refusal names the holder (issue 48.3: it named the mover)
-    with pytest.raises(ValueError, match=f"held by {whole.id}: swapping the bookings fails, they do not fit"):
+    with pytest.raises(ValueError, match=f"held by {whole.id}: swapping the bookings fails"):
         m.rebinds.rebind(m.ledger, second.id, [g["index"]])
     assert [x["index"] for x in m.ledger.allocations.get(second.id).gpus] == [other]

@@ -37,8 +37,9 @@ class Rebinds:
     @writes
     def rebind(self, ledger: Ledger, alloc_id: str, indices: list[int]) -> AllocationRecord:
         """Record the GPUs a server's job really got (same node, same models, same count), swapping with
-        the allocations that stand on them. ``ValueError`` (with a message for the caller) when they do
-        not fit; ``LookupError`` when the allocation is not held."""
+        the allocations that stand on them whose own jobs have not started yet (pending: their GPUs are
+        the pool's guess still). ``ValueError`` (with a message for the caller) when they do not fit or
+        a started job holds them; ``LookupError`` when the allocation is not held."""
         record = ledger.allocations.get(alloc_id)
         if record is None or record.released_at is not None:
             raise LookupError(f"no held allocation {alloc_id!r}")
@@ -47,6 +48,11 @@ class Rebinds:
             return record
         pool = self.inventory.pool
         held = {a.id: a for a in ledger.allocations.active_on(nodes=[record.node]) if a.id in pool}
+        confirmed = [a for a, r in held.items() if a != alloc_id and r.charged_from is not None
+                     and set(indices) & {g["index"] for g in r.gpus}]
+        if confirmed:  # a booking its own job confirmed (its start reported) never moves: Slurm's word
+            raise ValueError(self._refusal(record, indices, {alloc_id: (), **{a: () for a in confirmed}},
+                                           "their jobs run there"))
         try:
             moves = swap_moves(alloc_id, [g["index"] for g in record.gpus], indices,
                                {a: [g["index"] for g in r.gpus] for a, r in held.items()})
@@ -62,6 +68,30 @@ class Rebinds:
         for a, new in moves.items():
             log.info("Allocation %s rebound to GPUs %s of %s (as the scheduler bound %s)", a, list(new),
                      record.node, "it" if a == alloc_id else f"{alloc_id}: a swap")
+        return ledger.allocations.get(alloc_id)  # type: ignore[return-value]
+
+    @writes
+    def share_what_is_left(self, ledger: Ledger, alloc_id: str, index: int, milli: int) -> AllocationRecord:
+        """A whole-GPU allocation whose job Slurm put on GPU ``index``, which shard jobs hold too (Slurm
+        22.05's lost shards, ``slurm/shared.py``): booked, and charged, as the ``milli`` of the GPU left
+        beside the shards, on that GPU. ``ValueError`` when nothing is left or it does not fit."""
+        record = ledger.allocations.get(alloc_id)
+        if record is None or record.released_at is not None:
+            raise LookupError(f"no held allocation {alloc_id!r}")
+        if len(record.gpus) != 1 or record.gpus[0].get("mig_uuid"):
+            raise ValueError("only an allocation of one whole GPU is charged as what is left of it")
+        [held] = record.gpus
+        if held["index"] == index and held["milli"] == milli:
+            return record
+        if not 0 < milli < MILLI:
+            raise ValueError(f"{milli} milli of GPU {index} is left beside its shards")
+        gpus = self._node_gpus(record, [index])
+        moved = ({**held, "index": index, "uuid": gpus[index].uuid, "model": gpus[index].model, "milli": milli,
+                  "share": held.get("share") or "timeslice"},)
+        self._apply(record.node, {alloc_id: record}, {alloc_id: moved}, [index], {alloc_id: (index,)})
+        ledger.allocations.set_gpus_of({alloc_id: moved})
+        log.warning("Allocation %s of %s/%s shares GPU %s of %s with shard jobs: charged as the %s of it that is "
+                    "left", alloc_id, record.user, record.server, index, record.node, f"{milli / MILLI:g}")
         return ledger.allocations.get(alloc_id)  # type: ignore[return-value]
 
     def _node_gpus(self, record: AllocationRecord, indices: list[int]) -> dict[int, Any]:
