@@ -16,7 +16,8 @@ pool's share to that GPU.
 from __future__ import annotations
 
 import threading
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from decimal import Decimal
 
 import pytest
@@ -42,13 +43,17 @@ HALF_GPU = Decimal("0.5")
 
 @pytest.fixture(scope="module")
 def shard_slurm_cluster():
-    yield from running_cluster(SHARD_NODES, {"gpu": ["sgpu-a"]}, shards=SHARDS, accounting=False)
+    # confined as a production cluster is (ConstrainDevices=yes: issue 48 asks its Slurm tests to run so)
+    yield from running_cluster(SHARD_NODES, {"gpu": ["sgpu-a"]}, shards=SHARDS, accounting=False,
+                               constrain_devices=True)
 
 
 @pytest.fixture(scope="module")
 def shard_hub(tmp_path_factory, shard_slurm_cluster):
     workdir = tmp_path_factory.mktemp("shardhub")
-    config = slurm_config(workdir, shard_slurm_cluster) + f"c.GPUPoolSpawner.profiles = {SHARE_PROFILES!r}\n"
+    config = (slurm_config(workdir, shard_slurm_cluster) + f"c.GPUPoolSpawner.profiles = {SHARE_PROFILES!r}\n"
+              # the cluster confines jobs to their GPUs: the start check must accept it, as in production
+              + "c.GPUPool.slurm_allow_env_only_gpu_hiding = False\n")
     for hub in spawner_hub(tmp_path_factory, "shardhub", config):
         hub.slurm_workdir = workdir
         yield hub
@@ -328,6 +333,76 @@ def test_48_4_a_whole_gpu_server_put_on_a_shared_gpu_is_charged_only_what_is_lef
             stop_server(hub, u)
         wait_for(lambda: not allocations(hub), 60, "the allocations to be released")
         cluster.reset()
+
+
+@pytest.fixture(scope="module")
+def queue_hub(tmp_path_factory, shard_slurm_cluster):
+    """A second hub on the confined shard cluster, with the wait queue on (the example configuration's)."""
+    workdir = tmp_path_factory.mktemp("shardqueue")
+    config = (slurm_config(workdir, shard_slurm_cluster) + f"c.GPUPoolSpawner.profiles = {SHARE_PROFILES!r}\n"
+              + "c.GPUPool.slurm_allow_env_only_gpu_hiding = False\nc.GPUPool.queue_enabled = True\n")
+    yield from spawner_hub(tmp_path_factory, "shardqueue", config)
+
+
+def queue_entries(hub) -> list[dict]:
+    r = hub.service("GET", "/queue", hub.tester_token)
+    r.raise_for_status()
+    return r.json()["waiting"]
+def job_alive(job_id: int) -> bool:
+    """Whether a process of Slurm job ``job_id`` still runs on this machine (the cluster's nodes are here)."""
+    needle = f"SLURM_JOB_ID={job_id}\0".encode()
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if needle in (proc / "environ").read_bytes():
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def test_48_2_a_stop_while_slurmctld_is_down_keeps_the_gpu_held_and_charged_until_the_job_ends(
+        queue_hub, shard_slurm_cluster, unix_account):
+    """Issue 48.2: with slurmctld down, DELETE of the server answered, scancel failed, and the pool released the
+    GPU all the same: the job ran on 14 minutes uncharged while the next user got its GPU. Now the allocation
+    stays held and charged, shown as stopping; the cancel is asked again once slurmctld answers, and the
+    waiting user gets that GPU only when the job is gone."""
+    hub, slurm = queue_hub, shard_slurm_cluster
+    slurm.reset()
+    owner, waiter = unix_account("stopa"), unix_account("stopb")
+    for user in (owner, waiter):
+        set_balance(hub, user, "100")
+    ok, message = wait_spawned(hub, owner, "", spawn(hub, owner, {"profile": "a6000"}))
+    assert ok, message
+    [alloc] = allocations(hub)
+    [job] = [j for j in server_jobs(slurm)]
+    slurm.stop_slurmctld()
+    try:
+        stop_server(hub, owner, timeout=120)  # the hub counts it stopped: its scancel failed
+        assert job_alive(job)  # the job runs on
+        [held] = allocations(hub)
+        assert held["id"] == alloc["id"] and held["released_at"] is None  # held, and so charged
+        wait_for(lambda: allocations(hub)[0]["stopping_since"], 30, "the service to be told it is stopping")
+        r = spawn(hub, waiter, {"profile": "a6000", "gpus": 2})  # both A6000s: the owner's GPU is needed
+        assert r.status_code == 202, r.text
+        wait_for(lambda: [e["user"] for e in queue_entries(hub)] == [waiter], 30, "the waiter to queue")
+        assert [a["user"] for a in allocations(hub)] == [owner]  # the GPU is not the waiter's
+        assert job_alive(job)
+    finally:
+        slurm.start_slurmctld()
+    back = datetime.now(timezone.utc)
+    # slurmctld answers: the hub asks again, the job is cancelled, then the GPU goes to the waiter
+    wait_for(lambda: not job_alive(job) and job not in slurm.job_ids(), 90, "the job to be cancelled at last")
+    wait_for(lambda: all(a["id"] != alloc["id"] for a in allocations(hub)), 60, "the GPU to be released")
+    ok, message = wait_spawned(hub, waiter, "", r)
+    assert ok, message
+    released = hub.service("GET", f"/allocations/{alloc['id']}", hub.spawner_token).json()["allocation"]
+    assert datetime.fromisoformat(released["released_at"].replace("Z", "+00:00")) >= back - timedelta(seconds=1), \
+        released  # charged until the job was seen gone, not until the failed stop
+    [new] = allocations(hub)
+    assert new["user"] == waiter and alloc["gpus"][0]["index"] in [g["index"] for g in new["gpus"]]
+    stop_server(hub, waiter)
+    wait_for(lambda: not allocations(hub), 60, "the waiter's allocation to be released")
+    slurm.reset()
 
 
 def test_shard_start_check_refuses_fractional_profiles_without_shards(slurm_cluster, shard_slurm_cluster, tmp_path):
