@@ -209,14 +209,17 @@ c.GPUPoolService.debit_interval = 3600         # charge closed hours
 # Share profiles (half-a6000 above) run as Slurm shards: slurm.conf GresTypes=gpu,shard, each node's
 # Gres= with its shards (Gres=gpu:a6000:4,shard:a6000:32) and per GPU a gres.conf line
 # "NodeName=gpu-a Name=shard Type=a6000 Count=8 File=/dev/nvidia0"; the service does not start
-# without them (the message names the lines), nor with usage_preset = "slurm" (docs/slurm.md, "GPU shares").
+# without them (the message names the lines). Slurm 22.05 may give a GPU whose shards are in use whole
+# to another job: docs/slurm.md, "Lost shards" and "Shares apart".
+# The service charges from its own records (exact for shares too, and from each job's start: nothing
+# while it waits in Slurm's queue). usage_preset = "slurm" (sacct, needs slurmdbd) charges gres/gpu time
+# only, so it is for pools without share profiles: with half-a6000 above the service refuses it.
 # SERVERS_PYTHON = "/opt/jupyterhub/bin"    # CHANGE: a venv every user may run, same path on every node
 # c.JupyterHub.spawner_class = "gpupool-slurm"
 # c.JupyterHub.hub_connect_ip = "10.0.0.1"   # CHANGE: where jobs on the nodes reach the hub
 # c.GPUPool.inventory = "slurm"
 # c.GPUPool.slurm_conf = "/etc/slurm/slurm.conf"                                             # CHANGE
 # c.GPUPool.slurm_gpu_models = {"a6000": "NVIDIA RTX A6000", "rtx3090": "NVIDIA GeForce RTX 3090"}  # CHANGE
-# c.GPUPoolService.usage_preset = "slurm"    # charge from sacct (needs slurmdbd)
 # c.GPUPoolSlurmSpawner.batchspawner_singleuser_cmd = SERVERS_PYTHON + "/batchspawner-singleuser"
 # c.Spawner.cmd = [SERVERS_PYTHON + "/jupyterhub-singleuser"]
 # c.GPUPoolSlurmSpawner.req_prologue = "export PATH=" + SERVERS_PYTHON + ":/usr/local/bin:/usr/bin:/bin"

@@ -27,6 +27,7 @@ from traitlets.config import Application, catch_config_error
 from .. import __version__
 from ..config import GPUPool, make_inventory_source, make_pool
 from ..ledger import Ledger, LedgerError, upgrade_database
+from ..placement.request import Request
 from ..profiles import Profile, parse_profiles
 from ..spawnertoken import SpawnerTokenError, resolve_spawner_token
 from ..usage import UsageSource
@@ -47,7 +48,9 @@ from .jobs.reclaim import ReclaimExecutor
 from .jobs.reconcile import DebitAfterReconcile, ReconcileJob
 from .core.jobs_lease import JobsLease
 from ..lifetime import STOP_DEADLINE, exit_with_parent, listen_sockets, on_stop_signals
+from .core.errors import Refused
 from .core.manager import PoolManager
+from .core.pool_inventory import PoolInventory
 from .metrics import ServiceMetrics
 from .usage import UsageConfigError, make_usage_source
 from .api.schema import warm_up
@@ -273,6 +276,7 @@ class GPUPoolService(Application):
         teams = self.settings_.team_table()
         owed = max((q.total for q in teams.quotas.values()), default=0) // 1000 if teams.enabled else None
         self.manager.inventory.expect_profiles(profiles, owed)
+        warn_unfit_profiles(self.manager.inventory, profiles)
         if self.inventory_source.dynamic:  # before the first request: nodes down, GPUs held outside the hub
             self.manager.inventory.apply_node_status(self.inventory_source.node_status())
         self.log.info("gpupool %s: %d node(s), %d allocation(s) restored, ledger %s",
@@ -462,6 +466,28 @@ def configures_slurm_spawner(service: GPUPoolService) -> bool:
         f"{getattr(spawner_class, '__module__', '')}.{getattr(spawner_class, '__name__', '')}")
     return name in ("gpupool-slurm", "gpupool_hub.slurm.spawner.GPUPoolSlurmSpawner") or \
         "GPUPoolSlurmSpawner" in service.config
+
+
+def warn_unfit_profiles(inventory: PoolInventory, profiles: list[Profile]) -> list[str]:
+    """One WARNING at start naming the GPU profiles no node of the pool could ever take (8 CPUs and
+    32 GB where the nodes have fewer): a user picking one would wait or be refused. Their names."""
+    unfit = []
+    for p in profiles:
+        if not p.needs_gpu or p.mig:
+            continue
+        try:
+            models = inventory.resolve_models(p.models) if p.models else frozenset(inventory.models())
+        except Refused:
+            continue  # a model this pool lacks: the refusal says so at the spawn
+        body = p.request()
+        request = Request(cpu_milli=body.get("cpu_milli", 0), memory_mib=body.get("memory_mib", 0),
+                          gpus=0 if p.gpu_milli else p.gpus, gpu_milli=p.gpu_milli, models=models)
+        if models and not inventory.pool.could_ever_fit(request):
+            unfit.append(f"{p.slug!r} ({request.describe()})")
+    if unfit:
+        log.warning("gpupool: no node of the pool can ever take profile(s) %s: their GPUs, CPUs or memory are "
+                    "more than any node has; change them in c.GPUPoolSpawner.profiles", ", ".join(unfit))
+    return unfit
 
 
 def slurm_hub_jobs(service: GPUPoolService) -> Callable[[], Awaitable[set[str]]] | None:

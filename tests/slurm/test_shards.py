@@ -15,6 +15,8 @@ pool's share to that GPU.
 
 from __future__ import annotations
 
+import json
+import sys
 import threading
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -403,6 +405,39 @@ def test_48_2_a_stop_while_slurmctld_is_down_keeps_the_gpu_held_and_charged_unti
     stop_server(hub, waiter)
     wait_for(lambda: not allocations(hub), 60, "the waiter's allocation to be released")
     slurm.reset()
+
+
+def test_48_9_the_example_slurm_block_starts_as_shipped_and_names_profiles_no_node_fits(
+        shard_slurm_cluster, tmp_path):
+    """Issue 48.9: the example configuration's Slurm block, uncommented as docs/slurm.md says (only its CHANGE
+    lines given this site's values), did not start: its usage_preset "slurm" was refused beside the example's
+    own half-a6000 profile. It starts now, on a cluster with shards and ConstrainDevices=yes, and says once
+    which of the example's profiles no node can take (1xa6000 asks 32 GB, half-a6000 16 GiB; these nodes
+    have 16,000 MiB)."""
+    from tests.e2e.conftest import ExampleHub, shut_down
+    from tests.slurm.test_docs_verbatim import slurm_block
+
+    cluster = shard_slurm_cluster
+    lines, changes = slurm_block()
+    site = {"SERVERS_PYTHON": repr(str(Path(sys.executable).parent)), "c.JupyterHub.hub_connect_ip": repr("127.0.0.1"),
+            "c.GPUPool.slurm_conf": repr(str(cluster.conf)), "c.GPUPool.slurm_gpu_models": repr(MODELS),
+            "c.GPUPoolSlurmSpawner.node_addresses": json.dumps({n.name: "127.0.0.1" for n in cluster.nodes})}
+    assert set(site) == changes
+    block = "\n".join(f"{line.split(' = ', 1)[0]} = {site[line.split(' = ', 1)[0]]}"
+                      if line.split(" = ", 1)[0] in site else line for line in lines)
+    workdir = tmp_path / "examplehub"
+    workdir.mkdir()
+    hub = ExampleHub(workdir, debit_interval=5, debit_check_interval=1, extra=block + "\n")
+    try:
+        hub.start(timeout=90)  # the hub starts only once its service did
+        log = hub.log_path.read_text()
+        assert "gpupool-slurm" in log or "GPUPoolSlurmSpawner" in log
+        assert log.count("no node of the pool can ever take profile(s)") == 1, log[-3000:]
+        said = log.split("can ever take profile(s)")[1].split("\n")[0]
+        assert "'1xa6000' (1 GPU (nvidia rtx a6000), 8 CPU, 32768 MiB)" in said, said  # 16,000 MiB nodes
+        assert "'half-a6000'" in said and "3090" not in said, said  # a model the pool lacks is another matter
+    finally:
+        shut_down(hub)
 
 
 def test_shard_start_check_refuses_fractional_profiles_without_shards(slurm_cluster, shard_slurm_cluster, tmp_path):
