@@ -271,7 +271,7 @@ def parse_node(line: str, models: Mapping[str, str], skip_unmapped: bool = False
         partitions=_words(_first(pairs, "Partitions")),
         features=_words(_first(pairs, "AvailableFeatures")),
         state=state,
-        reason=reason if reason and reason not in _NULL else None,
+        reason=drain_reason(reason) if reason and reason not in _NULL else None,
         gpus=gpus,
         unmapped=unmapped or {},
         shards_per_gpu=shards_per_gpu(gres, where),
@@ -292,6 +292,16 @@ def shards_per_gpu(gres: str, where: str = "GRES") -> dict[str, int]:
             table = gpus if item.name == "gpu" else shards
             table[item.type] = table.get(item.type, 0) + item.count
     return {t: n // gpus[t] for t, n in shards.items() if gpus.get(t) and n and n % gpus[t] == 0}
+
+
+#: what slurmctld appends to a node's reason: who set it, and when (``[root@2026-11-28T10:00:00]``,
+#: ``[root@1764324000]`` with ``SLURM_TIME_FORMAT=%s``)
+_SET_BY = re.compile(r"\s*\[[^\[\]@\s]+@[^\[\]\s]+\]\s*$")
+
+
+def drain_reason(reason: str) -> str:
+    """The admin's reason for a drain, for users: without the ``[user@time]`` slurmctld appends."""
+    return _SET_BY.sub("", reason).strip() or reason.strip()
 
 
 def parse_nodes(text: str, models: Mapping[str, str], skip_unmapped: bool = False) -> list[SlurmNode]:

@@ -211,3 +211,20 @@ def test_a_gpu_its_agent_stops_reporting_stays_its_servers_and_is_taken_back_whe
     assert gpu_of(nodes, "n1", bob.gpus[0]["index"])["holders"] == []
     assert problems(caplog) == []
     m.close()
+
+
+def test_a_drained_node_is_logged_once_not_at_every_refresh(tmp_path, caplog):
+    """Issue 48.9: an INFO line repeated every 5 s while a node stayed drained. Now once per change."""
+    scontrol = Scontrol()
+    scontrol.text = (DATA / "nodes_drain_resv.txt").read_text()
+    with caplog.at_level(logging.INFO, "gpupool"):
+        m, source = start(f"sqlite:///{tmp_path / 'l.sqlite'}", FULL_MAP, scontrol, Clock())
+        for _ in range(3):  # three refreshes, nothing changed
+            m.inventory.apply_node_status(source.node_status())
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Held outside the hub")]
+    assert len(said) == 1, said
+    assert "gpu-a': 'drained: fan broken x=1 (ticket 42)'" in said[0] and "[root@" not in said[0], said[0]
+    scontrol.text = (DATA / "nodes_idle.txt").read_text()  # resumed: said once more
+    with caplog.at_level(logging.INFO, "gpupool"):
+        m.inventory.apply_node_status(source.node_status())
+    assert len([r for r in caplog.records if r.getMessage().startswith("Held outside the hub")]) == 2

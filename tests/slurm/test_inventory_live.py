@@ -89,14 +89,15 @@ def test_drained_down_and_reserved_nodes(slurm: SlurmCluster) -> None:
                "Users=root"])
     poll(lambda: "RESERVED" in {n.name: n for n in inv.nodes()}["gpu-c"].state.raw, 20, "the reservation")
     nodes = {n.name: n for n in inv.nodes()}
-    assert nodes["gpu-a"].why_not.startswith("drained: bad fan x=1 [")
-    assert nodes["gpu-b"].why_not.startswith("draining: maintenance [")
+    # slurmctld's "[root@<time>]" after the admin's words is not for users (issue 48.9)
+    assert nodes["gpu-a"].why_not == "drained: bad fan x=1"
+    assert nodes["gpu-b"].why_not == "draining: maintenance"
     assert nodes["gpu-c"].why_not == "reserved (advance reservation)"
     assert not any(n.takes_placements for n in nodes.values())
     slurm.run(["scontrol", "delete", "ReservationName=test"])
     slurm.run(["scontrol", "update", "NodeName=gpu-c", "State=DOWN", "Reason=gone"])
     nodes = {n.name: n for n in inv.nodes()}
-    assert nodes["gpu-c"].why_not.startswith("down: gone [")
+    assert nodes["gpu-c"].why_not == "down: gone"
     # the fixture's reset resumes the nodes for the next test
 
 

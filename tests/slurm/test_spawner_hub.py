@@ -315,6 +315,31 @@ def test_a_name_that_is_no_unix_account_is_refused_before_any_command_runs(hub, 
     wait_for(lambda: not allocations(hub), 30, "the allocation to be released")
 
 
+def test_a_slurmctld_restart_with_a_server_running_logs_no_traceback(hub, slurm, unix_account):
+    """Issue 48.9: after each slurmctld restart the service logged an ERROR with a traceback (and again at
+    every refresh until slurmctld answered in full): a restarted slurmctld answers for a few seconds
+    without GPU indices. That is a warning, once, and the pool keeps Slurm's last word meanwhile."""
+    user = unix_account("rest")
+    set_balance(hub, user, "100")
+    ok, message = wait_spawned(hub, user, "", spawn(hub, user, {"profile": "a6000"}))
+    assert ok, message
+    before = len(hub.log_path.read_text().splitlines())
+    try:
+        for _ in range(2):
+            slurm.stop_slurmctld()
+            wait_for(lambda: "slurmctld does not answer" in "\n".join(
+                hub.log_path.read_text().splitlines()[before:]) or None, 30, "the service to see the outage")
+            slurm.start_slurmctld()
+            seen = inventory_refreshes(hub)
+            wait_for(lambda: inventory_refreshes(hub) > seen + 5, 60, "five refreshes after the restart")
+    finally:
+        stop_server(hub, user)
+    lines = hub.log_path.read_text().splitlines()[before:]
+    service = [line for line in lines if " gpupool" in line]
+    assert not [line for line in service if line.startswith("[E ") or "Traceback" in line], "\n".join(service)
+    wait_for(lambda: not allocations(hub), 30, "the allocation to be released")
+
+
 def test_hub_restart_keeps_the_server_its_job_and_its_gpus(hub, slurm, unix_account):
     """Issue 13.4. Last in this module: it restarts the module's hub."""
     rita = unix_account("rita")

@@ -395,9 +395,10 @@ class PoolInventory:
                     node=ns.name, gpus=tuple(GPUShare(g.index, g.uuid, g.model, MILLI) for g in rest),
                     cpu_milli=max(ns.cpu_free, 0), memory_mib=max(ns.mem_free, 0)))
                 unavailable[ns.name] = st.why_not or "takes no placements"
+        changed = (outside, unavailable) != (self.held_outside, self.unavailable)
         self.held_outside = outside
         self.unavailable = unavailable
-        if outside or unavailable:
+        if changed:  # once per change, not at every refresh while a node stays drained
             log.info("Held outside the hub: %s; nodes taking no placements: %s", outside or "none",
                      unavailable or "none")
         self.unplaced.say(self.problems)  # once per change of what to fix, not at every refresh

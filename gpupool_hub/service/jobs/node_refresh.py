@@ -7,7 +7,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ...slurm.commands import OutageLog, SlurmCommandError, controller_unreachable
+from ...slurm.commands import OutageLog, SlurmCommandError, SlurmOutputError, controller_unreachable
 from ...inventory.sources import InventorySource
 from ...ledger import Ledger
 from ..core.pool_inventory import PoolInventory
@@ -33,6 +33,7 @@ class InventoryRefreshJob:
         self.rebinds = rebinds
         self.ledger = ledger
         self.outage = OutageLog(log)
+        self.incomplete = False  # the last answer was incomplete (said once)
         self._shared: set[tuple[str, int, tuple[int, ...]]] = set()
 
     async def __call__(self) -> None:
@@ -44,6 +45,17 @@ class InventoryRefreshJob:
             # slurmctld restarting or down: the pool keeps Slurm's last word; said once, not every refresh
             self.outage.failed(str(e))
             return
+        except SlurmOutputError as e:
+            # a slurmctld that just restarted answers for a few seconds without GPU indices (issue 48.9:
+            # an ERROR with a traceback after each restart): the pool keeps Slurm's last word; said once
+            if not self.incomplete:
+                log.warning("slurmctld's answer is incomplete (as while it restarts): %s; the pool keeps Slurm's "
+                            "last word until it answers in full", e)
+            self.incomplete = True
+            return
+        if self.incomplete:
+            log.info("slurmctld answers in full again")
+            self.incomplete = False
         self.outage.ok()
         await self.inventory.apply_node_status.off_loop(status)
         await self._shared_gpus([g for st in status.values() for g in st.shared])
