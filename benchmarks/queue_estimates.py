@@ -29,11 +29,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpupool_hub import eta  # noqa: E402
+from gpupool_hub.queue import estimates as eta  # noqa: E402
 from gpupool_hub.placement import Request  # noqa: E402
-from gpupool_hub.eta_forecast import Forecast  # noqa: E402
+from gpupool_hub.queue.forecast import Forecast  # noqa: E402
 from gpupool_hub.service.core.queue_eta import ESTIMATE_TTL, RELEASES_TTL  # noqa: E402
-from gpupool_hub.waitqueue import BORROWER, UNDER_QUOTA, FairOrder, Waiter  # noqa: E402
+from gpupool_hub.queue.rules import BORROWER, UNDER_QUOTA, FairOrder, Waiter  # noqa: E402
 
 TARGET_S = ESTIMATE_TTL / 10
 FORECAST_TARGET_S = RELEASES_TTL / 30

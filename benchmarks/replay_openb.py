@@ -20,7 +20,7 @@ Schedulers, each on a fresh ``gpupool_hub.placement.Pool`` with FGD:
 - ``fifo-fgd``   plain first come, first served, no backfill (the baseline)
 - ``project``    the hub's queue (``waitqueue.fair_order`` + ``waitqueue.dispatch``:
                  round-robin across users, backfill around a reserved node, old
-                 waiters closing their nodes) with the ETA of ``gpupool_hub.eta``:
+                 waiters closing their nodes) with the ETA of ``gpupool_hub.queue.estimates``:
                  the time by which what the held servers of the waiter's models
                  will free (``eta_forecast``), times the share of frees that went
                  to waiters, covers the need ahead (else the need over the rate
@@ -72,14 +72,14 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.placement_openb import TraceNotFound, load_cluster, resolve_trace  # noqa: E402
-from gpupool_hub import eta  # noqa: E402
+from gpupool_hub.queue import estimates as eta  # noqa: E402
 from gpupool_hub.placement import ModelUnavailable, NoCapacity, Pool, Request, get_policy, load_nodes  # noqa: E402
 from gpupool_hub.placement.request import normalize_model  # noqa: E402
 from benchmarks.replay_workloads import (DERIVED, TEAMS, NoTimes, Pod, compress, derive,  # noqa: E402
                                          find_workloads, load_timed_pods, past_sessions, resize)
-from gpupool_hub.eta_forecast import Forecast  # noqa: E402
-from gpupool_hub.waitqueue import (BORROWER, UNDER_QUOTA, Dispatch, ExpectedRelease, FairOrder, Waiter,  # noqa: E402
-                                   dispatch, estimate_starts, join_behind, reserve_node)
+from gpupool_hub.queue.forecast import Forecast  # noqa: E402
+from gpupool_hub.queue.rules import (BORROWER, UNDER_QUOTA, Dispatch, ExpectedRelease, FairOrder, Waiter, dispatch,
+    estimate_starts, join_behind, reserve_node)
 
 TYPICAL_S = 4 * 3600.0  # c.GPUPool.expected_session_hours' default: today's estimator
 CHAIN_ROUNDS = 3  # as service/core/queue_eta.py

@@ -1,4 +1,4 @@
-"""The ETA learned from history (gpupool_hub.eta) on small worked examples."""
+"""The ETA learned from history (gpupool_hub.queue.estimates) on small worked examples."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from gpupool_hub import eta
+from gpupool_hub.queue import estimates as eta
 from gpupool_hub.placement.request import Request
-from gpupool_hub.waitqueue import Waiter
+from gpupool_hub.queue.rules import Waiter
 
 NOW = datetime(2026, 3, 2, 9, 0, tzinfo=timezone.utc)
 A100 = "a100"
@@ -301,7 +301,7 @@ def test_later_arrivals_the_round_robin_puts_ahead_lengthen_the_wait() -> None:
     # ann and bob join once a minute and eve once in ten: each one's next server sorts ahead of
     # dan's third (their round, 1, is below its 2), one each at most (then their round is 2).
     # Those that join within its wait lengthen it: about 8.9 minutes, not 6.
-    from gpupool_hub.waitqueue import FairOrder
+    from gpupool_hub.queue.rules import FairOrder
 
     def w(wid: str, user: str, seconds: int) -> Waiter:
         return Waiter(id=wid, user=user, server=wid, request=Request(gpus=1, models=frozenset({A100})),
@@ -339,7 +339,7 @@ def test_those_joining_ahead_add_up_user_by_user_in_a_queue_of_thousands(seed: i
     # pool's queue asks about thousands of users at each step), it must give the same sums.
     import random
 
-    from gpupool_hub.waitqueue import FairOrder
+    from gpupool_hub.queue.rules import FairOrder
 
     rng = random.Random(seed)
     users = [f"u{i}" for i in range(300)]

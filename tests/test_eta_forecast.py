@@ -1,4 +1,4 @@
-"""What the pool will free as its servers age (gpupool_hub.eta_forecast), and the waits it gives
+"""What the pool will free as its servers age (gpupool_hub.queue.forecast), and the waits it gives
 a waiter after a burst, on small worked examples."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ from datetime import datetime, timezone
 
 import pytest
 
-from gpupool_hub import eta
-from gpupool_hub.eta_flow import Drain
-from gpupool_hub.eta_forecast import Forecast
+from gpupool_hub.queue import estimates as eta
+from gpupool_hub.queue.flow import Drain
+from gpupool_hub.queue.forecast import Forecast
 from gpupool_hub.placement.request import Request
-from gpupool_hub.waitqueue import Waiter
+from gpupool_hub.queue.rules import Waiter
 
 NOW = datetime(2026, 3, 2, 9, 0, tzinfo=timezone.utc)
 A100, L4 = "a100", "l4"

@@ -414,7 +414,7 @@ def test_the_ledger_modules_are_small_and_its_stores_import_no_other_store_nor_t
 
 
 #: the pure rules (rule 5): they decide, others do the I/O
-PURE = ["credits.py", "fairshare.py", "waitqueue.py", "eta.py", "cull.py", "idle.py", "placement"]
+PURE = ["credits.py", "fairshare.py", "queue", "cull.py", "idle.py", "placement"]
 #: what a pure rule may not import: the network, processes, the database, the event loop, the devices
 IO_MODULES = {"socket", "subprocess", "requests", "tornado", "sqlalchemy", "asyncio", "http", "urllib.request",
               "psutil", "pynvml", "threading", "concurrent", "multiprocessing", "shutil", "sqlite3", "psycopg"}

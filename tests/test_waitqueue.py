@@ -9,8 +9,8 @@ import pytest
 from datetime import datetime, timedelta, timezone
 
 from gpupool_hub.placement import Pool, Request
-from gpupool_hub.waitqueue import (BORROWER, RESERVE_AFTER, UNDER_QUOTA, ExpectedRelease, FairOrder, Waiter,
-                                   dispatch, estimate_starts, fair_order, join_behind, wait_text)
+from gpupool_hub.queue.rules import (BORROWER, RESERVE_AFTER, UNDER_QUOTA, ExpectedRelease, FairOrder, Waiter,
+    dispatch, estimate_starts, fair_order, join_behind, wait_text)
 
 T0 = datetime(2026, 11, 22, 9, tzinfo=timezone.utc)
 MODEL = "NVIDIA GeForce RTX 3090"

@@ -441,7 +441,7 @@ def test_positions_are_the_fair_order_through_joins_retries_releases_and_time(tm
     # position must be the one a full sort gives at that moment.
     import random
 
-    from gpupool_hub.waitqueue import fair_order
+    from gpupool_hub.queue.rules import fair_order
 
     rng = random.Random(seed)
     clock = Clock()

@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import sqlalchemy as sa
 
-from gpupool_hub import eta
+from gpupool_hub.queue import estimates as eta
 from gpupool_hub.ledger.schema import estimates
 from tests.service.test_queue import admit, manager, queued
 from tests.fixtures.manager import Clock

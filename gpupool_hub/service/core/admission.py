@@ -18,7 +18,8 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from ... import fairshare, waitqueue
+from ... import fairshare
+from ...queue import rules as waitqueue
 from ...config import GPUPool
 from ...credits import CreditRules, affording_credit, can_start, start_need
 from ...ledger import AllocationRecord, Ledger

@@ -1,6 +1,6 @@
 """The wait queue in the service: servers waiting for GPUs, in fair order.
 
-The rules are pure (:mod:`gpupool_hub.waitqueue`); this unit keeps their
+The rules are pure (:mod:`gpupool_hub.queue.rules`); this unit keeps their
 state. A GPU request that finds no room joins the queue (one entry per (user,
 server)) and is refused with ``QUEUED``, its position and an estimate; the
 spawner retries every few seconds, and each retry answers the current
@@ -33,14 +33,14 @@ from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
-from ... import eta as eta_rules
+from ...queue import estimates as eta_rules
 from ...config import GPUPool
 from ...ledger import Ledger
 from ...placement.request import Request, model_allowed, normalize_model, same_request
 from ...placement.state import Placement
 from ...reasons import RefusalReason
 from ...timefmt import iso
-from ...waitqueue import BORROWER, Dispatch, FairOrder, Waiter, demand, dispatch, join_behind, wait_place, wait_text
+from ...queue.rules import BORROWER, Dispatch, FairOrder, Waiter, demand, dispatch, join_behind, wait_place, wait_text
 from .errors import Refused
 from .pool_inventory import PoolInventory
 from .queue_entries import Entries, Entry
@@ -397,7 +397,7 @@ class WaitQueue:
     @writes
     def demand(self, asks: Iterable[tuple[str, frozenset[str]]]) -> dict[tuple[str, frozenset[str]], datetime | None]:
         """:meth:`demand_for` of many (user, models) at once, in one pass over the entries
-        (:func:`~gpupool_hub.waitqueue.demand`): the cull and idle jobs ask for every holder."""
+        (:func:`~gpupool_hub.queue.rules.demand`): the cull and idle jobs ask for every holder."""
         return demand([(e.last_seen, e.waiter.user, e.waiter.request.models) for e in self.entries.values()
                        if e.placement is None and not e.expired], asks)
 

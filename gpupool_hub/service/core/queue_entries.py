@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from ...placement.state import Placement
-from ...waitqueue import Waiter
+from ...queue.rules import Waiter
 
 
 @dataclass

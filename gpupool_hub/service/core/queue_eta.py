@@ -3,7 +3,7 @@ the pool's history, and their kept accuracy.
 
 The queue (:class:`~gpupool_hub.service.core.queue.WaitQueue`) holds one
 :class:`QueueEstimates`, which reads the queue's fair order from the order it is
-given. The rules are pure (:mod:`gpupool_hub.eta`, ``waitqueue.estimate_starts``);
+given. The rules are pure (:mod:`gpupool_hub.queue.estimates`, ``waitqueue.estimate_starts``);
 this reads their inputs (free GPUs, closed allocations, held ones and their known
 ends), caches the answers, and keeps the rate the queue is served at. The queue
 records each shown estimate and the real start in the ledger
@@ -18,13 +18,13 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from ... import eta as eta_rules
+from ...queue import estimates as eta_rules
 from ...config import GPUPool
-from ...eta_forecast import Forecast
+from ...queue.forecast import Forecast
 from ...ledger import AllocationRecord, Ledger
 from ...placement.request import normalize_model
 from ...timefmt import iso
-from ...waitqueue import ExpectedRelease, Waiter, estimate_starts
+from ...queue.rules import ExpectedRelease, Waiter, estimate_starts
 from .pool_inventory import PoolInventory
 from .queue_order import FairQueueOrder
 from .reclaims import Reclaims

@@ -2,7 +2,7 @@
 
 The queue (:class:`~gpupool_hub.service.core.queue.WaitQueue`) holds one
 :class:`FairQueueOrder`. The order's rules are pure
-(:class:`~gpupool_hub.waitqueue.FairOrder`); this keeps what they are sorted
+(:class:`~gpupool_hub.queue.rules.FairOrder`); this keeps what they are sorted
 from besides the entries (the reserved head, each user's held servers, the
 placements given) and the last order with what it was sorted from, because
 every waiting spawner asks for its place every few seconds (about 200 asks a
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from datetime import datetime
 
-from ...waitqueue import FairOrder, Waiter
+from ...queue.rules import FairOrder, Waiter
 from .queue_entries import Entries, Entry
 
 #: what an order was sorted from: (entries' version, placements given, held servers, head)

@@ -14,10 +14,10 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from ... import eta as eta_rules
+from ...queue import estimates as eta_rules
 from ...placement.request import Request, normalize_model
 from ...timefmt import iso
-from ...waitqueue import Waiter, fair_order
+from ...queue.rules import Waiter, fair_order
 from .pool_inventory import PoolInventory
 from .queue_entries import Entries, Entry
 from .queue_eta import ESTIMATE_TTL, QueueEstimates, range_json

@@ -52,11 +52,11 @@ from operator import attrgetter
 from typing import Any
 from weakref import WeakKeyDictionary, ref
 
-from .placement import mig as mig_placement
-from .placement.errors import ModelUnavailable, NoCapacity
-from .placement.request import MILLI, Request, model_allowed, normalize_model
-from .placement.scarce import fits_empty
-from .placement.state import Placement, Pool
+from ..placement import mig as mig_placement
+from ..placement.errors import ModelUnavailable, NoCapacity
+from ..placement.request import MILLI, Request, model_allowed, normalize_model
+from ..placement.scarce import fits_empty
+from ..placement.state import Placement, Pool
 
 #: priority classes, lower first
 UNDER_QUOTA = 0
@@ -602,7 +602,7 @@ def wait_place(position: int) -> str:
 def wait_text(position: int, eta: datetime | None, now: datetime, span: str | None = None,
               note: str | None = None) -> str:
     """"you are 2nd, about 20 minutes" — what the progress page says; with ``span`` (a range
-    from the pool's history, :func:`gpupool_hub.eta.range_text`) "about 20–45 min"; ``note``
+    from the pool's history, :func:`gpupool_hub.queue.estimates.range_text`) "about 20–45 min"; ``note``
     says where the figure came from in parentheses (a holder's known end, the typical session)."""
     nth = _nth(position)
     if span is not None:

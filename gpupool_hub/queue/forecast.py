@@ -3,12 +3,12 @@ they age, and the servers started on what they free, which end and free in their
 
 Pure: no I/O, no clock of its own; ages and times are seconds.
 
-Why: a queue's service rate, as measured over its last minutes (:class:`~gpupool_hub.eta_flow.Drain`),
+Why: a queue's service rate, as measured over its last minutes (:class:`~gpupool_hub.queue.flow.Drain`),
 says how fast it moved, not how fast it will. Right after a burst the held servers are
 young; session lengths are heavy-tailed, so their short sessions end first and the pool
 frees ever slower as the survivors age (in the time replay at load 0.9 the late waiters of
 a burst were shown 9.4 GPUs a second and were served 5.4). The held servers' remaining time,
-from the sessions that outlived their present age (:func:`gpupool_hub.eta.remaining_cdf`),
+from the sessions that outlived their present age (:func:`gpupool_hub.queue.estimates.remaining_cdf`),
 says how the rate will fall; the servers the queue starts meanwhile end and free again
 (a renewal), so it does not fall to nothing.
 """
@@ -19,7 +19,7 @@ import math
 from bisect import bisect_right
 from collections.abc import Callable, Iterable
 
-from .eta import LOG_BUCKET, MIN_TAIL, Running, SessionHistory, remaining_cdf
+from .estimates import LOG_BUCKET, MIN_TAIL, Running, SessionHistory, remaining_cdf
 
 #: seconds per step of the forecast, and its steps (40 minutes): the renewal is a sum over
 #: pairs of steps, recomputed every half minute for every model the pool has

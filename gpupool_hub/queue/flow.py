@@ -3,7 +3,7 @@
 of a waiter (:class:`Arrivals`, :class:`Overtaking`).
 
 Pure: no I/O, no clock of its own; times are seconds on any fixed clock. The estimator
-(:mod:`gpupool_hub.eta`) turns these into a waiter's point estimate: the need ahead of it,
+(:mod:`gpupool_hub.queue.estimates`) turns these into a waiter's point estimate: the need ahead of it,
 plus what will join ahead of it while it waits, over the rate the queue is served.
 """
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
 
-from .waitqueue import FairOrder, Waiter
+from .rules import FairOrder, Waiter
 
 _ID = attrgetter("id")  # a waiter's id, read in C (the index of a queue of thousands is built per estimate)
 

@@ -40,7 +40,7 @@ a dispatch pass could not use what the pool shows free (it is scattered over
 nodes, or short of CPU or memory): the time replay passes none for them.
 
 With too little history the estimator says so (``basis == "fallback"``) and
-the caller keeps today's rule (:func:`gpupool_hub.waitqueue.estimate_starts`).
+the caller keeps today's rule (:func:`gpupool_hub.queue.rules.estimate_starts`).
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 # how fast the queue moves, measured (kept importable from here: the service and the replay use eta.Drain)
-from .eta_flow import DRAIN_WINDOW, MIN_DRAIN_STARTS, Arrivals, Drain, Overtaking, Rates  # noqa: F401
-from .waitqueue import Waiter
+from .flow import DRAIN_WINDOW, MIN_DRAIN_STARTS, Arrivals, Drain, Overtaking, Rates  # noqa: F401
+from .rules import Waiter
 
 #: quantiles of the shown range and the point estimate, by default
 LOW, MID, HIGH = 0.2, 0.5, 0.8
@@ -272,7 +272,7 @@ class Running:
 
 
 class Freeing(Protocol):
-    """What the pool will free from now on (:class:`gpupool_hub.eta_forecast.Forecast`)."""
+    """What the pool will free from now on (:class:`gpupool_hub.queue.forecast.Forecast`)."""
 
     known: bool  # whether the history has seen most held servers' ages outlived
 
@@ -412,7 +412,7 @@ def estimate_ranges(ordered: Sequence[Waiter], free_milli: Mapping[str, int], ru
     that went to this waiter's models. Too few starts of its models: the release model of
     its models answers, never the whole pool's rate.
     ``forecast``: what the held servers of each model will free as they age, and those
-    started on it after them (:class:`~gpupool_hub.eta_forecast.Forecast`); where it knows
+    started on it after them (:class:`~gpupool_hub.queue.forecast.Forecast`); where it knows
     the held servers' ages and the pool's frees are recorded (``drain``), the measured rate
     gives way to it: the wait is the time until the part of what frees that went to waiters
     lately (:meth:`Rates.used`) covers the need ahead. The rate measured over the last
