@@ -189,16 +189,24 @@ def test_schema_version_is_stored_and_a_newer_database_is_refused(db_url):
         Ledger(db_url)
 
 
+def undo_revisions_after_the_baseline(conn) -> None:
+    """What the Alembic revisions after the baseline (schema version 9) added, taken out again: a
+    service of a version before them never had it."""
+    for column in ("charged_from", "stop_asked_at"):  # 7b2e9c41d0a5 (issue 48.2/48.3)
+        conn.execute(sa.text(f"ALTER TABLE gpupool_allocations DROP COLUMN {column}"))
+
+
 def test_a_version_4_database_is_upgraded_in_place_and_keeps_its_audit_log(db_url):
     """Schema 5 adds the index that one user's audit events (their notices) are read by."""
     ledger = Ledger(db_url)
     event = ledger.audit.add(AuditEvent(NOW, "alice", "", "preempt", "reclaimed for team nlp", False, None))
     with ledger.db.engine.begin() as conn:  # back to what a version-4 service left behind
         conn.execute(sa.text("DROP TABLE gpupool_alembic_version"))  # it knew no Alembic
+        undo_revisions_after_the_baseline(conn)
         conn.execute(sa.text("DROP INDEX ix_gpupool_audit_user"))
         conn.execute(meta_table.update().values(value="4"))
     ledger.close()
-    ledger = Ledger(db_url)
+    ledger = Ledger(db_url, upgrade=True)  # an older schema: opened to be upgraded (issue 48.8)
     try:
         assert "ix_gpupool_audit_user" in {i["name"] for i in sa.inspect(ledger.db.engine).get_indexes("gpupool_audit")}
         with ledger.db.engine.begin() as conn:
@@ -238,6 +246,7 @@ def test_a_version_5_database_is_upgraded_and_its_long_keys_still_match(db_url):
     ledger = Ledger(db_url)
     with ledger.db.engine.begin() as conn:  # back to what a version-5 service left behind
         conn.execute(sa.text("DROP TABLE gpupool_alembic_version"))  # it knew no Alembic
+        undo_revisions_after_the_baseline(conn)
         conn.execute(sa.text("DROP TABLE gpupool_node_devices"))
         conn.execute(sa.text("ALTER TABLE gpupool_entries DROP COLUMN key_text"))
         conn.execute(meta_table.update().values(value="5"))
@@ -246,7 +255,7 @@ def test_a_version_5_database_is_upgraded_and_its_long_keys_still_match(db_url):
                              "actor, created_at) VALUES ('alice', 'grant', 7000, :k, 'old', 'system', :t)"),
                      {"k": long_key, "t": NOW.replace(tzinfo=None)})
     ledger.close()
-    ledger = Ledger(db_url)
+    ledger = Ledger(db_url, upgrade=True)  # an older schema: opened to be upgraded (issue 48.8)
     try:
         with ledger.db.engine.begin() as conn:
             assert conn.execute(sa.select(meta_table.c.value)).scalar_one() == str(SCHEMA_VERSION) == "10"
@@ -270,13 +279,14 @@ def test_a_version_8_database_keeps_its_shown_estimates_and_calibrates_on_new_on
     ledger = Ledger(db_url)
     with ledger.db.engine.begin() as conn:  # back to what a version-8 service left behind
         conn.execute(sa.text("DROP TABLE gpupool_alembic_version"))  # it knew no Alembic
+        undo_revisions_after_the_baseline(conn)
         conn.execute(sa.text("ALTER TABLE gpupool_estimates DROP COLUMN model_s"))
         conn.execute(meta_table.update().values(value="8"))
         conn.execute(sa.text("INSERT INTO gpupool_estimates (id, \"user\", shown_at, low_s, mid_s, high_s, basis, "
                              "started_at) VALUES ('old', 'ann', :shown, 60, 120, 300, 'history', :started)"),
                      {"shown": NOW.replace(tzinfo=None), "started": (NOW + timedelta(minutes=3)).replace(tzinfo=None)})
     ledger.close()
-    ledger = Ledger(db_url)
+    ledger = Ledger(db_url, upgrade=True)  # an older schema: opened to be upgraded (issue 48.8)
     try:
         since = NOW - timedelta(days=1)
         assert ledger.queue.started_estimates(since) == [(60, 120, 300, 180.0)]

@@ -479,10 +479,12 @@ def warn_unfit_profiles(inventory: PoolInventory, profiles: list[Profile]) -> li
             models = inventory.resolve_models(p.models) if p.models else frozenset(inventory.models())
         except Refused:
             continue  # a model this pool lacks: the refusal says so at the spawn
+        if not models:
+            continue  # no GPU node yet (inventory "agents" before the first report)
         body = p.request()
         request = Request(cpu_milli=body.get("cpu_milli", 0), memory_mib=body.get("memory_mib", 0),
                           gpus=0 if p.gpu_milli else p.gpus, gpu_milli=p.gpu_milli, models=models)
-        if models and not inventory.pool.could_ever_fit(request):
+        if not inventory.pool.could_ever_fit(request):
             unfit.append(f"{p.slug!r} ({request.describe()})")
     if unfit:
         log.warning("gpupool: no node of the pool can ever take profile(s) %s: their GPUs, CPUs or memory are "
