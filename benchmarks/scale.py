@@ -397,7 +397,7 @@ async def time_jobs(manager: Any, clock: Any, quick: bool) -> dict[str, float]:
     from benchmarks.scale_prometheus import check_charged
     from gpupool_hub.cull import Culler
     from gpupool_hub.inventory.agents import AgentInventory, AgentReports
-    from gpupool_hub.slurm.inventory import SlurmInventory, SlurmInventorySource
+    from gpupool_hub.engines.slurm.inventory import SlurmInventory, SlurmInventorySource
     from gpupool_hub.service.hubapi import HubClient
     from gpupool_hub.service.jobs.cull import CullJob, ServerUtilization
     from gpupool_hub.service.jobs.idle import IdleJob

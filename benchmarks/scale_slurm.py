@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from gpupool_hub.ledger import AllocationRecord, Ledger
-    from gpupool_hub.slurm.accounting import SlurmUsageSource
+    from gpupool_hub.engines.slurm.accounting import SlurmUsageSource
 
 #: the first job id; the pool's jobs are numbered from it in the order the servers started
 FIRST_JOB = 100_000
-#: the job name of every server (``JOB_NAME`` of gpupool_hub/slurm/spawner.py, which imports JupyterHub)
+#: the job name of every server (``JOB_NAME`` of gpupool_hub/engines/slurm/spawner.py, which imports JupyterHub)
 JOB_NAME = "gpupool-server"
 
 
@@ -47,7 +47,7 @@ def whole_gpus(record: AllocationRecord, gres_types: Mapping[str, str]) -> dict[
 
 
 class RecordedSlurm:
-    """A :data:`~gpupool_hub.slurm.commands.Runner` answering the Slurm source's commands from
+    """A :data:`~gpupool_hub.engines.slurm.commands.Runner` answering the Slurm source's commands from
     recorded text: ``sacct`` for the given windows, ``squeue`` for the running jobs it names,
     ``sdiag`` with nothing queued for slurmdbd, ``scontrol show config`` with accounting as the
     source needs it. Anything else is a benchmark bug, raised as such (not as a Slurm error,
@@ -55,8 +55,8 @@ class RecordedSlurm:
 
     def __init__(self, records: Iterable[AllocationRecord], models: Mapping[str, str],
                  windows: Iterable[tuple[datetime, datetime]]) -> None:
-        from gpupool_hub.slurm.accounting import DELIMITER, SACCT_FIELDS, sacct_argv
-        from gpupool_hub.slurm.owners import ALLOCATION_COMMENT
+        from gpupool_hub.engines.slurm.accounting import DELIMITER, SACCT_FIELDS, sacct_argv
+        from gpupool_hub.engines.slurm.owners import ALLOCATION_COMMENT
 
         gres_types = {model: t for t, model in models.items()}
         lines = [DELIMITER.join(SACCT_FIELDS)]
@@ -105,8 +105,8 @@ def usage_source(ledger: Ledger, models: Mapping[str, str], runner: RecordedSlur
     (gpupool_hub/service/usage.py): only jobs whose comment names an allocation, charged to its
     owner, and the start-up check of slurm.conf. Its runner and clock are the benchmark's, seams
     that service setting refuses (so make_usage_source cannot build this one)."""
-    from gpupool_hub.slurm.accounting import SlurmUsageSource
-    from gpupool_hub.slurm.owners import ALLOCATION_COMMENT, HubJobOwners
+    from gpupool_hub.engines.slurm.accounting import SlurmUsageSource
+    from gpupool_hub.engines.slurm.owners import ALLOCATION_COMMENT, HubJobOwners
 
     source = SlurmUsageSource(models, user_of=HubJobOwners(ledger), comment_prefix=ALLOCATION_COMMENT,
                               runner=runner, clock=clock)

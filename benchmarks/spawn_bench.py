@@ -34,7 +34,7 @@ from types import SimpleNamespace
 from jupyterhub.spawner import SimpleLocalProcessSpawner
 from traitlets.config import Config
 
-from gpupool_hub.spawner import GPUPoolSimpleSpawner
+from gpupool_hub.engines.local.spawner import GPUPoolSimpleSpawner
 
 TARGET_MS = 50.0
 NODES = [

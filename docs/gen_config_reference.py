@@ -44,10 +44,10 @@ SECTIONS = [
      "the hub, with `c.JupyterHub.spawner_class = \"gpupool-localprocess\"`",
      "Each server runs as its user's Unix account (the hub runs as root). "
      "See [User isolation](admin-guide.md#user-isolation)."),
-    ("c.GPUPoolKubeSpawner", "gpupool_hub.kubespawner", "GPUPoolKubeSpawner",
+    ("c.GPUPoolKubeSpawner", "gpupool_hub.engines.kubernetes.spawner", "GPUPoolKubeSpawner",
      "the hub, with `c.JupyterHub.spawner_class = \"gpupool-kubernetes\"`",
      "How an allocation becomes node affinity and GPU resource limits on the pod."),
-    ("c.GPUPoolSystemdSpawner", "gpupool_hub.systemdspawner", "GPUPoolSystemdSpawner",
+    ("c.GPUPoolSystemdSpawner", "gpupool_hub.engines.systemd.spawner", "GPUPoolSystemdSpawner",
      "the hub, with `c.JupyterHub.spawner_class = \"gpupool-systemd\"`",
      "Each server is a systemd unit whose device cgroup allows only its GPUs. "
      "See [GPU access](admin-guide.md#gpu-access-what-holds-and-what-only-asks)."),

@@ -473,7 +473,7 @@ def make_inventory_source(settings: GPUPool):  # type: ignore[no-untyped-def]
     """The source ``c.GPUPool.inventory`` names. Imported here, on use: the Slurm and agents
     sources build on ``inventory/sources.py``, which therefore imports neither."""
     if settings.inventory == "slurm":
-        from .slurm.inventory import SlurmInventorySource
+        from .engines.slurm.inventory import SlurmInventorySource
 
         return SlurmInventorySource(settings.slurm_gpu_models, partitions=settings.slurm_partitions,
                                     env=settings.slurm_env(), refresh_interval=settings.slurm_refresh_interval)

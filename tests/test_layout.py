@@ -419,7 +419,7 @@ PURE = ["credits.py", "fairshare.py", "queue", "cull.py", "idle.py", "placement"
 IO_MODULES = {"socket", "subprocess", "requests", "tornado", "sqlalchemy", "asyncio", "http", "urllib.request",
               "psutil", "pynvml", "threading", "concurrent", "multiprocessing", "shutil", "sqlite3", "psycopg"}
 #: nor the wings that do it for them
-IO_WINGS = {"service", "ledger", "hubapi", "usage", "agent", "spawner", "slurm", "lifetime"}
+IO_WINGS = {"service", "ledger", "hubapi", "usage", "agent", "spawner", "engines", "lifetime"}
 
 
 def test_the_pure_rules_import_no_io_and_no_wing_that_does_it():
@@ -450,7 +450,7 @@ def test_the_pure_rules_import_no_io_and_no_wing_that_does_it():
                          "rule 5):\n" + "\n".join(found))
 
 
-SLURM = PACKAGE / "slurm"
+SLURM = PACKAGE / "engines" / "slurm"
 #: Slurm's client commands: only slurm/ names one as the word a command starts with
 SLURM_COMMANDS = ("sacct", "scontrol", "squeue", "sbatch", "scancel", "sdiag", "sinfo")
 #: a command, or a command template: the word alone (an argv's first element, a name handed to
@@ -472,7 +472,7 @@ def slurm_commands(path: Path) -> list[str]:
 def test_only_slurm_builds_slurm_commands_and_its_modules_are_small():
     assert slurm_commands(SLURM / "inventory.py") and slurm_commands(SLURM / "accounting.py")
     found = [f for path in modules() if SLURM not in path.parents for f in slurm_commands(path)]
-    assert found == [], ("every sacct/scontrol/squeue/sbatch/scancel command is built in gpupool_hub/slurm/ "
+    assert found == [], ("every sacct/scontrol/squeue/sbatch/scancel command is built in gpupool_hub/engines/slurm/ "
                          "(docs/architecture.md, rule 7):\n" + "\n".join(found))
     long = [f"{p.name}: {n}" for p in modules(SLURM) if (n := len(p.read_text().splitlines())) > 500]
     assert long == [], "a module of slurm/ passed 500 lines: " + ", ".join(long)

@@ -113,7 +113,7 @@ def test_a_bad_share_names_the_key(raw, message):
 
 
 def test_the_spawner_refuses_an_mps_config_that_cannot_hold_when_it_loads():
-    from gpupool_hub.spawner import GPUPoolSimpleSpawner
+    from gpupool_hub.engines.local.spawner import GPUPoolSimpleSpawner
 
     with pytest.raises(TraitError, match="MPS serves one Unix user per GPU"):
         GPUPoolSimpleSpawner(profiles=[{"slug": "q", "gpu_fraction": 0.25, "share": "mps"}])

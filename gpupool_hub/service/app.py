@@ -464,7 +464,7 @@ def configures_slurm_spawner(service: GPUPoolService) -> bool:
     spawner_class = service.config.get("JupyterHub", {}).get("spawner_class", "")
     name = spawner_class if isinstance(spawner_class, str) else (
         f"{getattr(spawner_class, '__module__', '')}.{getattr(spawner_class, '__name__', '')}")
-    return name in ("gpupool-slurm", "gpupool_hub.slurm.spawner.GPUPoolSlurmSpawner") or \
+    return name in ("gpupool-slurm", "gpupool_hub.engines.slurm.spawner.GPUPoolSlurmSpawner") or \
         "GPUPoolSlurmSpawner" in service.config
 
 
@@ -498,7 +498,7 @@ def slurm_hub_jobs(service: GPUPoolService) -> Callable[[], Awaitable[set[str]]]
     s = service.settings_
     if not s.slurm_gpu_models or not (s.inventory == "slurm" or configures_slurm_spawner(service)):
         return None
-    from ..slurm import SlurmInventory
+    from ..engines.slurm import SlurmInventory
 
     inventory = SlurmInventory(s.slurm_gpu_models, env=s.slurm_env(), skip_unmapped=True)
 
@@ -512,7 +512,7 @@ def check_slurm_gpu_boundary(service: GPUPoolService) -> None:
     """With Slurm and priced GPUs, a job must be confined to its GPUs by a device cgroup
     (ConstrainDevices), or the admin accepts hiding by environment only. slurmctld not
     answering is only a warning, as for the accounting check."""
-    from ..slurm import SlurmCommandError, SlurmError, SlurmInventory
+    from ..engines.slurm import SlurmCommandError, SlurmError, SlurmInventory
 
     s = service.settings_
     slurm = s.inventory == "slurm" or service.usage_preset == "slurm"
@@ -546,8 +546,8 @@ def check_slurm_shares(service: GPUPoolService, profiles: list[Profile]) -> None
     """With gpupool-slurm, a gpu_fraction profile is asked of Slurm as shards (gres/shard): every
     node with GPUs of its models must have them (slurm/shares.py), else the service does not start,
     naming the profile and the lines to add. slurmctld not answering is only a warning."""
-    from ..slurm import SlurmCommandError, SlurmError, SlurmInventory
-    from ..slurm.shares import share_problems
+    from ..engines.slurm import SlurmCommandError, SlurmError, SlurmInventory
+    from ..engines.slurm.shares import share_problems
 
     s = service.settings_
     if not any(p.gpu_milli for p in profiles) or not configures_slurm_spawner(service) or not s.slurm_gpu_models:

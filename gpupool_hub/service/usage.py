@@ -69,9 +69,9 @@ def _source(service: Any, settings: GPUPool, ledger: Ledger, preset: str, explic
 
 
 def _slurm(service: Any, settings: GPUPool, ledger: Ledger) -> UsageSource:
-    from ..slurm.accounting import CLIENT_COMMANDS, SlurmUsageSource
-    from ..slurm.commands import SlurmCommandError, SlurmError
-    from ..slurm.owners import ALLOCATION_COMMENT, HubJobOwners
+    from ..engines.slurm.accounting import CLIENT_COMMANDS, SlurmUsageSource
+    from ..engines.slurm.commands import SlurmCommandError, SlurmError
+    from ..engines.slurm.owners import ALLOCATION_COMMENT, HubJobOwners
 
     if not settings.slurm_gpu_models:
         raise UsageConfigError(

@@ -34,14 +34,13 @@ from .base import STATE_KEY, GPUPoolSpawner
 from .client import DEFAULT_API_URL, GPUPoolClient, ServiceError, ServiceUnavailable
 from .errors import GPUPoolRefused, SpawnFailure, invalid_options
 from .form import gpupool_options_from_form, render_form
-from .local import GPUPoolLocalProcessSpawner, GPUPoolSimpleSpawner
 from .overrides import TraitOverrides
 
 GPUPoolSpawnerMixin = GPUPoolSpawner
 
 __all__ = [
-    "DEFAULT_API_URL", "MAX_GPUS", "PROFILE_KEYS", "STATE_KEY", "GPUPoolClient", "GPUPoolLocalProcessSpawner",
-    "GPUPoolRefused", "GPUPoolSimpleSpawner", "GPUPoolSpawner", "GPUPoolSpawnerMixin", "Profile", "ServiceError",
+    "DEFAULT_API_URL", "MAX_GPUS", "PROFILE_KEYS", "STATE_KEY", "GPUPoolClient",
+    "GPUPoolRefused", "GPUPoolSpawner", "GPUPoolSpawnerMixin", "Profile", "ServiceError",
     "ServiceUnavailable", "SpawnFailure", "TraitOverrides", "gpupool_options_from_form", "invalid_options",
     "parse_memory", "parse_profile", "parse_profiles", "render_form",
 ]

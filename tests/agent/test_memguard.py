@@ -173,7 +173,7 @@ def test_a_share_gets_memory_hints_in_its_environment_a_whole_gpu_none(tmp_path)
 
     from traitlets.config import Config
 
-    from gpupool_hub.spawner import GPUPoolLocalProcessSpawner
+    from gpupool_hub.engines.local.spawner import GPUPoolLocalProcessSpawner
     from tests.fixtures.manager import make_manager
 
     nodes = [{"name": "n1", "cpu_milli": 8000, "memory_mib": 32768,

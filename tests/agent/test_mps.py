@@ -56,7 +56,7 @@ async def test_an_mps_share_is_capped_through_its_gpus_control_daemon(tmp_path, 
         assert neighbour.gpus[0]["uuid"] == uuid  # a timeslice share of another user beside it
 
         # the spawner points the server at the daemon's pipes
-        from gpupool_hub.spawner import GPUPoolLocalProcessSpawner
+        from gpupool_hub.engines.local.spawner import GPUPoolLocalProcessSpawner
         spawner = GPUPoolLocalProcessSpawner(config=Config(), user=SimpleNamespace(name=ALICE), mps_root=str(root))
         allocation = m.views.allocation_json(record)
         check("Allocation", allocation)

@@ -29,7 +29,7 @@ from gpupool_hub.inventory.sources import ConfigInventory
 from gpupool_hub.placement import Request
 from gpupool_hub.placement.nodes import load_node
 from gpupool_hub.service.core.manager import PoolManager
-from gpupool_hub.slurm.inventory import SlurmInventory, SlurmInventorySource
+from gpupool_hub.engines.slurm.inventory import SlurmInventory, SlurmInventorySource
 from tests.fixtures.manager import Clock, make_manager
 
 DATA = Path(__file__).parents[1] / "slurm" / "data"

@@ -19,8 +19,8 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-from gpupool_hub.slurm.parse import SQUEUE_FORMAT
-from gpupool_hub.slurm.accounting import sacct_argv
+from gpupool_hub.engines.slurm.parse import SQUEUE_FORMAT
+from gpupool_hub.engines.slurm.accounting import sacct_argv
 from tests.fixtures.slurm import SlurmCluster, poll
 
 DATA = Path(__file__).resolve().parent / "data"

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from gpupool_hub.slurm import SlurmInventory
+from gpupool_hub.engines.slurm import SlurmInventory
 from tests.fixtures.hub import wait_for
 from tests.fixtures.slurm import CONFINED_NODES, MODELS, NodeSpec, SlurmCluster, poll
 from tests.fixtures.unix_accounts import unix_account  # noqa: F401 (fixture)

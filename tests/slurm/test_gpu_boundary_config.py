@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from gpupool_hub.slurm import SlurmError, SlurmInventory, device_confinement_problems
+from gpupool_hub.engines.slurm import SlurmError, SlurmInventory, device_confinement_problems
 from tests.fixtures.slurm import MODELS
 from tests.slurm.test_usage_config import start
 

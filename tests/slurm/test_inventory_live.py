@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpupool_hub.slurm import SlurmCommandError, SlurmInventory, UnmappedGresType
+from gpupool_hub.engines.slurm import SlurmCommandError, SlurmInventory, UnmappedGresType
 from gpupool_hub.placement import Pool, load_nodes
 from tests.fixtures.slurm import MODELS, SlurmCluster, poll
 
@@ -115,7 +115,7 @@ def test_an_unmapped_gres_type_leaves_the_other_gpus_and_nodes_in_service(slurm:
     """Issue 29.4: a GRES type missing from the map stopped the service, and the hub with it. Now
     the service's source leaves only that type's GPUs out, says so per node in GET pool, and
     the rest of the cluster takes servers."""
-    from gpupool_hub.slurm.inventory import SlurmInventorySource
+    from gpupool_hub.engines.slurm.inventory import SlurmInventorySource
     from gpupool_hub.placement import Request
     from tests.fixtures.manager import make_manager
 

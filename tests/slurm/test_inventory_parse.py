@@ -15,22 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpupool_hub.slurm import (
-    SlurmCommandError,
-    SlurmError,
-    SlurmInventory,
-    SlurmOutputError,
-    UnmappedGresType,
-    expand_hostlist,
-    parse_gres,
-    parse_index_list,
-    parse_job,
-    parse_node_state,
-    parse_nodes,
-    parse_record,
-    parse_squeue,
-    run_slurm,
-)
+from gpupool_hub.engines.slurm import (SlurmCommandError, SlurmError, SlurmInventory, SlurmOutputError,
+    UnmappedGresType, expand_hostlist, parse_gres, parse_index_list, parse_job, parse_node_state, parse_nodes,
+    parse_record, parse_squeue, run_slurm)
 from gpupool_hub.placement import Pool, load_node, load_nodes
 
 DATA = Path(__file__).resolve().parent / "data"

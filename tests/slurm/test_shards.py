@@ -24,7 +24,7 @@ from decimal import Decimal
 
 import pytest
 
-from gpupool_hub.slurm import SlurmInventory
+from gpupool_hub.engines.slurm import SlurmInventory
 from tests.fixtures.hub import wait_for
 from tests.fixtures.slurm import MODELS, NodeSpec, running_cluster
 from tests.fixtures.unix_accounts import unix_account  # noqa: F401 (fixture)
@@ -480,7 +480,7 @@ SHARD_JOB = ("JobId=8 JobName=wrap UserId=root(0) JobState=RUNNING Reason=None N
 
 
 def test_shard_job_gres_names_the_gpu_whose_shards_it_holds():
-    from gpupool_hub.slurm.parse import parse_job
+    from gpupool_hub.engines.slurm.parse import parse_job
 
     job = parse_job(SHARD_JOB)
     assert job.shard_indices("sgpu-a") == (1,) and job.gpu_indices("sgpu-a") == ()
@@ -488,7 +488,7 @@ def test_shard_job_gres_names_the_gpu_whose_shards_it_holds():
 
 
 def test_shard_counts_per_gpu_and_shard_use_marks_gpus_busy():
-    from gpupool_hub.slurm.nodes import parse_nodes, shards_per_gpu
+    from gpupool_hub.engines.slurm.nodes import parse_nodes, shards_per_gpu
 
     assert shards_per_gpu("gpu:a6000:2,shard:a6000:16") == {"a6000": 8}
     assert shards_per_gpu("gpu:a6000:2(S:0-1),gpu:rtx3090:1,shard:a6000:8(S:0-1)") == {"a6000": 4}
@@ -500,7 +500,7 @@ def test_shard_counts_per_gpu_and_shard_use_marks_gpus_busy():
 
 
 def test_shard_request_is_a_whole_number_of_shards():
-    from gpupool_hub.slurm.spawner import shard_request
+    from gpupool_hub.engines.slurm.spawner import shard_request
     from gpupool_hub.spawner.errors import GPUPoolRefused
 
     assert shard_request("sgpu-a", "a6000", 500, 8) == "shard:a6000:4"
@@ -513,8 +513,8 @@ def test_shard_request_is_a_whole_number_of_shards():
 
 def test_shard_problems_name_the_profile_and_the_lines():
     from gpupool_hub.profiles import parse_profiles
-    from gpupool_hub.slurm.nodes import parse_nodes
-    from gpupool_hub.slurm.shares import share_problems
+    from gpupool_hub.engines.slurm.nodes import parse_nodes
+    from gpupool_hub.engines.slurm.shares import share_problems
 
     profiles = parse_profiles([HALF, {"slug": "tenth", "display_name": "A tenth", "gpu_fraction": 0.1}])
     plain = parse_nodes("NodeName=gpu-a CPUTot=8 RealMemory=16000 State=IDLE Gres=gpu:a6000:4 "

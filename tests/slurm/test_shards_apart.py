@@ -23,7 +23,7 @@ from decimal import Decimal
 
 import pytest
 
-from gpupool_hub.slurm import SlurmInventory
+from gpupool_hub.engines.slurm import SlurmInventory
 from tests.fixtures.hub import wait_for
 from tests.fixtures.slurm import NodeSpec, running_cluster
 from tests.fixtures.unix_accounts import unix_account  # noqa: F401 (fixture)

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from gpupool_hub.slurm.inventory import SlurmInventory
+from gpupool_hub.engines.slurm.inventory import SlurmInventory
 from tests.fixtures.hub import wait_for
 from tests.fixtures.slurm import MODELS, SlurmCluster
 from tests.fixtures.unix_accounts import unix_account  # noqa: F401 (fixture)
@@ -71,7 +71,7 @@ def slurm_config(workdir: Path, cluster: SlurmCluster) -> str:
     tiny.chmod(0o755)
     singleuser = Path(sys.executable).parent / "batchspawner-singleuser"
     return f"""
-c.JupyterHub.spawner_class = "gpupool_hub.slurm.spawner.GPUPoolSlurmSpawner"
+c.JupyterHub.spawner_class = "gpupool_hub.engines.slurm.spawner.GPUPoolSlurmSpawner"
 c.Spawner.cmd = [{str(tiny)!r}]
 c.Spawner.poll_interval = 1
 c.Spawner.start_timeout = 60

@@ -27,7 +27,7 @@ import pytest
 from traitlets.config import Config
 
 from gpupool_hub.spawner.errors import GPUPoolRefused, SpawnFailure
-from gpupool_hub.slurm.spawner import GPUPoolSlurmSpawner, command_argv
+from gpupool_hub.engines.slurm.spawner import GPUPoolSlurmSpawner, command_argv
 
 #: a name with a real account wherever the tests run: the runner's own
 OWN_ACCOUNT = pwd.getpwuid(os.getuid()).pw_name

@@ -10,8 +10,8 @@ import pytest
 
 from gpupool_hub.service.app import GPUPoolService
 from gpupool_hub.usage.own_records import AllocationRecordsSource
-from gpupool_hub.slurm.accounting import SlurmUsageSource, accounting_problems
-from gpupool_hub.slurm.owners import ALLOCATION_COMMENT, HubJobOwners, allocation_of
+from gpupool_hub.engines.slurm.accounting import SlurmUsageSource, accounting_problems
+from gpupool_hub.engines.slurm.owners import ALLOCATION_COMMENT, HubJobOwners, allocation_of
 
 MODELS = {"a6000": "NVIDIA RTX A6000"}
 

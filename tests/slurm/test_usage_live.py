@@ -15,7 +15,8 @@ from decimal import Decimal
 
 import pytest
 
-from gpupool_hub.usage import SlurmUsageSource, UsageUnavailable
+from gpupool_hub.engines.slurm.accounting import SlurmUsageSource
+from gpupool_hub.usage import UsageUnavailable
 from tests.fixtures.slurm import MODELS, SlurmCluster, poll, stdout_of
 
 pytestmark = pytest.mark.integration

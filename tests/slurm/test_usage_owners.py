@@ -19,8 +19,8 @@ import pytest
 import sqlalchemy as sa
 
 from gpupool_hub.ledger import AllocationRecord, Ledger
-from gpupool_hub.slurm.accounting import DELIMITER, SACCT_FIELDS, SacctJob, SlurmUsageSource
-from gpupool_hub.slurm.owners import ALLOCATION_COMMENT, HubJobOwners
+from gpupool_hub.engines.slurm.accounting import DELIMITER, SACCT_FIELDS, SacctJob, SlurmUsageSource
+from gpupool_hub.engines.slurm.owners import ALLOCATION_COMMENT, HubJobOwners
 
 T = 1795386676
 HOUR = 3600
@@ -138,7 +138,7 @@ def test_the_whole_interval_charges_and_warns_as_one_job_at_a_time(ledger, batch
         owners = HubJobOwners(ledger, charge_batch_jobs=batch, server_users=frozenset({HUB}))
         user_of = owners if how == "whole interval" else (lambda job: owners(job))
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="gpupool_hub.slurm.owners"):
+        with caplog.at_level(logging.WARNING, logger="gpupool_hub.engines.slurm.owners"):
             charges = hub_source(user_of, slurm(records, squeue), batch=batch).charges(at(0), at(HOUR))
             again = hub_source(user_of, slurm(records, squeue), batch=batch).charges(at(0), at(HOUR))
         assert again == charges  # and no warning again: once per job

@@ -31,9 +31,10 @@ from pathlib import Path
 
 import pytest
 
-from gpupool_hub.slurm.commands import SlurmCommandError
-from gpupool_hub.usage import SlurmUsageSource, Usage, UsageSource, UsageUnavailable
-from gpupool_hub.slurm.accounting import SACCT_FIELDS, parse_sacct, sacct_argv
+from gpupool_hub.engines.slurm.commands import SlurmCommandError
+from gpupool_hub.engines.slurm.accounting import SlurmUsageSource
+from gpupool_hub.usage import Usage, UsageSource, UsageUnavailable
+from gpupool_hub.engines.slurm.accounting import SACCT_FIELDS, parse_sacct, sacct_argv
 
 DATA = Path(__file__).resolve().parent / "data"
 MODELS = {"a6000": "NVIDIA RTX A6000", "rtx3090": "NVIDIA GeForce RTX 3090"}

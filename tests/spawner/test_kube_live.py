@@ -33,7 +33,7 @@ pytest.importorskip("kubespawner")
 
 from kubernetes_asyncio.config import kube_config  # noqa: E402
 
-from gpupool_hub.kubespawner import GPUPoolKubeSpawner  # noqa: E402
+from gpupool_hub.engines.kubernetes.spawner import GPUPoolKubeSpawner  # noqa: E402
 
 NAMESPACE = "jhub"
 PROFILES = [

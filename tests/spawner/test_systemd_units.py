@@ -28,10 +28,10 @@ pytest.importorskip("systemdspawner")
 
 from systemdspawner import SystemdSpawner, systemd  # noqa: E402
 
-from gpupool_hub.devices import CONTROL_NODES  # noqa: E402
+from gpupool_hub.engines.systemd.devices import CONTROL_NODES  # noqa: E402
 from gpupool_hub.service.core.admission import parse_request  # noqa: E402
 from gpupool_hub.spawner.errors import GPUPoolRefused, SpawnFailure  # noqa: E402
-from gpupool_hub.systemdspawner import GPUPoolSystemdSpawner  # noqa: E402
+from gpupool_hub.engines.systemd.spawner import GPUPoolSystemdSpawner  # noqa: E402
 from gpupool_hub.unixname import RULE  # noqa: E402
 from tests.agent.test_service import Service  # noqa: E402
 from tests.fixtures.unix_accounts import unix_account  # noqa: E402,F401 (fixture)

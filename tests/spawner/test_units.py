@@ -10,10 +10,9 @@ from tornado import web
 from traitlets import TraitError
 from traitlets.config import Config
 
+from gpupool_hub.engines.local.spawner import GPUPoolLocalProcessSpawner, GPUPoolSimpleSpawner
 from gpupool_hub.spawner import (
-    GPUPoolLocalProcessSpawner,
     GPUPoolRefused,
-    GPUPoolSimpleSpawner,
     gpupool_options_from_form,
     parse_profiles,
 )
@@ -202,7 +201,7 @@ def kube(monkeypatch):
     kubespawner = pytest.importorskip("kubespawner.spawner")
     # no cluster here: get_pod_manifest never talks to the API server, so skip loading its config
     monkeypatch.setattr(kubespawner, "load_config", lambda **kwargs: None)
-    from gpupool_hub.kubespawner import GPUPoolKubeSpawner
+    from gpupool_hub.engines.kubernetes.spawner import GPUPoolKubeSpawner
 
     def build(**traits):
         c = Config()

@@ -61,7 +61,7 @@ def test_the_raise_is_logged_once_per_process_not_per_server(caplog, monkeypatch
 async def test_once_the_gpus_are_held_the_server_gets_only_its_own_start_timeout(monkeypatch):
     """A server stuck starting (a Slurm job left pending, a pod never scheduled) is given up
     after the configured start_timeout, not the hour a queued spawn may wait, and its GPUs go back."""
-    from gpupool_hub.spawner import GPUPoolSimpleSpawner
+    from gpupool_hub.engines.local.spawner import GPUPoolSimpleSpawner
     from gpupool_hub.spawner.base import GPUPoolSpawner
 
     engine = GPUPoolSimpleSpawner.__mro__[GPUPoolSimpleSpawner.__mro__.index(GPUPoolSpawner) + 1]

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from ...inventory.agents import AgentInventory
 from ...inventory.sources import InventorySource
 from ...placement.state import Placement, Pool
-from ...slurm.inventory import SlurmInventorySource
+from ...engines.slurm.inventory import SlurmInventorySource
 
 log = logging.getLogger("gpupool.inventory")
 

@@ -7,7 +7,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ...slurm.commands import OutageLog, SlurmCommandError, SlurmOutputError, controller_unreachable
+from ...engines.slurm.commands import OutageLog, SlurmCommandError, SlurmOutputError, controller_unreachable
 from ...inventory.sources import InventorySource
 from ...ledger import Ledger
 from ..core.pool_inventory import PoolInventory

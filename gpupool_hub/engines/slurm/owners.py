@@ -1,6 +1,6 @@
 """Which Slurm jobs the ``slurm`` usage preset charges, and to which hub user.
 
-:class:`~gpupool_hub.slurm.accounting.SlurmUsageSource` reads GPU-seconds per job
+:class:`~gpupool_hub.engines.slurm.accounting.SlurmUsageSource` reads GPU-seconds per job
 from ``sacct``; this module decides whose tokens pay for each job:
 
 * **A server the hub started** carries ``--comment=gpupool-allocation=<id>``
@@ -29,7 +29,7 @@ import pwd
 import re
 from collections.abc import Callable, Sequence
 
-from ..ledger import Ledger, UnknownAccount
+from ...ledger import Ledger, UnknownAccount
 from .accounting import JobOwners, SacctJob
 from .parse import ALLOCATION_COMMENT, allocation_of
 
@@ -45,7 +45,7 @@ def _own_unix_user() -> str | None:
 
 
 class HubJobOwners(JobOwners):
-    """``user_of`` for :class:`~gpupool_hub.slurm.accounting.SlurmUsageSource`: job -> hub user, or None.
+    """``user_of`` for :class:`~gpupool_hub.engines.slurm.accounting.SlurmUsageSource`: job -> hub user, or None.
 
     ``server_users`` are the Unix users the hub's servers may run as besides
     their hub user (default: the service's own, which is the hub's).

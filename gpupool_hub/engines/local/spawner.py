@@ -14,10 +14,10 @@ import psutil
 from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner
 from traitlets import Integer, Unicode
 
-from ..agent.servers import RECORD_DIR, forget_server, record_server
-from .base import GPUPoolSpawner
-from .ends import NothingRan, ProcessEnd, WorkEnd
-from .errors import require_unix_account
+from ...agent.servers import RECORD_DIR, forget_server, record_server
+from ...spawner.base import GPUPoolSpawner
+from ...spawner.ends import NothingRan, ProcessEnd, WorkEnd
+from ...spawner.errors import require_unix_account
 
 __all__ = ["GPUPoolLocalProcessSpawner", "GPUPoolSimpleSpawner"]
 

@@ -43,12 +43,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 
-from gpupool_hub.slurm.commands import (
-    Runner,
-    SlurmCommandError,
-    SlurmError,
-    run_slurm,
-)
+from gpupool_hub.engines.slurm.commands import Runner, SlurmCommandError, SlurmError, run_slurm
 from gpupool_hub.usage.base import Usage, UsageNotSettled, UsageUnavailable
 
 __all__ = ["CLIENT_COMMANDS", "SACCT_FIELDS", "SacctJob", "JobCharge", "JobOwners", "SlurmUsageSource", "accounting_problems",

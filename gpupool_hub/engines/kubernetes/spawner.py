@@ -32,10 +32,10 @@ from typing import Any
 
 from traitlets import Dict, Unicode
 
-from . import strictjson
-from .spawner import GPUPoolSpawner
-from .spawner.errors import GPUPoolRefused, SpawnFailure
-from .spawner.memory_hints import notice_file_env
+from ... import strictjson
+from ...spawner import GPUPoolSpawner
+from ...spawner.errors import GPUPoolRefused, SpawnFailure
+from ...spawner.memory_hints import notice_file_env
 
 try:
     from kubernetes_asyncio.client.rest import ApiException

@@ -4,12 +4,12 @@ inventory source behind ``c.GPUPool.inventory = "slurm"``: :class:`SlurmInventor
 
 What is read:
 
-* ``scontrol -d show node -o``: the nodes (:mod:`gpupool_hub.slurm.nodes`).
+* ``scontrol -d show node -o``: the nodes (:mod:`gpupool_hub.engines.slurm.nodes`).
 * ``scontrol -d show job -o <id>``: the GPU indices Slurm really bound on
   each node (``GRES=gpu:a6000:2(IDX:0,2)``).
 * ``squeue``: job state and pending reason.
 * ``scontrol show config`` and ``cgroup.conf``: whether jobs are confined to
-  their GPUs (:mod:`gpupool_hub.slurm.confinement`).
+  their GPUs (:mod:`gpupool_hub.engines.slurm.confinement`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ..inventory.sources import InventorySource, NodeStatus
+from ...inventory.sources import InventorySource, NodeStatus
 from .commands import Runner, SlurmCommandError, SlurmError, run_slurm
 from .confinement import device_confinement_problems, key_values
 from .nodes import SlurmNode, check_models, parse_nodes

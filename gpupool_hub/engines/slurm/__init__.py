@@ -17,31 +17,13 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-from .commands import (
-    FORCED_ENV,
-    OutageLog,
-    Runner,
-    SlurmCommandError,
-    SlurmError,
-    SlurmOutputError,
-    UnmappedGresType,
-    controller_unreachable,
-    run_slurm,
-)
+from .commands import (FORCED_ENV, OutageLog, Runner, SlurmCommandError, SlurmError, SlurmOutputError,
+    UnmappedGresType, controller_unreachable, run_slurm)
 from .confinement import device_confinement_problems
 from .inventory import SlurmInventory, SlurmInventorySource
 from .nodes import NodeState, SlurmGpu, SlurmNode, parse_node_state, parse_nodes
-from .parse import (
-    SQUEUE_FORMAT,
-    QueueEntry,
-    SlurmJob,
-    expand_hostlist,
-    parse_gres,
-    parse_index_list,
-    parse_job,
-    parse_record,
-    parse_squeue,
-)
+from .parse import (SQUEUE_FORMAT, QueueEntry, SlurmJob, expand_hostlist, parse_gres, parse_index_list, parse_job,
+    parse_record, parse_squeue)
 
 #: names imported from their module on first use
 _LAZY = {

@@ -44,11 +44,11 @@ from batchspawner import JobStatus
 from batchspawner.batchspawner import format_template
 from traitlets import Dict, Unicode, default
 
-from ..spawner.base import GPUPoolSpawner
-from ..spawner.ends import NothingRan, WorkEnd
-from ..spawner.client import ServiceUnavailable
-from ..spawner.errors import GPUPoolRefused, SpawnFailure, require_unix_account
-from ..unixname import RULE, starts_unsafely
+from ...spawner.base import GPUPoolSpawner
+from ...spawner.ends import NothingRan, WorkEnd
+from ...spawner.client import ServiceUnavailable
+from ...spawner.errors import GPUPoolRefused, SpawnFailure, require_unix_account
+from ...unixname import RULE, starts_unsafely
 from .commands import OutageLog, SlurmError, controller_unreachable
 from .ends import JobEnd, job_ended
 from .inventory import SlurmInventory
@@ -93,7 +93,7 @@ def hub_executable(name: str) -> str:
 def shard_request(node: str, gres_type: str, milli: int, per_gpu: int) -> str:
     """``--gres`` for a share of ``milli``/1000 of one ``gres_type`` GPU with ``per_gpu`` shards each.
 
-    The share must be a whole number of shards (the start check, :mod:`gpupool_hub.slurm.shares`,
+    The share must be a whole number of shards (the start check, :mod:`gpupool_hub.engines.slurm.shares`,
     refuses profiles that are not): what Slurm holds is then exactly what the pool charges."""
     shards = milli * per_gpu / 1000
     if per_gpu <= 0 or shards != int(shards):

@@ -19,8 +19,8 @@ from collections.abc import Iterable, Mapping
 from decimal import Decimal
 from math import gcd
 
-from ..pricing import model_matches
-from ..profiles import Profile, format_decimal
+from ...pricing import model_matches
+from ...profiles import Profile, format_decimal
 from .nodes import SlurmNode
 
 __all__ = ["share_problems", "shards_needed"]

@@ -3,7 +3,7 @@
 :func:`run_slurm` runs a Slurm client command from an argv list (never a shell
 string) with a fixed environment (:data:`FORCED_ENV`); a :data:`Runner` is
 anything that takes such an argv and returns the command's output, so the
-readers in :mod:`gpupool_hub.slurm` are tested on captured output
+readers in :mod:`gpupool_hub.engines.slurm` are tested on captured output
 (``tests/slurm/data``) as well as against a live cluster.
 
 Every failure is a :class:`SlurmError` with a message meant for an admin:

@@ -21,7 +21,7 @@ from typing import Any
 from batchspawner import JobStatus, SlurmSpawner
 from traitlets import Integer
 
-from ..spawner.errors import GPUPoolRefused, SpawnFailure
+from ...spawner.errors import GPUPoolRefused, SpawnFailure
 from .commands import SlurmError
 from .inventory import SlurmInventory
 from .parse import SlurmJob

@@ -1,0 +1,1 @@
+"""The kubernetes engine (see gpupool_hub/engines/__init__.py)."""

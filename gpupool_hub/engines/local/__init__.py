@@ -1,0 +1,1 @@
+"""The local engine (see gpupool_hub/engines/__init__.py)."""

@@ -1,0 +1,1 @@
+"""The systemd engine (see gpupool_hub/engines/__init__.py)."""
