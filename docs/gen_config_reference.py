@@ -40,7 +40,7 @@ SECTIONS = [
      "Settings of the spawner mixin, whichever concrete spawner class you use "
      "(`gpupool-localprocess`, `gpupool-systemd`, `gpupool-kubernetes`, your own). "
      "Plain `c.Spawner` / `c.LocalProcessSpawner` / `c.KubeSpawner` settings keep working."),
-    ("c.GPUPoolLocalProcessSpawner", "gpupool_hub.spawner", "GPUPoolLocalProcessSpawner",
+    ("c.GPUPoolLocalProcessSpawner", "gpupool_hub.engines.local.spawner", "GPUPoolLocalProcessSpawner",
      "the hub, with `c.JupyterHub.spawner_class = \"gpupool-localprocess\"`",
      "Each server runs as its user's Unix account (the hub runs as root). "
      "See [User isolation](admin-guide.md#user-isolation)."),

@@ -15,6 +15,7 @@ from traitlets import Bool, Dict, Float, Integer, List, TraitError, TraitType, U
 from traitlets.config import Config, Configurable
 
 from .credits import CreditRules, rules_for_groups
+from .engines import engine, engines
 from .names import name_problem
 from .pricing import PriceTable, PricingError, parse_mig_prices, parse_share_factors
 from .units import AmountError, parse_amount
@@ -46,6 +47,11 @@ class TokenAmount(TraitType):  # type: ignore[type-arg]
         return amount
 
 
+def engine_settings() -> tuple[type, ...]:
+    """The engines' own ``c.GPUPool`` settings (``engines.Engine.settings``), which ``GPUPool`` is made of."""
+    return tuple(e.settings for e in engines() if e.settings is not None)
+
+
 def _check_names(names: Any, what: str) -> None:
     """TraitError for a name the service would refuse in a request (``gpupool_hub/names.py``):
     a team, group, node or GPU model that no agent, spawner or admin could then name."""
@@ -54,8 +60,9 @@ def _check_names(names: Any, what: str) -> None:
             raise TraitError(f"{what} name {name!r} {problem}")
 
 
-class GPUPool(Configurable):
-    """Prices, credit rules and storage shared by the spawner and the service."""
+class GPUPool(*engine_settings(), Configurable):  # type: ignore[misc]
+    """Prices, credit rules and storage shared by the spawner and the service; each engine adds its own
+    settings (``engines.Engine.settings``: ``c.GPUPool.slurm_*``)."""
 
     prices = Dict(
         {},
@@ -178,36 +185,6 @@ class GPUPool(Configurable):
         help="""Accounts that never run a user's server, whatever their uid (in lower case, as JupyterHub's
         logins): by default the system accounts of Debian, Red Hat and the programs beside a hub
         (``gpupool_hub.unixname.SYSTEM_NAMES``). Add to it rather than replace it.""",
-    ).tag(config=True)
-
-    slurm_gpu_models = Dict(
-        {},
-        help="""Slurm GRES type -> GPU model name, e.g. ``{"a6000": "NVIDIA RTX A6000"}`` (inventory
-        'slurm', the gpupool-slurm spawner, the 'slurm' usage preset). A GRES type missing from it
-        is a start-up error that names it.""",
-    ).tag(config=True)
-
-    slurm_partitions = List(
-        Unicode(), default_value=None, allow_none=True,
-        help="Only the Slurm nodes in any of these partitions (None: every node).",
-    ).tag(config=True)
-
-    slurm_conf = Unicode(
-        "", help="Path of slurm.conf given to every Slurm command as SLURM_CONF (empty: Slurm's default).",
-    ).tag(config=True)
-
-    slurm_allow_env_only_gpu_hiding = Bool(
-        False,
-        help="""Accept that Slurm jobs are kept from other GPUs only by ``CUDA_VISIBLE_DEVICES``.
-        With Slurm (inventory or usage preset 'slurm') and priced GPUs, the service refuses to
-        start unless slurm.conf has ``TaskPlugin=task/cgroup`` and cgroup.conf (next to it)
-        ``ConstrainDevices=yes``: without that device cgroup a user's code can unset the variable
-        and use GPUs the pool charged to someone else (the node agent then stops it after its
-        grace, if it runs on the node). True: start anyway.""",
-    ).tag(config=True)
-
-    slurm_refresh_interval = Float(
-        30, help="Seconds between re-reads of the Slurm nodes (state, GPUs held outside the hub).",
     ).tag(config=True)
 
     placement_policy = Unicode(
@@ -410,11 +387,10 @@ class GPUPool(Configurable):
 
     @validate("inventory")
     def _check_inventory(self, proposal: Any) -> str:
-        from .inventory.sources import SOURCES
-
-        if proposal["value"] not in SOURCES:
+        sources = inventory_sources()
+        if proposal["value"] not in sources:
             raise TraitError(f"c.GPUPool.inventory: unknown source {proposal['value']!r}; choose one of "
-                             f"{sorted(SOURCES)}")
+                             f"{sorted(sources)}")
         return proposal["value"]
 
     @validate("agent_timeout")
@@ -422,10 +398,6 @@ class GPUPool(Configurable):
         if not proposal["value"] > 0:
             raise TraitError(f"c.GPUPool.agent_timeout must be a positive number of seconds, got {proposal['value']!r}")
         return proposal["value"]
-
-    def slurm_env(self) -> dict[str, str] | None:
-        """Extra environment for Slurm commands (SLURM_CONF), or None for this process's own."""
-        return {"SLURM_CONF": self.slurm_conf} if self.slurm_conf else None
 
     def team_table(self):  # type: ignore[no-untyped-def]
         from .fairshare import Teams
@@ -469,18 +441,21 @@ def account_rule_from_config(config: Any) -> AccountRule:
     return GPUPool(config=mine).account_rule()
 
 
-def make_inventory_source(settings: GPUPool):  # type: ignore[no-untyped-def]
-    """The source ``c.GPUPool.inventory`` names. Imported here, on use: the Slurm and agents
-    sources build on ``inventory/sources.py``, which therefore imports neither."""
-    if settings.inventory == "slurm":
-        from .engines.slurm.inventory import SlurmInventorySource
+def inventory_sources() -> list[str]:
+    """The names ``c.GPUPool.inventory`` takes: the pool's own (``config``, ``agents``) and every engine's."""
+    return ["config", "agents", *(e.name for e in engines() if e.inventory is not None)]
 
-        return SlurmInventorySource(settings.slurm_gpu_models, partitions=settings.slurm_partitions,
-                                    env=settings.slurm_env(), refresh_interval=settings.slurm_refresh_interval)
+
+def make_inventory_source(settings: GPUPool):  # type: ignore[no-untyped-def]
+    """The source ``c.GPUPool.inventory`` names: ``config`` (``c.GPUPool.nodes``), ``agents`` (the node
+    agents' reports), or an engine's (``engines.Engine.inventory``). Imported here, on use: the agents'
+    source builds on ``inventory/sources.py``, which therefore imports none of them."""
     if settings.inventory == "agents":
         from .inventory.agents import AgentInventory
 
         return AgentInventory(settings.agent_timeout)
+    if settings.inventory != "config":
+        return engine(settings.inventory).inventory(settings)  # type: ignore[misc]
     from .inventory.sources import ConfigInventory
 
     return ConfigInventory(settings.nodes)

@@ -66,6 +66,6 @@ class ConfigInventory(InventorySource):
         return list(self._nodes)
 
 
-#: the names ``c.GPUPool.inventory`` takes; ``config.make_inventory_source`` builds each (this
-#: module stays below the sources built on it: ``inventory/agents.py``, ``slurm/inventory.py``)
-SOURCES = ("config", "slurm", "agents")
+#: the pool's own names for ``c.GPUPool.inventory`` (engines add theirs: ``config.inventory_sources``); this
+#: module stays below the sources built on it (``inventory/agents.py``, an engine's own)
+SOURCES = ("config", "agents")

@@ -26,6 +26,7 @@ from traitlets.config import Application, catch_config_error
 
 from .. import __version__
 from ..config import GPUPool, make_inventory_source, make_pool
+from ..engines import Engine, engines, in_use
 from ..ledger import Ledger, LedgerError, upgrade_database
 from ..placement.request import Request
 from ..profiles import Profile, parse_profiles
@@ -62,7 +63,7 @@ log = logging.getLogger("gpupool")
 CHECKPOINT_INTERVAL = 5.0
 
 
-class GPUPoolService(Application):
+class GPUPoolService(*(e.service_settings for e in engines() if e.service_settings), Application):  # type: ignore[misc]
     """The gpupool hub service."""
 
     name = "gpupool-service"
@@ -157,20 +158,11 @@ class GPUPoolService(Application):
         "", help="Prometheus base URL for usage. Empty: charge from the service's own allocation records.",
     ).tag(config=True)
     usage_preset = Enum(
-        ["gpupool", "agent", "dcgm", "custom", "slurm"], "gpupool",
+        ["gpupool", "agent", "dcgm", "custom", *(e.name for e in engines() if e.usage is not None)], "gpupool",
         help="""Where usage comes from: with prometheus_url, this service's allocation gauge ('gpupool'), the
-        node agent, the DCGM exporter or usage_query; 'slurm': Slurm accounting (``sacct``, with
-        c.GPUPool.slurm_gpu_models and c.GPUPool.slurm_conf), Prometheus or not. See docs/usage-sources.md.""",
-    ).tag(config=True)
-    charge_batch_jobs = Bool(
-        False,
-        help="""usage_preset 'slurm' only: also charge every GPU job of a hub user that the hub did not
-        start (plain ``sbatch``/``srun``), to the job's Slurm user when that name is a hub user with an
-        account. Off: only the servers the hub started are charged.""",
-    ).tag(config=True)
-    slurm_usage_options = Dict(
-        help="""More keyword arguments for SlurmUsageSource (usage_preset 'slurm'), e.g.
-        ``{"settle_seconds": 60, "check_dbd_queue": True, "timeout": 60}``.""",
+        node agent, the DCGM exporter or usage_query; or an engine's own accounting, by its name ('slurm':
+        Slurm accounting, ``sacct``, with c.GPUPool.slurm_gpu_models and c.GPUPool.slurm_conf), Prometheus
+        or not. See docs/usage-sources.md.""",
     ).tag(config=True)
     usage_query = Unicode("", help="PromQL template for usage_preset='custom'; see docs/usage-sources.md.").tag(config=True)
     prometheus_step = Integer(60, help="Resolution of usage range queries, in seconds.").tag(config=True)
@@ -249,8 +241,8 @@ class GPUPoolService(Application):
         profiles = self._check_profiles()
         self.spawner_secret = self._spawner_secret()
         self.settings_ = GPUPool(parent=self)
+        self.engines = in_use(self.config, self.settings_.inventory, self.usage_preset)
         self.settings_.account_rule()  # the spawners' account rule: a bad range stops the start, naming it
-        check_slurm_share_charging(self, profiles)
         try:
             db_url = ledger_url(self.settings_)
         except DbUrlFileError as e:
@@ -270,8 +262,9 @@ class GPUPoolService(Application):
             debit_interval=self.debit_interval, debit_delay_tolerance=self.debit_delay_tolerance,
             source=self.inventory_source,
         )
-        check_slurm_gpu_boundary(self)
-        check_slurm_shares(self, profiles)
+        for engine in self.engines:  # each engine in use checks what it needs (a Slurm cluster's shards, say)
+            for check in engine.start_checks:
+                check(self, profiles)
         restored = self.manager.restore()
         teams = self.settings_.team_table()
         owed = max((q.total for q in teams.quotas.values()), default=0) // 1000 if teams.enabled else None
@@ -294,7 +287,7 @@ class GPUPoolService(Application):
         self.jobs = JobRunner(self.metrics, self.lease)
         self.server: HTTPServer | None = None
         self.reconciler = ReconcileJob(self.hub, m.records, m.admission, self.reconcile_grace,
-                                       engine_work=slurm_hub_jobs(self))
+                                       engine_work=engine_work(self.engines, self))
         self.reclaimer = ReclaimExecutor(self.hub, m.reclaims)
         m.reclaims.announce_to(self.reclaimer.schedule)
         m.debits.report_to(self.metrics.count_charges)
@@ -459,13 +452,13 @@ class GPUPoolService(Application):
             self.log.warning("gpupool: jobs lease not released (%s); it expires in %.0f s", e, self.jobs_lease_ttl)
         IOLoop.current().stop()
 
-def configures_slurm_spawner(service: GPUPoolService) -> bool:
-    """Whether the configuration runs the hub with gpupool-slurm."""
-    spawner_class = service.config.get("JupyterHub", {}).get("spawner_class", "")
-    name = spawner_class if isinstance(spawner_class, str) else (
-        f"{getattr(spawner_class, '__module__', '')}.{getattr(spawner_class, '__name__', '')}")
-    return name in ("gpupool-slurm", "gpupool_hub.engines.slurm.spawner.GPUPoolSlurmSpawner") or \
-        "GPUPoolSlurmSpawner" in service.config
+def engine_work(used: list[Engine], service: GPUPoolService) -> Callable[[], Awaitable[set[str]]] | None:
+    """How reconcile asks the engine in use which servers' work still runs (``Engine.work_alive``), if
+    any engine can say."""
+    for engine in used:
+        if engine.work_alive is not None and (alive := engine.work_alive(service)) is not None:
+            return alive
+    return None
 
 
 def warn_unfit_profiles(inventory: PoolInventory, profiles: list[Profile]) -> list[str]:
@@ -490,80 +483,6 @@ def warn_unfit_profiles(inventory: PoolInventory, profiles: list[Profile]) -> li
         log.warning("gpupool: no node of the pool can ever take profile(s) %s: their GPUs, CPUs or memory are "
                     "more than any node has; change them in c.GPUPoolSpawner.profiles", ", ".join(unfit))
     return unfit
-
-
-def slurm_hub_jobs(service: GPUPoolService) -> Callable[[], Awaitable[set[str]]] | None:
-    """With the Slurm spawner (or inventory), the allocations whose job slurmctld still has, read off the
-    event loop: reconcile releases a stopped server's allocation once its job is gone (issue 48.2)."""
-    s = service.settings_
-    if not s.slurm_gpu_models or not (s.inventory == "slurm" or configures_slurm_spawner(service)):
-        return None
-    from ..engines.slurm import SlurmInventory
-
-    inventory = SlurmInventory(s.slurm_gpu_models, env=s.slurm_env(), skip_unmapped=True)
-
-    async def alive() -> set[str]:
-        return await asyncio.get_running_loop().run_in_executor(None, inventory.hub_allocations)
-
-    return alive
-
-
-def check_slurm_gpu_boundary(service: GPUPoolService) -> None:
-    """With Slurm and priced GPUs, a job must be confined to its GPUs by a device cgroup
-    (ConstrainDevices), or the admin accepts hiding by environment only. slurmctld not
-    answering is only a warning, as for the accounting check."""
-    from ..engines.slurm import SlurmCommandError, SlurmError, SlurmInventory
-
-    s = service.settings_
-    slurm = s.inventory == "slurm" or service.usage_preset == "slurm"
-    priced = bool(s.prices) or bool(s.mig_prices) or s.default_price is not None
-    if not slurm or not priced or not s.slurm_gpu_models or s.slurm_allow_env_only_gpu_hiding:
-        return
-    try:
-        SlurmInventory(s.slurm_gpu_models, env=s.slurm_env()).check_device_confinement()
-    except SlurmCommandError as e:
-        log.warning("gpupool: could not check that Slurm confines jobs to their GPUs: %s", e)
-    except SlurmError as e:
-        raise SystemExit(f"gpupool: {e}") from None
-
-
-def check_slurm_share_charging(service: GPUPoolService, profiles: list[Profile]) -> None:
-    """The 'slurm' usage preset charges sacct's gres/gpu only: a share, a shard job, would be charged
-    nothing. Until sacct's gres/shard is read, a gpu_fraction profile with gpupool-slurm is charged
-    from the pool's own records (usage_preset 'gpupool', the share held), or the service does not start."""
-    shares = [p.slug for p in profiles if p.gpu_milli]
-    if shares and service.usage_preset == "slurm" and configures_slurm_spawner(service):
-        problem = (f"profile(s) {', '.join(map(repr, shares))} give a share of a GPU, which gpupool-slurm asks "
-                   "of Slurm as shards (gres/shard), but usage_preset = 'slurm' charges only whole GPUs "
-                   "from sacct (gres/gpu): these servers would be charged nothing. Leave "
-                   "c.GPUPoolService.usage_preset at 'gpupool' (charges the share each allocation held), "
-                   "or take the profiles out (docs/slurm.md, 'GPU shares')")
-        service.log.critical("%s", problem)
-        raise SystemExit(f"gpupool: {problem}")
-
-
-def check_slurm_shares(service: GPUPoolService, profiles: list[Profile]) -> None:
-    """With gpupool-slurm, a gpu_fraction profile is asked of Slurm as shards (gres/shard): every
-    node with GPUs of its models must have them (slurm/shares.py), else the service does not start,
-    naming the profile and the lines to add. slurmctld not answering is only a warning."""
-    from ..engines.slurm import SlurmCommandError, SlurmError, SlurmInventory
-    from ..engines.slurm.shares import share_problems
-
-    s = service.settings_
-    if not any(p.gpu_milli for p in profiles) or not configures_slurm_spawner(service) or not s.slurm_gpu_models:
-        return
-    try:
-        nodes = SlurmInventory(s.slurm_gpu_models, env=s.slurm_env(), skip_unmapped=True).nodes()
-    except SlurmCommandError as e:
-        log.warning("gpupool: could not check that Slurm has shards for the GPU-share profiles: %s", e)
-        return
-    except SlurmError as e:
-        raise SystemExit(f"gpupool: {e}") from None
-    problems = share_problems(profiles, nodes, s.slurm_gpu_models)
-    if problems:
-        service.log.critical("%s", "; ".join(problems))
-        raise SystemExit("gpupool: " + "; ".join(problems))
-
 
 
 class UpgradeDB(Application):

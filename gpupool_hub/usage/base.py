@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Protocol, runtime_checkable
 
-__all__ = ["Usage", "UsageNotSettled", "UsageSource", "UsageUnavailable"]
+__all__ = ["Usage", "UsageConfigError", "UsageNotSettled", "UsageSource", "UsageUnavailable"]
 
 
 @dataclass(frozen=True)
@@ -77,3 +77,8 @@ class UsageSource(Protocol):
     def usage(self, start: datetime, end: datetime) -> list[Usage]:
         """Usage in ``[start, end)`` (tz-aware UTC); raises :class:`UsageUnavailable`."""
         ...
+
+
+class UsageConfigError(ValueError):
+    """A usage setting that cannot work; the message names the settings to change (the service
+    stops at start with it)."""

@@ -26,7 +26,6 @@ from __future__ import annotations
 import logging
 import os
 import pwd
-import re
 from collections.abc import Callable, Sequence
 
 from ...ledger import Ledger, UnknownAccount
