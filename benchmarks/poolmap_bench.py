@@ -63,7 +63,7 @@ def ledger_file(scale: Any, cache_dir: Path, users: int, nodes: int, seed: int, 
 async def time_page(scale: Any, url: str, nodes: int, requests: int) -> dict[str, float]:
     from tornado.httpserver import HTTPServer
 
-    from gpupool_hub.service.context import ServiceContext
+    from gpupool_hub.service.common.context import ServiceContext
     from gpupool_hub.service.heap import keep_start_up_heap
     from gpupool_hub.service.webapp import make_app
     from tests.fixtures.manager import Clock

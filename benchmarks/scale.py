@@ -398,7 +398,7 @@ async def time_jobs(manager: Any, clock: Any, quick: bool) -> dict[str, float]:
     from gpupool_hub.cull import Culler
     from gpupool_hub.inventory.agents import AgentInventory, AgentReports
     from gpupool_hub.engines.slurm.inventory import SlurmInventory, SlurmInventorySource
-    from gpupool_hub.service.hubapi import HubClient
+    from gpupool_hub.service.common.hubapi import HubClient
     from gpupool_hub.service.jobs.cull import CullJob, ServerUtilization
     from gpupool_hub.service.jobs.idle import IdleJob
     from gpupool_hub.service.jobs.node_refresh import InventoryRefreshJob
@@ -580,7 +580,7 @@ async def time_requests(manager: Any, quick: bool) -> dict[str, float]:
     from tornado.httpclient import AsyncHTTPClient
     from tornado.httpserver import HTTPServer
 
-    from gpupool_hub.service.context import ServiceContext
+    from gpupool_hub.service.common.context import ServiceContext
     from gpupool_hub.service.webapp import make_app
     from tests.fixtures.ports import free_port
     from tests.pages.inprocess import ADMIN_SCOPE, PREFIX, Browser, StubOAuth, user_model

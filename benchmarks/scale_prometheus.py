@@ -83,7 +83,7 @@ def first_scrape(record: AllocationRecord, step: int) -> datetime:
 def history(records: Iterable[AllocationRecord], end: datetime, step: int) -> OpenMetricsHistory:
     """Each running server's ``gpupool_allocated_gpus`` series, as the service exports it
     (``held_gpus``), from its first scrape until ``end``, where it closes with a 0."""
-    from gpupool_hub.service.metrics import held_gpus
+    from gpupool_hub.service.common.metrics import held_gpus
     from tests.fixtures.prometheus import OpenMetricsHistory
 
     out = OpenMetricsHistory()
@@ -181,7 +181,7 @@ def check_charged(posted: Iterable[Posting], records: Iterable[AllocationRecord]
     its GPU-seconds in the history: a cycle that charges nothing, or not every hour, would
     time nothing worth a figure. ``step`` is the history's resolution, from which a server's
     first sample follows (benchmarks/scale_slurm.py: 1 s, slurmdbd's whole-second Start)."""
-    from gpupool_hub.service.metrics import held_gpus
+    from gpupool_hub.service.common.metrics import held_gpus
 
     records = list(records)
     got: dict[datetime, dict[str, Decimal]] = {}

@@ -538,3 +538,71 @@ def test_no_import_loop_at_run_time_and_few_for_type_hints():
     assert _cycles(typing_only=False) == [], "modules that import each other when the code runs"
     typing = _cycles(typing_only=True)
     assert len(typing) <= 2, f"import cycles counting type hints: {typing}"
+
+
+ENGINES = PACKAGE / "engines"
+
+
+def room(path: Path) -> str:
+    """A module's room: its folder under the package, each engine and each folder of service/ its own
+    (``service/api``, ``engines/slurm``); the package's top-level modules each a room of their own."""
+    parts = path.relative_to(PACKAGE).parts
+    if len(parts) == 1:
+        return parts[0].removesuffix(".py")
+    if parts[0] in ("engines", "service") and len(parts) > 2:
+        return f"{parts[0]}/{parts[1]}"
+    return parts[0]
+
+
+def arrows_back_up() -> list[str]:
+    """Imports between rooms that close a loop of rooms (``service/api`` -> ``service`` -> ``service/api``; a
+    shim in ``usage/`` naming the Slurm engine, which builds on ``usage/``): the rooms must stack as floors."""
+    arrows: dict[tuple[str, str], str] = {}
+    for path in modules():
+        for target in _imports(path, typing_only=False):
+            if (a := room(path)) != (b := room(target)):
+                arrows.setdefault((a, b), f"{path.relative_to(PACKAGE)} -> {target.relative_to(PACKAGE)}")
+    above: dict[str, set[str]] = {}
+    for a, b in arrows:
+        above.setdefault(a, set()).add(b)
+
+    def reaches(start: str, goal: str) -> bool:
+        seen, todo = set(), [start]
+        while todo:
+            if (here := todo.pop()) == goal:
+                return True
+            if here not in seen:
+                seen.add(here)
+                todo.extend(above.get(here, ()))
+        return False
+
+    return sorted(f"{a} -> {b} ({how})" for (a, b), how in arrows.items() if reaches(b, a))
+
+
+def test_the_rooms_stack_as_floors_with_no_arrow_back_up():
+    assert arrows_back_up() == [], "imports that run back up a floor (docs/architecture.md, the map)"
+
+
+def test_nothing_outside_the_engines_names_one():
+    """The core, config.py and the service ask ``engines`` (the registry), never an engine's folder: a new
+    engine is one folder and one registry line (docs/architecture.md, "Adding an engine")."""
+    found = [f"{path.relative_to(PACKAGE)} -> {target.relative_to(PACKAGE)}" for path in modules()
+             if ENGINES not in path.parents for target in _imports(path, typing_only=True)
+             if ENGINES in target.parents and target.parent != ENGINES]
+    assert found == [], found
+
+
+def test_a_package_lazily_exports_only_its_own_modules():
+    """A module-level ``__getattr__`` (a lazy export) may name only modules of its own package: one that
+    reaches elsewhere is a shim pointing at the code's real home (issue 49: three of them)."""
+    found = []
+    for path in modules():
+        module = tree(path)
+        if not any(isinstance(n, ast.FunctionDef) and n.name == "__getattr__" for n in module.body):
+            continue
+        for node in ast.walk(module):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and \
+                    re.fullmatch(r"(gpupool_hub\.)?[a-z_]+(\.[a-z_]+)+", node.value) and \
+                    not node.value.startswith(".".join(("gpupool_hub", *path.relative_to(PACKAGE).parent.parts))):
+                found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.value}")
+    assert found == [], found

@@ -111,6 +111,7 @@ class AgentInventory(InventorySource):
 
     dynamic = True
     follows_reports = True
+    hardware_hint = "its node agent reports other GPUs than the allocation holds"
 
     def __init__(self, timeout: float = DEFAULT_AGENT_TIMEOUT, *, reports: AgentReports | None = None,
                  clock: Callable[[], datetime] = _utcnow) -> None:

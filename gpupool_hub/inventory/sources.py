@@ -4,15 +4,14 @@ One small interface (:class:`InventorySource`), chosen by ``c.GPUPool.inventory`
 
 =========== ==================================================================
 ``config``  ``c.GPUPool.nodes`` as written; nothing is ever held outside the hub
-``slurm``   ``scontrol show node`` through :class:`~.slurm.SlurmInventory`:
-            nodes Slurm will not schedule on, and GPUs Slurm has given to any
-            job, are reported by :meth:`InventorySource.node_status`
 ``agents``  what the node agents report (:class:`~.agents.AgentInventory`):
             a node joins when its agent reports, takes no placements while
             its agent is silent
 =========== ==================================================================
 
-The service's inventory job (``service/jobs/node_refresh.py``) reads
+An engine adds its own (``engines.Engine.inventory``: Slurm's ``scontrol show node``, whose
+nodes Slurm will not schedule on and GPUs it gave to any job :meth:`InventorySource.node_status`
+reports). The service's inventory job (``service/jobs/node_refresh.py``) reads
 ``node_status`` every ``refresh_interval`` seconds and subtracts what jobs the
 hub did not start hold, and what nodes that take no placements have free.
 """
@@ -22,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["SOURCES", "ConfigInventory", "InventorySource", "NodeStatus"]
+__all__ = ["SOURCES", "ConfigInventory", "InventorySource", "NodeStatus", "SourceDown", "SourceIncomplete"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +39,16 @@ class NodeStatus:
     shared: tuple[Any, ...] = ()
 
 
+class SourceDown(Exception):
+    """The source's controller does not answer now (down, restarting): the pool keeps its last word,
+    and the refresh says so once (``inventory/outage.py``)."""
+
+
+class SourceIncomplete(Exception):
+    """The source answered without all it should (a scheduler that just restarted): the pool keeps its
+    last word until a full answer."""
+
+
 class InventorySource:
     """The pool's nodes (``c.GPUPool.nodes`` format) and their current status."""
 
@@ -49,12 +58,15 @@ class InventorySource:
     follows_reports = False
     #: seconds between refreshes of node_status (dynamic sources)
     refresh_interval = 30.0
+    #: where the pool's hardware comes from, told with a held allocation whose GPUs the pool lacks
+    hardware_hint = "check the node in c.GPUPool.nodes"
 
     def nodes(self) -> list[dict[str, Any]]:
         raise NotImplementedError("Subclass must provide implementation")
 
     def node_status(self) -> dict[str, NodeStatus]:
-        """Per node name; a node left out takes placements and has nothing held outside the hub."""
+        """Per node name; a node left out takes placements and has nothing held outside the hub.
+        Raises :class:`SourceDown` or :class:`SourceIncomplete` when the source cannot answer in full."""
         return {}
 
 

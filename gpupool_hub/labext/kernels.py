@@ -9,7 +9,7 @@ through :class:`GPUGuardKernelManager`: before each start it asks the pool
 (``GET me``, the widget's path) whether the server still holds its allocation;
 if not, the kernel starts with no GPU: every variable that selects devices
 (``CUDA_VISIBLE_DEVICES``, ``NVIDIA_VISIBLE_DEVICES``, ``ROCR_VISIBLE_DEVICES``, ...:
-:data:`gpupool_hub.engines.systemd.devices.DEVICE_SELECTION_VARS`) names none, with the reason in
+:data:`gpupool_hub.spawner.devices.DEVICE_SELECTION_VARS`) names none, with the reason in
 ``GPUPOOL_GPUS_REVOKED`` and a warning in the server's log. Variables only ask
 the GPU libraries: the boundary is the device cgroup (``gpupool-systemd``,
 Slurm's ``ConstrainDevices``, the Kubernetes device plugin) and the node agent,
@@ -25,7 +25,7 @@ from typing import Any
 
 from jupyter_server.services.kernels.kernelmanager import ServerKernelManager
 
-from ..engines.systemd.devices import no_device_env
+from ..spawner.devices import no_device_env
 from .handlers import BalanceUnavailable, ServiceLocator, fetch_me
 
 #: set by the spawner on a server with GPUs: the pool's allocation id

@@ -33,10 +33,10 @@ from ..profiles import Profile, parse_profiles
 from ..spawnertoken import SpawnerTokenError, resolve_spawner_token
 from ..usage import UsageSource
 from .configfile import DbUrlFileError, ledger_url, load_config_file
-from .context import ServiceContext
+from .common.context import ServiceContext
 from ..cull import Culler
 from .heap import keep_start_up_heap
-from .hubapi import GroupCache, HubClient
+from .common.hubapi import GroupCache, HubClient
 from .jobs import JobRunner
 from .jobs.accounting import DebitJob, ReplenishJob
 from .jobs.cull import CullJob, ServerUtilization
@@ -52,7 +52,7 @@ from ..lifetime import STOP_DEADLINE, exit_with_parent, listen_sockets, on_stop_
 from .core.errors import Refused
 from .core.manager import PoolManager
 from .core.pool_inventory import PoolInventory
-from .metrics import ServiceMetrics
+from .common.metrics import ServiceMetrics
 from .usage import UsageConfigError, make_usage_source
 from .api.schema import warm_up
 from .webapp import MAX_BODY_SIZE, make_app

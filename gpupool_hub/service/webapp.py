@@ -13,7 +13,7 @@ from typing import Any
 from tornado import web
 
 from .api import MAX_BODY_SIZE, NotFoundHandler, routes
-from .context import ServiceContext
+from .common.context import ServiceContext
 from .pages import page_routes
 
 __all__ = ["MAX_BODY_SIZE", "make_app"]

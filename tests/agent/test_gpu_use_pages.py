@@ -17,7 +17,7 @@ from decimal import Decimal
 from gpupool_hub.ledger import Posting
 from gpupool_hub.placement import Request
 from gpupool_hub.service.jobs.gpuuse import GpuUseJob
-from gpupool_hub.service.metrics import ServiceMetrics
+from gpupool_hub.service.common.metrics import ServiceMetrics
 from gpupool_hub.usage.utilization import ReportedUtilization
 from tests.agent.conftest import A100, GIB, gpu
 from tests.agent.test_service import make_agent

@@ -22,7 +22,7 @@ from tornado.testing import bind_unused_port
 from gpupool_hub.inventory.agents import AgentInventory
 from gpupool_hub.placement.nodes import MigDevice
 from gpupool_hub.profiles import parse_profiles
-from gpupool_hub.service.context import ServiceContext
+from gpupool_hub.service.common.context import ServiceContext
 from gpupool_hub.service.webapp import make_app
 from tests.agent.conftest import A100, GIB, gpu
 from tests.agent.fake_pynvml import NVML_TOPOLOGY_NODE, NVML_TOPOLOGY_SINGLE

@@ -14,7 +14,7 @@ from tornado.testing import bind_unused_port
 
 from gpupool_hub.agent.app import GPUPoolAgent
 from gpupool_hub.agent.enforce import SKIPPED_KERNEL, TERMINATED, WOULD_TERMINATE
-from gpupool_hub.service.context import ServiceContext
+from gpupool_hub.service.common.context import ServiceContext
 from gpupool_hub.service.webapp import make_app
 from tests.agent.conftest import A100, GIB, alive, gpu
 from tests.fixtures.manager import make_manager

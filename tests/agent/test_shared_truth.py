@@ -19,7 +19,7 @@ from gpupool_hub.agent.memguard import MemoryGuard, Share
 from gpupool_hub.agent.enforce import Enforcer
 from gpupool_hub.placement import Request
 from gpupool_hub.service.core.errors import Refused
-from gpupool_hub.service.hubapi import HubClient
+from gpupool_hub.service.common.hubapi import HubClient
 from gpupool_hub.service.jobs.idle import IdleJob
 from gpupool_hub.usage.utilization import ReportedUtilization
 from tests.agent.conftest import A100, GIB, gpu

@@ -183,7 +183,7 @@ def test_a_kernel_started_after_the_gpus_were_taken_back_has_no_device_variable_
     """Issue 27.2: the revoked kernel gets none of the server's device selections, not only CUDA's."""
     import urllib.request
 
-    from gpupool_hub.engines.systemd.devices import DEVICE_SELECTION_VARS
+    from gpupool_hub.spawner.devices import DEVICE_SELECTION_VARS
     from tests.fixtures.hub import wait_for
     from tests.spawner.conftest import proc_environ
 

@@ -22,7 +22,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPResponse
 from tornado.httpserver import HTTPServer
 from tornado.testing import bind_unused_port
 
-from gpupool_hub.service.context import ServiceContext
+from gpupool_hub.service.common.context import ServiceContext
 from gpupool_hub.service.webapp import make_app
 
 PREFIX = "/services/gpupool/"

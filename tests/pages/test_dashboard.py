@@ -73,10 +73,10 @@ class ServiceThread:
 
     def __init__(self, tmp_path: Path) -> None:
         from gpupool_hub.service.core.admission import parse_request
-        from gpupool_hub.service.context import ServiceContext
+        from gpupool_hub.service.common.context import ServiceContext
         from gpupool_hub.service.jobs import JobRunner
         from gpupool_hub.service.jobs.gpuuse import GpuUseJob
-        from gpupool_hub.service.metrics import ServiceMetrics
+        from gpupool_hub.service.common.metrics import ServiceMetrics
         from gpupool_hub.usage.utilization import ReportedUtilization
 
         # charging runs on this clock, a minute at a time, from a few minutes ago

@@ -14,7 +14,7 @@ from tornado.httpclient import AsyncHTTPClient
 
 from gpupool_hub.service.core.admission import parse_request
 from gpupool_hub.service.core.errors import Refused
-from gpupool_hub.service.metrics import ServiceMetrics
+from gpupool_hub.service.common.metrics import ServiceMetrics
 from tests.fixtures.manager import Clock, make_manager
 
 from .inprocess import PREFIX, PagesService, attrs, field

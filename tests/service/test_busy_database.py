@@ -17,7 +17,7 @@ from tornado.httpserver import HTTPServer
 from tornado.testing import bind_unused_port
 
 from gpupool_hub.ledger import LedgerBusy, is_database_busy
-from gpupool_hub.service.context import ServiceContext
+from gpupool_hub.service.common.context import ServiceContext
 from gpupool_hub.service.webapp import make_app
 from tests.fixtures.manager import make_manager
 

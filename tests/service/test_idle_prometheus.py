@@ -22,7 +22,7 @@ import pytest
 from gpupool_hub.placement import Request
 from gpupool_hub.reasons import RefusalReason
 from gpupool_hub.service.core.errors import Refused
-from gpupool_hub.service.hubapi import HubClient
+from gpupool_hub.service.common.hubapi import HubClient
 from gpupool_hub.usage.utilization import PrometheusUtilization
 from gpupool_hub.service.jobs.idle import IdleJob
 from tests.fixtures.manager import make_manager, units_for

@@ -28,7 +28,7 @@ pytest.importorskip("systemdspawner")
 
 from systemdspawner import SystemdSpawner, systemd  # noqa: E402
 
-from gpupool_hub.engines.systemd.devices import CONTROL_NODES  # noqa: E402
+from gpupool_hub.spawner.devices import CONTROL_NODES  # noqa: E402
 from gpupool_hub.service.core.admission import parse_request  # noqa: E402
 from gpupool_hub.spawner.errors import GPUPoolRefused, SpawnFailure  # noqa: E402
 from gpupool_hub.engines.systemd.spawner import GPUPoolSystemdSpawner  # noqa: E402

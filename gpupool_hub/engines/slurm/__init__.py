@@ -17,7 +17,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-from .commands import (FORCED_ENV, OutageLog, Runner, SlurmCommandError, SlurmError, SlurmOutputError,
+from .commands import (FORCED_ENV, Runner, SlurmCommandError, SlurmError, SlurmOutputError,
     UnmappedGresType, controller_unreachable, run_slurm)
 from .confinement import device_confinement_problems
 from .inventory import SlurmInventory, SlurmInventorySource
@@ -34,7 +34,7 @@ _LAZY = {
 }
 
 __all__ = [
-    "FORCED_ENV", "OutageLog", "Runner", "SlurmCommandError", "SlurmError", "SlurmOutputError", "UnmappedGresType",
+    "FORCED_ENV", "Runner", "SlurmCommandError", "SlurmError", "SlurmOutputError", "UnmappedGresType",
     "controller_unreachable", "run_slurm", "device_confinement_problems", "SlurmInventory", "SlurmInventorySource", "NodeState", "SlurmGpu",
     "SlurmNode", "parse_node_state", "parse_nodes", "SQUEUE_FORMAT", "QueueEntry", "SlurmJob", "expand_hostlist",
     "parse_gres", "parse_index_list", "parse_job", "parse_record", "parse_squeue", *_LAZY,

@@ -18,8 +18,8 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ...inventory.sources import InventorySource, NodeStatus
-from .commands import Runner, SlurmCommandError, SlurmError, run_slurm
+from ...inventory.sources import InventorySource, NodeStatus, SourceDown, SourceIncomplete
+from .commands import Runner, SlurmCommandError, SlurmError, SlurmOutputError, controller_unreachable, run_slurm
 from .confinement import device_confinement_problems, key_values
 from .nodes import SlurmNode, check_models, parse_nodes
 from .ends import END_STATES
@@ -126,6 +126,8 @@ class SlurmInventory:
 
 class SlurmInventorySource(InventorySource):
     dynamic = True
+    hardware_hint = ("the pool has what `scontrol show node` lists in c.GPUPool.slurm_partitions, of the GRES "
+                     "types c.GPUPool.slurm_gpu_models maps")
 
     def __init__(self, models: Mapping[str, str], *, partitions: list[str] | None = None,
                  env: Mapping[str, str] | None = None, inventory: SlurmInventory | None = None,
@@ -142,7 +144,18 @@ class SlurmInventorySource(InventorySource):
 
     def node_status(self) -> dict[str, NodeStatus]:
         """Each node's state and GPUs in use, and the GPUs Slurm gave whole while shards of them are
-        held (:mod:`.shared`): read at every refresh, so seen within one."""
+        held (:mod:`.shared`): read at every refresh, so seen within one. slurmctld down is
+        ``SourceDown``; an answer without GPU indices (as just after a restart) ``SourceIncomplete``."""
+        try:
+            return self._node_status()
+        except SlurmCommandError as e:
+            if controller_unreachable(str(e)):
+                raise SourceDown(str(e)) from e
+            raise
+        except SlurmOutputError as e:
+            raise SourceIncomplete(str(e)) from e
+
+    def _node_status(self) -> dict[str, NodeStatus]:
         nodes = self.slurm.nodes()
         shared: dict[str, list[SharedGpu]] = {}
         if any(n.shards_per_gpu for n in nodes):  # shards configured: ask for the jobs too

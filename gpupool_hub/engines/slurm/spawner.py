@@ -49,7 +49,8 @@ from ...spawner.ends import NothingRan, WorkEnd
 from ...spawner.client import ServiceUnavailable
 from ...spawner.errors import GPUPoolRefused, SpawnFailure, require_unix_account
 from ...unixname import RULE, starts_unsafely
-from .commands import OutageLog, SlurmError, controller_unreachable
+from ...inventory.outage import OutageLog
+from .commands import SlurmError, controller_unreachable
 from .ends import JobEnd, job_ended
 from .inventory import SlurmInventory
 from .job import SlurmJobStart

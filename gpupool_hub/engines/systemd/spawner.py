@@ -34,7 +34,7 @@ from typing import Any
 from traitlets import Unicode
 from urllib.parse import quote
 
-from .devices import NVIDIA_PROC, device_allow, gpu_minors
+from ...spawner.devices import NVIDIA_PROC, device_allow, gpu_minors
 from ...spawner import GPUPoolSpawner
 from ...spawner.errors import require_login_name, require_unix_account
 

@@ -25,9 +25,9 @@ from typing import Any
 from tornado import web
 
 from ...ledger import UNAVAILABLE_MESSAGE, LedgerBusy, is_database_busy, is_database_unavailable
-from ..context import ServiceContext
+from ..common.context import ServiceContext
 from .httpargs import QueryArgs
-from ..hubapi import HubError
+from ..common.hubapi import HubError
 from ..core.manager import PoolManager
 from ..core.threads import share_write_deadline
 from .schema import check_body, name_problem, parse_json, text_problem

@@ -25,10 +25,8 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ...inventory.agents import AgentInventory
 from ...inventory.sources import InventorySource
 from ...placement.state import Placement, Pool
-from ...engines.slurm.inventory import SlurmInventorySource
 
 log = logging.getLogger("gpupool.inventory")
 
@@ -64,12 +62,7 @@ def missing_hardware(pool: Pool, placement: Placement) -> str | None:
 
 def fix_hint(source: InventorySource | None) -> str:
     """Where the pool's hardware comes from, for a node whose source names no problem."""
-    if isinstance(source, SlurmInventorySource):
-        return ("the pool has what `scontrol show node` lists in c.GPUPool.slurm_partitions, of the GRES types "
-                "c.GPUPool.slurm_gpu_models maps")
-    if isinstance(source, AgentInventory):
-        return "its node agent reports other GPUs than the allocation holds"
-    return "check the node in c.GPUPool.nodes"
+    return (source or InventorySource()).hardware_hint
 
 
 class UnplacedAllocations:

@@ -18,7 +18,7 @@ from typing import Any
 from tornado.ioloop import IOLoop
 
 from ..core.jobs_lease import JobsLease
-from ..metrics import ServiceMetrics
+from ..common.metrics import ServiceMetrics
 
 log = logging.getLogger("gpupool.jobs")
 

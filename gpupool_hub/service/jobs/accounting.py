@@ -7,7 +7,7 @@ from typing import Any
 
 from ..core.accounts import Accounts
 from ..core.debits import Debits
-from ..hubapi import GroupCache, HubClient
+from ..common.hubapi import GroupCache, HubClient
 
 InThread = Callable[..., Awaitable[Any]]
 

@@ -22,7 +22,7 @@ from ..core.takeback_notices import Notices
 from ..core.queue import WaitQueue
 from ..core.ledger_reads import Records
 from ..core.views import ViewCache
-from ..hubapi import HubClient, HubError
+from ..common.hubapi import HubClient, HubError
 from .idle import measure_own
 from .userserver import UserServerAPI
 

@@ -7,8 +7,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ...engines.slurm.commands import OutageLog, SlurmCommandError, SlurmOutputError, controller_unreachable
-from ...inventory.sources import InventorySource
+from ...inventory.outage import OutageLog
+from ...inventory.sources import InventorySource, SourceDown, SourceIncomplete
 from ...ledger import Ledger
 from ..core.pool_inventory import PoolInventory
 from ..core.rebinds import Rebinds
@@ -39,13 +39,11 @@ class InventoryRefreshJob:
     async def __call__(self) -> None:
         try:
             status = await self.in_thread(self.source.node_status)
-        except SlurmCommandError as e:
-            if not controller_unreachable(str(e)):
-                raise
+        except SourceDown as e:
             # slurmctld restarting or down: the pool keeps Slurm's last word; said once, not every refresh
             self.outage.failed(str(e))
             return
-        except SlurmOutputError as e:
+        except SourceIncomplete as e:
             # a slurmctld that just restarted answers for a few seconds without GPU indices (issue 48.9:
             # an ERROR with a traceback after each restart): the pool keeps Slurm's last word; said once
             if not self.incomplete:

@@ -13,7 +13,7 @@ import logging
 
 from tornado.ioloop import IOLoop
 
-from ..hubapi import HubClient, HubError
+from ..common.hubapi import HubClient, HubError
 from ..core.reclaims import Reclaim, Reclaims
 
 log = logging.getLogger("gpupool.reclaims")

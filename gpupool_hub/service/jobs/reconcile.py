@@ -22,7 +22,7 @@ from ...ledger import AllocationRecord
 from ..core.admission import Admission
 from ..core.debits import Debits
 from ..core.ledger_reads import Records
-from ..hubapi import HubClient, HubError
+from ..common.hubapi import HubClient, HubError
 
 log = logging.getLogger("gpupool.reconcile")
 

@@ -16,7 +16,7 @@ from urllib.parse import quote
 from tornado.httpclient import HTTPRequest
 
 from ...cull import server_api_url
-from ..hubapi import HubClient, fetch_json
+from ..common.hubapi import HubClient, fetch_json
 
 
 class UserServerAPI:

@@ -36,10 +36,10 @@ from markupsafe import Markup
 from tornado import web
 from tornado.httputil import HTTPServerRequest
 
-from ..context import ServiceContext
+from ..common.context import ServiceContext
 from ..api.base import BUSY_RETRY_AFTER, LogsDatabaseTrouble, database_trouble
 from ..api.httpargs import QueryArgs
-from ..hubapi import HubError
+from ..common.hubapi import HubError
 from ..core.manager import PoolManager
 from ..core.threads import share_write_deadline
 from ...timefmt import WHEN_FORMAT, time_html

@@ -18,11 +18,11 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .core.threads import writes
+from ..core.threads import writes
 
 if TYPE_CHECKING:
-    from ..ledger import AllocationRecord, GpuUse, Posting
-    from .core.manager import PoolManager
+    from ...ledger import AllocationRecord, GpuUse, Posting
+    from ..core.manager import PoolManager
 
 #: a wait in the queue: seconds to a day
 WAIT_BUCKETS = (10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400, 28800, 86400)

@@ -11,9 +11,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..ledger import UnknownAccount
+from ...ledger import UnknownAccount
 from .hubapi import HubClient
-from .core.manager import PoolManager
+from ..core.manager import PoolManager
 from .metrics import ServiceMetrics
 
 
@@ -53,7 +53,7 @@ class ServiceContext:
     async def known_user(self, name: str) -> bool:
         """Whether ``name`` has an account, or is a hub user (who may never have logged in).
 
-        Raises :class:`~gpupool_hub.service.hubapi.HubError` when the hub cannot be asked."""
+        Raises :class:`~gpupool_hub.service.common.hubapi.HubError` when the hub cannot be asked."""
         try:
             await self.manager.records.account.off_loop(name)
             return True

@@ -23,7 +23,7 @@ from urllib.parse import quote, urlencode
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
-from .. import strictjson
+from ... import strictjson
 
 log = logging.getLogger("gpupool.hub")
 group_log = logging.getLogger("gpupool.groups")
