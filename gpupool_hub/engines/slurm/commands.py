@@ -21,7 +21,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 __all__ = [
     "FORCED_ENV",
-    "OutageLog",
     "Runner",
     "SlurmCommandError",
     "SlurmError",
