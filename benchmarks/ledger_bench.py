@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpupool_hub.keys import entry_key  # noqa: E402
+from gpupool_hub.money.keys import entry_key  # noqa: E402
 from gpupool_hub.ledger import Ledger, Posting  # noqa: E402
 from gpupool_hub.ledger.schema import accounts, entries  # noqa: E402
 

@@ -395,7 +395,7 @@ async def time_jobs(manager: Any, clock: Any, quick: bool) -> dict[str, float]:
     from tornado.httpserver import HTTPServer
 
     from benchmarks.scale_prometheus import check_charged
-    from gpupool_hub.cull import Culler
+    from gpupool_hub.takeback.cull import Culler
     from gpupool_hub.inventory.agents import AgentInventory, AgentReports
     from gpupool_hub.engines.slurm.inventory import SlurmInventory, SlurmInventorySource
     from gpupool_hub.service.common.hubapi import HubClient
@@ -694,7 +694,7 @@ async def profile_job(manager: Any, clock: Any, name: str) -> dict[str, float]:
     import io
     import pstats
 
-    from gpupool_hub.cull import Culler
+    from gpupool_hub.takeback.cull import Culler
     from gpupool_hub.service.jobs.cull import CullJob, ServerUtilization
     from tests.fixtures.manager import units_for
 

@@ -31,7 +31,7 @@ SECTIONS = [
      "The service process: where it listens, its jobs (replenish, debit, reconcile), where usage comes "
      "from, node agent tokens. Most network settings default to what JupyterHub passes to a managed "
      "service in its environment."),
-    ("c.Culler", "gpupool_hub.cull", "Culler",
+    ("c.Culler", "gpupool_hub.takeback.cull", "Culler",
      "the gpupool service",
      "When and how GPUs are taken back from users whose balance is negative. "
      "See [Culling](admin-guide.md#culling)."),

@@ -14,12 +14,12 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from traitlets import Bool, Dict, Float, Integer, List, TraitError, TraitType, Unicode, default, validate
 from traitlets.config import Config, Configurable
 
-from .credits import CreditRules, rules_for_groups
+from .money.credits import CreditRules, rules_for_groups
 from .engines import engine, engines
-from .names import name_problem
-from .pricing import PriceTable, PricingError, parse_mig_prices, parse_share_factors
-from .units import AmountError, parse_amount
-from .unixname import SYSTEM_NAMES, AccountRule, ordinary_uid_range
+from .identity.names import name_problem
+from .money.pricing import PriceTable, PricingError, parse_mig_prices, parse_share_factors
+from .money.units import AmountError, parse_amount
+from .identity.unix import SYSTEM_NAMES, AccountRule, ordinary_uid_range
 
 
 class TokenAmount(TraitType):  # type: ignore[type-arg]
@@ -53,7 +53,7 @@ def engine_settings() -> tuple[type, ...]:
 
 
 def _check_names(names: Any, what: str) -> None:
-    """TraitError for a name the service would refuse in a request (``gpupool_hub/names.py``):
+    """TraitError for a name the service would refuse in a request (``gpupool_hub/identity/names.py``):
     a team, group, node or GPU model that no agent, spawner or admin could then name."""
     for name in names:
         if isinstance(name, str) and (problem := name_problem(name)):
@@ -184,7 +184,7 @@ class GPUPool(*engine_settings(), Configurable):  # type: ignore[misc]
         Unicode(), default_value=sorted(SYSTEM_NAMES),
         help="""Accounts that never run a user's server, whatever their uid (in lower case, as JupyterHub's
         logins): by default the system accounts of Debian, Red Hat and the programs beside a hub
-        (``gpupool_hub.unixname.SYSTEM_NAMES``). Add to it rather than replace it.""",
+        (``gpupool_hub.identity.unix.SYSTEM_NAMES``). Add to it rather than replace it.""",
     ).tag(config=True)
 
     placement_policy = Unicode(
@@ -282,7 +282,7 @@ class GPUPool(*engine_settings(), Configurable):  # type: ignore[misc]
         return ordinary_uid_range()[1]
 
     def account_rule(self) -> AccountRule:
-        """Which accounts may run a user's server (``gpupool_hub.unixname``); TraitError for a bad range."""
+        """Which accounts may run a user's server (``gpupool_hub.identity.unix``); TraitError for a bad range."""
         try:
             return AccountRule.of(self.unix_uid_min, self.unix_uid_max, self.unix_denied_names)
         except ValueError as e:

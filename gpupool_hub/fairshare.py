@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from .placement.request import MILLI, Request
 from .placement.state import Pool
-from .pricing import model_matches
+from .money.pricing import model_matches
 
 DEFAULT_TEAM = "default"
 Kind = Literal["guaranteed", "borrowed"]
@@ -83,7 +83,7 @@ class Holding:
 
 
 @dataclass
-class Usage:
+class TeamUsage:
     total: dict[str, int] = field(default_factory=dict)
     borrowed: dict[str, int] = field(default_factory=dict)
     by_model: dict[tuple[str, str], int] = field(default_factory=dict)  # (team, quota model name) -> milli
@@ -139,16 +139,16 @@ class Teams:
         mine = sorted(set(groups) & set(self.quotas))
         return mine or [self.default_team]
 
-    def resolve(self, groups: Iterable[str], usage: Usage) -> str:
+    def resolve(self, groups: Iterable[str], usage: TeamUsage) -> str:
         """The team a new server counts against: of the user's teams, the one with the
         most headroom (quota minus usage) left; ties go to the first in sorted order."""
         return max(self.teams_of(groups), key=lambda t: (self.quota(t).total - usage.of(t), _neg(t)))
 
-    def overage(self, team: str, usage: Usage) -> int:
+    def overage(self, team: str, usage: TeamUsage) -> int:
         """Milli-GPU the team holds above its quota (negative: headroom)."""
         return usage.of(team) - self.quota(team).total
 
-    def within_quota(self, team: str, milli: int, usage: Usage, model: str | None = None) -> bool:
+    def within_quota(self, team: str, milli: int, usage: TeamUsage, model: str | None = None) -> bool:
         """Whether ``milli`` more (on ``model``, if known) keeps the team within its quota."""
         q = self.quota(team)
         if usage.of(team) + milli > q.total:
@@ -159,12 +159,12 @@ class Teams:
                 return False
         return True
 
-    def classify(self, team: str, milli: int, model: str, usage: Usage) -> Kind:
+    def classify(self, team: str, milli: int, model: str, usage: TeamUsage) -> Kind:
         """"guaranteed" if this placement keeps the team within quota, else "borrowed"."""
         return "guaranteed" if self.within_quota(team, milli, usage, model) else "borrowed"
 
-    def usage(self, holdings: Iterable[Holding]) -> Usage:
-        u = Usage()
+    def usage(self, holdings: Iterable[Holding]) -> TeamUsage:
+        u = TeamUsage()
         for h in holdings:
             u.total[h.team] = u.total.get(h.team, 0) + h.milli
             if h.borrowed:
@@ -196,7 +196,7 @@ def _neg(name: str) -> tuple[int, ...]:
     return tuple(-ord(c) for c in name) + (1,)
 
 
-def may_preempt(teams: Teams, team: str, milli: int, usage: Usage, now: datetime,
+def may_preempt(teams: Teams, team: str, milli: int, usage: TeamUsage, now: datetime,
                 cooldown_until: Mapping[str, datetime], models: Iterable[str] | None = None) -> bool:
     """Whether a request may reclaim borrowed GPUs at all: it must be within its team's
     quota (on at least one of the models it may use), and the team must not have been
@@ -226,7 +226,7 @@ def preemptible(holdings: Iterable[Holding], now: datetime, min_runtime: timedel
     return out
 
 
-def victim_order(teams: Teams, team: str, milli: int, holdings: Iterable[Holding], usage: Usage) -> list[Holding]:
+def victim_order(teams: Teams, team: str, milli: int, holdings: Iterable[Holding], usage: TeamUsage) -> list[Holding]:
     """Reclaimable servers, most-over-quota team first, newest first.
 
     Only borrowed servers of other teams that are over quota, and strictly more
@@ -238,7 +238,7 @@ def victim_order(teams: Teams, team: str, milli: int, holdings: Iterable[Holding
 
 
 def choose_victims(pool: Pool, request: Request, teams: Teams, team: str, holdings: Sequence[Holding],
-                   usage: Usage) -> list[Holding] | None:
+                   usage: TeamUsage) -> list[Holding] | None:
     """The fewest borrowed GPUs whose release lets ``request`` fit on one node, or None.
 
     Per node, candidates on it are taken in :func:`victim_order` until the
@@ -269,7 +269,7 @@ def _fits_on(pool: Pool, request: Request, node: str) -> bool:
 
 
 def _victims_on_node(pool: Pool, request: Request, node: str, cands: list[Holding], teams: Teams,
-                     usage: Usage) -> list[Holding] | None:
+                     usage: TeamUsage) -> list[Holding] | None:
     budget = {t: teams.overage(t, usage) for t in {h.team for h in cands}}
     released: dict[str, Any] = {}
     try:

@@ -19,8 +19,8 @@ from typing import Any
 from traitlets import TraitError
 
 from .mig import MigProfileError, parse_mig_profile
-from .names import name_problem
-from .pricing import model_matches
+from .identity.names import name_problem
+from .money.pricing import model_matches
 
 __all__ = [
     "MAX_GPUS", "PROFILE_KEYS", "SHARE_CLASSES", "InvalidOptions", "Profile", "choose_profile", "default_profile",

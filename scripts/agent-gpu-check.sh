@@ -100,7 +100,7 @@ from gpupool_hub.agent.attribution import take_snapshot, user_name
 from gpupool_hub.agent.enforce import KILLED, SKIPPED_ROOT, TERMINATED, Enforcer
 from gpupool_hub.agent.metrics import AgentMetrics
 from gpupool_hub.agent.nvml import discover, nvml_session
-from gpupool_hub.placement.nodes import load_nodes
+from gpupool_hub.placement.hardware import load_nodes
 from prometheus_client import generate_latest
 
 pid = int(os.environ["TORCH_PID"])

@@ -4,19 +4,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from gpupool_hub.credits import (
-    CreditRules,
-    CreditDay,
-    affording_credit,
-    balance_status,
-    can_start,
-    hours_bought,
-    start_need,
-    capped,
-    due_credits,
-    next_credit_times,
-    rules_for_groups,
-)
+from gpupool_hub.money.credits import (CreditRules, CreditDay, affording_credit, balance_status, can_start,
+    hours_bought, start_need, capped, due_credits, next_credit_times, rules_for_groups)
 
 UTC = ZoneInfo("UTC")
 RULES = CreditRules()

@@ -70,7 +70,7 @@ def test_every_page_is_in_the_nav() -> None:
 def _configurables():
     from gpupool_hub.config import GPUPool
     from gpupool_hub.service.app import GPUPoolService
-    from gpupool_hub.cull import Culler
+    from gpupool_hub.takeback.cull import Culler
     from gpupool_hub.spawner import GPUPoolSpawner
 
     return [GPUPool, GPUPoolService, Culler, GPUPoolSpawner]

@@ -15,8 +15,8 @@ import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpupool_hub.credits import CreditRules, due_credits
-from gpupool_hub.keys import entry_key
+from gpupool_hub.money.credits import CreditRules, due_credits
+from gpupool_hub.money.keys import entry_key
 from gpupool_hub.ledger import (
     SCHEMA_VERSION,
     GpuUse,
@@ -28,8 +28,8 @@ from gpupool_hub.ledger import (
     UnknownAccount,
 )
 from gpupool_hub.ledger.schema import accounts, meta_table
-from gpupool_hub.pricing import PriceTable
-from gpupool_hub.units import round_milli
+from gpupool_hub.money.pricing import PriceTable
+from gpupool_hub.money.units import round_milli
 
 UTC = timezone.utc
 NOW = datetime(2026, 11, 21, 12, tzinfo=UTC)

@@ -23,7 +23,7 @@ from alembic.runtime.migration import MigrationContext
 
 from gpupool_hub.ledger import SCHEMA_VERSION, Ledger, LedgerError, Posting, SchemaOutdated, upgrade_database
 from gpupool_hub.ledger import migrations
-from gpupool_hub.ledger.engine import make_engine, normalize_url
+from gpupool_hub.ledger.database import make_engine, normalize_url
 from gpupool_hub.ledger.migrations import BASELINE, UPGRADE_LOCK, VERSION_TABLE, _baseline, head, legacy, migrate
 from gpupool_hub.ledger.schema import metadata
 from gpupool_hub.service.app import GPUPoolService

@@ -1,5 +1,5 @@
 """Issue 37.5: one rule for names, in request bodies (openapi.json's ``NameCharacters``),
-in paths and query arguments, and in the configuration (``gpupool_hub/names.py``).
+in paths and query arguments, and in the configuration (``gpupool_hub/identity/names.py``).
 
 An admin who configures a team, node, GPU model or profile name holding U+202E (or a
 zero-width space) learns it when the configuration loads, not when every spawn of
@@ -15,9 +15,9 @@ import pytest
 from traitlets import TraitError
 
 from gpupool_hub.config import GPUPool
-from gpupool_hub.names import name_problem
+from gpupool_hub.identity.names import name_problem
 from gpupool_hub.profiles import parse_profile
-from gpupool_hub.service.api.schema import NAME_PATTERN
+from gpupool_hub.service.api.openapi import NAME_PATTERN
 
 RLO = "\u202e"
 

@@ -2,7 +2,7 @@ from decimal import Decimal
 
 import pytest
 
-from gpupool_hub.pricing import PriceTable, PricingError
+from gpupool_hub.money.pricing import PriceTable, PricingError
 
 EXAMPLE = {"RTX 2080": 0.5, "RTX 3090": 1, "RTX A6000": 4}
 

@@ -6,7 +6,7 @@ from decimal import Decimal
 
 import pytest
 
-from gpupool_hub.units import AmountError, parse_amount
+from gpupool_hub.money.units import AmountError, parse_amount
 
 
 @pytest.mark.parametrize("value, expected", [
@@ -40,7 +40,7 @@ def test_places_refuses_finer_amounts():
 
 
 def test_amounts_hours_and_counts_read_one_way_for_people():
-    from gpupool_hub.units import amount_text, balance_text, hours_text, plural, rate_text
+    from gpupool_hub.money.units import amount_text, balance_text, hours_text, plural, rate_text
 
     # issue 39.4: "220 h", "55.0 h" and "0.0 h" stood side by side
     assert [hours_text(Decimal(h)) for h in ("220", "55", "27.5", "9.94", "3", "0.44", "0")] == [

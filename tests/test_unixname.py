@@ -1,4 +1,4 @@
-"""The one rule for hub user names that become Unix accounts (gpupool_hub.unixname, issue 37.1)."""
+"""The one rule for hub user names that become Unix accounts (gpupool_hub.identity.unix, issue 37.1)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,8 @@ from traitlets import TraitError
 from traitlets.config import Config
 
 from gpupool_hub.config import account_rule_from_config
-from gpupool_hub.unixname import (
-    FALLBACK_UID_RANGE, RULE, AccountRule, UnixNameError, check_login_name, login_name_problem, ordinary_uid_range,
-    unix_account,
-)
+from gpupool_hub.identity.unix import (FALLBACK_UID_RANGE, RULE, AccountRule, UnixNameError, check_login_name,
+    login_name_problem, ordinary_uid_range, unix_account)
 
 
 @pytest.mark.parametrize("name, problem", [

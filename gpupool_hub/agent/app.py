@@ -50,13 +50,13 @@ from traitlets import Bool, Dict, Float, Integer, TraitError, Unicode, default, 
 from traitlets.config import Application, catch_config_error
 
 from .. import __version__
-from ..unixname import ordinary_uid_range
+from ..identity.unix import ordinary_uid_range
 from .activity import AttributionHealth
 from .attribution import Snapshot, take_snapshot
 from .boundary import BoundaryGuard
 from .client import ServiceClient
 from .enforce import Enforcer
-from .errors import ServiceError
+from .errors import AgentServiceError
 from .lifecycle import ANOTHER_AGENT_EXIT, AgentLifecycle
 from .memguard import MemoryGuard
 from .metrics import AgentMetrics
@@ -141,7 +141,7 @@ class GPUPoolAgent(Application):
     metrics_min_uid = Integer(
         help="Processes of uids below this count as system processes in metrics, not as a user's usage "
              "(keeps e.g. Xorg's root out of billing with usage_preset='agent'). Default: UID_MIN of the "
-             "node's /etc/login.defs, else 1000 (gpupool_hub.unixname.ordinary_uid_range).",
+             "node's /etc/login.defs, else 1000 (gpupool_hub.identity.unix.ordinary_uid_range).",
     ).tag(config=True)
 
     interval = Float(15.0, help="Seconds between ticks (snapshot, export, enforcement).").tag(config=True)
@@ -365,7 +365,7 @@ class GPUPoolAgent(Application):
                 self._reported = None  # the service lost it: whatever was sent before
                 result.inventory_reported = await self._maybe_report(result.inventory)
             result.service_ok = True
-        except ServiceError as e:
+        except AgentServiceError as e:
             result.service_ok, result.service_error = False, str(e)
             if e.another_agent:
                 self.log.error("Stopping: %s", e)
@@ -408,7 +408,7 @@ class GPUPoolAgent(Application):
         try:
             await self.client.report_attribution(snapshot)  # type: ignore[union-attr]
             self._attribution_sent = text
-        except ServiceError as e:
+        except AgentServiceError as e:
             self.log.warning("Could not report which GPUs cannot be attributed: %s", e)
             self.metrics.loop_errors.labels("attribution").inc()
 
@@ -432,7 +432,7 @@ class GPUPoolAgent(Application):
                     "actions": self._boundary_unreported[:1000]})
                 self.boundary.accepted(new[:1000], now)
                 del self._boundary_unreported[:1000]
-        except ServiceError as e:
+        except AgentServiceError as e:
             self.log.warning("Boundary guard: service unavailable, stopping nothing this tick: %s", e)
             self.metrics.loop_errors.labels("boundary").inc()
         except Exception:
@@ -444,7 +444,7 @@ class GPUPoolAgent(Application):
     async def _send_utilization(self, snapshot: Snapshot) -> None:
         try:
             await self.client.report_utilization(snapshot)  # type: ignore[union-attr]
-        except ServiceError as e:
+        except AgentServiceError as e:
             if e.status == 409:
                 self._report_utilization = False
                 self.log.info("The service reads GPU utilization from Prometheus: not reporting it")

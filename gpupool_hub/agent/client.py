@@ -13,7 +13,7 @@ from .. import strictjson
 from .. import __version__
 from ..service.core.agent_leases import INSTANCE_HEADER
 from .attribution import Snapshot
-from .errors import ServiceError
+from .errors import AgentServiceError
 from .memguard import Share
 from .results import EnforceList
 
@@ -41,19 +41,19 @@ class ServiceClient:
             # One client per event loop (tornado caches it); created here, inside the running loop.
             resp = await AsyncHTTPClient().fetch(req, raise_error=False)
         except (OSError, HTTPClientError, asyncio.TimeoutError) as e:
-            raise ServiceError(f"{method} {req.url}: {e}") from None
+            raise AgentServiceError(f"{method} {req.url}: {e}") from None
         if resp.code >= 300:  # 599: no connection / timeout
             message = ""
             try:
                 message = strictjson.loads(resp.body or b"{}").get("message", "")
             except (ValueError, AttributeError):
                 pass
-            raise ServiceError(f"{method} {req.url}: HTTP {resp.code} {message or resp.error or ''}".strip(),
+            raise AgentServiceError(f"{method} {req.url}: HTTP {resp.code} {message or resp.error or ''}".strip(),
                                resp.code)
         try:
             return strictjson.loads(resp.body or b"{}")
         except ValueError as e:
-            raise ServiceError(f"{method} {req.url}: answer is not JSON: {e}") from None
+            raise AgentServiceError(f"{method} {req.url}: answer is not JSON: {e}") from None
 
     async def release(self, timeout: float) -> Any:
         """This agent stops: give the node up, so a successor is served at once."""
@@ -67,12 +67,12 @@ class ServiceClient:
         users, kernels = data.get("users"), data.get("kernels", [])
         if not isinstance(users, list) or not all(isinstance(u, str) for u in users) or \
                 not isinstance(kernels, list) or not all(isinstance(u, str) for u in kernels):
-            raise ServiceError(f"enforcement answer is malformed: {data!r:.200}")
+            raise AgentServiceError(f"enforcement answer is malformed: {data!r:.200}")
         allowed = data.get("allowed", {})
         if not isinstance(allowed, dict) or not all(
                 isinstance(u, str) and isinstance(g, list) and all(isinstance(x, str) for x in g)
                 for u, g in allowed.items()):
-            raise ServiceError(f"enforcement answer is malformed: {data!r:.200}")
+            raise AgentServiceError(f"enforcement answer is malformed: {data!r:.200}")
         return EnforceList(frozenset(users), frozenset(kernels), bool(data.get("dry_run", False)),
                            {u: frozenset(g) for u, g in allowed.items()},
                            report_inventory=data.get("report_inventory") is True)
@@ -84,7 +84,7 @@ class ServiceClient:
             shares = [Share(str(s["gpu_uuid"]), str(s["user"]), str(s["server"]), int(s["milli"]),
                             str(s.get("class") or "timeslice")) for s in data["shares"]]
         except (KeyError, TypeError, ValueError) as e:
-            raise ServiceError(f"memory answer is malformed ({e}): {data!r:.200}") from None
+            raise AgentServiceError(f"memory answer is malformed ({e}): {data!r:.200}") from None
         return shares, bool(data.get("dry_run", False))
 
     async def report_memory(self, report: dict[str, Any]) -> Any:
@@ -97,7 +97,7 @@ class ServiceClient:
         if not isinstance(holders, dict) or not all(
                 isinstance(g, str) and isinstance(u, list) and all(isinstance(x, str) for x in u)
                 for g, u in holders.items()):
-            raise ServiceError(f"boundary answer is malformed: {data!r:.200}")
+            raise AgentServiceError(f"boundary answer is malformed: {data!r:.200}")
         return {g: frozenset(u) for g, u in holders.items()}, bool(data.get("dry_run", False))
 
     async def report_boundary(self, report: dict[str, Any]) -> Any:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..service.core.agent_leases import CONFLICT_MARK
 
 
-class ServiceError(Exception):
+class AgentServiceError(Exception):
     """The service could not be asked (down, timed out, refused the token, answered nonsense)."""
 
     def __init__(self, message: str, status: int | None = None) -> None:

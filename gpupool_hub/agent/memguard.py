@@ -55,7 +55,7 @@ class Share:
 
 
 @dataclass(frozen=True)
-class Usage:
+class MemoryUse:
     """One user's memory on one shared GPU, against the limit of their share(s)."""
 
     gpu_uuid: str
@@ -77,7 +77,7 @@ class Usage:
 class MemoryWarning:
     """A user over their share's memory on one GPU; ``deadline`` is set once the service accepted it."""
 
-    usage: Usage
+    usage: MemoryUse
     since: float
     deadline: float | None = None
     dry_acted: bool = False  # a dry run logs its "would stop" once per warning
@@ -102,7 +102,7 @@ def iso_ts(ts: float) -> str:
     return iso(datetime.fromtimestamp(ts, timezone.utc)) or ""
 
 
-def measure(snapshot: Snapshot, shares: Iterable[Share], tolerance: float) -> list[Usage]:
+def measure(snapshot: Snapshot, shares: Iterable[Share], tolerance: float) -> list[MemoryUse]:
     """Each share holder's memory on each shared GPU of the snapshot (pure).
 
     A user's several shares of one GPU add up; processes on a MIG instance are
@@ -121,7 +121,7 @@ def measure(snapshot: Snapshot, shares: Iterable[Share], tolerance: float) -> li
                       if p.user == user and p.mig_uuid is None)
         limit = int(gpu.memory_total_bytes * milli * (1 + tolerance)) // 1000
         estimated = any(p.memory_bytes is None for p in snapshot.processes if p.gpu_uuid == uuid and p.user == user)
-        out.append(Usage(uuid, gpu.index, user, tuple(sorted(set(servers))), milli, limit,
+        out.append(MemoryUse(uuid, gpu.index, user, tuple(sorted(set(servers))), milli, limit,
                          sum(p.memory_bytes or 0 for p in procs), procs, estimated))
     return out
 
@@ -137,7 +137,7 @@ def _with_unknown_memory(snapshot: Snapshot, uuid: str, used: int | None) -> lis
     return [replace(p, memory_bytes=rest) if p.memory_bytes is None else p for p in procs]
 
 
-def pick_victims(usage: Usage, spared: Iterable[int] = ()) -> list[GpuProcess]:
+def pick_victims(usage: MemoryUse, spared: Iterable[int] = ()) -> list[GpuProcess]:
     """The fewest processes to stop, biggest first, for what is left to fit the limit (pure);
     ``spared`` pids are never picked (their memory stays counted)."""
     left, out, spared = usage.used_bytes, [], set(spared)

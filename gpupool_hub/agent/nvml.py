@@ -1,7 +1,7 @@
 """GPU discovery through NVML: what this node has, in the pool's inventory format.
 
 The agent reports the node as the same dict an admin would write in
-``c.GPUPool.nodes`` (see :func:`gpupool_hub.placement.nodes.load_nodes`),
+``c.GPUPool.nodes`` (see :func:`gpupool_hub.placement.hardware.load_nodes`),
 so the service validates it with the same loader and placement can later use
 discovered nodes without a second format.
 
@@ -24,7 +24,7 @@ from typing import Any, Iterator, Mapping
 import psutil
 
 from ..mig import total_slices
-from ..placement.nodes import load_node
+from ..placement.hardware import load_node
 from ..placement.topology import PcieLevel
 
 log = logging.getLogger("gpupool.agent.nvml")

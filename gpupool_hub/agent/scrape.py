@@ -31,7 +31,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from ..lifetime import bind_or_take_over
-from ..secretfile import read_secret_line
+from ..identity.secretfile import read_secret_line
 
 __all__ = ["MetricsAccessError", "is_loopback", "metrics_token", "open_endpoint", "read_token", "serve"]
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from .attribution import Snapshot
 from .client import ServiceClient
-from .errors import ServiceError
+from .errors import AgentServiceError
 from .memguard import MemoryGuard, Share, iso_ts
 from .metrics import AgentMetrics
 from .mps import MpsControl, plan
@@ -85,7 +85,7 @@ class ShareSteps:
                 self.memguard.accepted(now)
                 del self._memory_unreported[:1000]
                 self._memory_reported = bool(result.memory_warnings)
-        except ServiceError as e:
+        except AgentServiceError as e:
             self.log.warning("Memory guard: service unavailable, stopping nothing this tick: %s", e)
             metrics.loop_errors.labels("memory").inc()
         except Exception:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from ..placement.nodes import Node
+from ..placement.hardware import Node
 from .sources import InventorySource, NodeStatus
 
 __all__ = ["DEFAULT_AGENT_TIMEOUT", "AgentInventory", "AgentReports", "NodeReport"]

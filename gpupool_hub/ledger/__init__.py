@@ -22,8 +22,8 @@ Tables are imported from ``gpupool_hub.ledger.schema``.
 from __future__ import annotations
 
 from .book import Ledger
-from .engine import (DEFAULT_BUSY_TIMEOUT, UNAVAILABLE_MESSAGE, Db, LedgerBusy, LedgerError, is_database_busy,
-                     is_database_unavailable, make_engine, normalize_url, utcnow, write_deadline)
+from .database import (DEFAULT_BUSY_TIMEOUT, UNAVAILABLE_MESSAGE, Db, LedgerBusy, LedgerError, is_database_busy,
+    is_database_unavailable, make_engine, normalize_url, utcnow, write_deadline)
 from .migrations import SCHEMA_VERSION, SchemaOutdated, backup_sqlite, upgrade_database
 from .records import (KINDS, Account, AccountRow, AllocationRecord, AuditEvent, Credited, DayTotal, Entry, GpuUse,
                       IdempotencyConflict, Mismatch, Posted, Posting, UnknownAccount, VerifyReport, Window)

@@ -10,8 +10,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from ..units import from_milli, to_milli
-from .engine import Db, aware, chunks, db_time
+from ..money.units import from_milli, to_milli
+from .database import Db, aware, chunks, db_time
 from .records import AllocationRecord
 from .schema import allocations
 

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 
 from sqlalchemy.engine import Connection
 
-from .engine import Db, aware, db_time
+from .database import Db, aware, db_time
 from .records import AuditEvent
 from .schema import audit
 

@@ -1,5 +1,5 @@
 """The book: accounts, their entries and balances, and the stores of everything else the
-service records, all on one :class:`~gpupool_hub.ledger.engine.Db`.
+service records, all on one :class:`~gpupool_hub.ledger.database.Db`.
 
 Append-only entries, each with a unique idempotency key, and a per-account balance kept in
 the same transaction as the entries (so reading a balance is one indexed row). A balance is
@@ -16,17 +16,17 @@ from decimal import Decimal
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from ..credits import DueCredit, capped
-from ..units import from_milli
+from ..money.credits import DueCredit, capped
+from ..money.units import from_milli
 from .allocations import Allocations
 from .audit import Audit, insert_event
 from .carries import Carries
-from .engine import DEFAULT_BUSY_TIMEOUT, Db, aware, chunks, db_time, insert_new, utcnow
+from .database import DEFAULT_BUSY_TIMEOUT, Db, aware, chunks, db_time, insert_new, utcnow
 from .gpu_use import GpuUseDays
 from .intervals import Intervals
 from .leases import Leases
 from .migrations import open_schema
-from .nodes import Nodes
+from .node_devices import Nodes
 from .postings import ensure_accounts, entry_of, write_postings
 from .queue import Queue
 from .records import Account, AuditEvent, Credited, Entry, Mismatch, Posted, Posting, UnknownAccount, VerifyReport

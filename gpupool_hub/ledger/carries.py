@@ -10,7 +10,7 @@ from decimal import Decimal
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from .engine import Db, chunks
+from .database import Db, chunks
 from .schema import carries
 
 

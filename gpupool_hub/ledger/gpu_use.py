@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime
 
-from .engine import Db, db_time, insert_new, utcnow
+from .database import Db, db_time, insert_new, utcnow
 from .records import GpuUse
 from .schema import gpu_use, intervals
 

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 
 import sqlalchemy as sa
 
-from .engine import Db, insert_new, utcnow
+from .database import Db, insert_new, utcnow
 from .schema import meta_table
 
 

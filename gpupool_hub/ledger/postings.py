@@ -18,9 +18,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from ..keys import stored_key
-from ..units import from_milli, to_milli
-from .engine import LedgerError, aware, chunks, db_time
+from ..money.keys import stored_key
+from ..money.units import from_milli, to_milli
+from .database import LedgerError, aware, chunks, db_time
 from .records import Entry, IdempotencyConflict, Posted, Posting
 from .schema import accounts, entries
 

@@ -12,7 +12,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from .engine import Db, aware, db_time, insert_new
+from .database import Db, aware, db_time, insert_new
 from .schema import estimates, queue
 
 

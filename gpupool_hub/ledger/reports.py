@@ -16,7 +16,7 @@ from functools import lru_cache
 
 import sqlalchemy as sa
 
-from .engine import Db, aware
+from .database import Db, aware
 from .records import AccountRow, DayTotal, GpuUse, UnknownAccount, Window
 from .schema import accounts, entries, gpu_use
 

@@ -12,7 +12,7 @@ from .errors import (
     PlacementError,
 )
 from .mix import DEFAULT_FLOOR_WEIGHT, DEFAULT_RESERVE, RequestMix
-from .nodes import GPU, Link, MigDevice, Node, load_node, load_nodes
+from .hardware import GPU, Link, MigDevice, Node, load_node, load_nodes
 from .policies import FGD, BestFit, FirstFit, Policy, RandomFit, get_policy, policy_names, register_policy
 from .request import MILLI, Request, model_allowed, normalize_model
 from .report import FreeSummary

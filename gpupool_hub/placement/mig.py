@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
 from ..mig import MigProfileError, parse_mig_profile, slices
-from .nodes import MigDevice
+from .hardware import MigDevice
 from .request import Request, model_allowed
 
 if TYPE_CHECKING:  # state.py imports this module

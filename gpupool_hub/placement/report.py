@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional
 
-from ..units import plural
+from ..money.units import plural
 from .request import MILLI
 
 if TYPE_CHECKING:

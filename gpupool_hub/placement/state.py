@@ -18,7 +18,7 @@ from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Tupl
 from .errors import ModelUnavailable, NoCapacity, PlacementConflict, PlacementError
 from . import mig as mig_placement
 from . import pins, report, scarce
-from .nodes import MigDevice, Node, load_node
+from .hardware import MigDevice, Node, load_node
 from .mix import DEFAULT_FLOOR_WEIGHT, DEFAULT_RESERVE, Expected
 from .request import MILLI, Request, model_allowed
 

@@ -30,11 +30,11 @@ from ..engines import Engine, engines, in_use
 from ..ledger import Ledger, LedgerError, upgrade_database
 from ..placement.request import Request
 from ..profiles import Profile, parse_profiles
-from ..spawnertoken import SpawnerTokenError, resolve_spawner_token
+from ..identity.spawner_token import SpawnerTokenError, resolve_spawner_token
 from ..usage import UsageSource
 from .configfile import DbUrlFileError, ledger_url, load_config_file
 from .common.context import ServiceContext
-from ..cull import Culler
+from ..takeback.cull import Culler
 from .heap import keep_start_up_heap
 from .common.hubapi import GroupCache, HubClient
 from .jobs import JobRunner
@@ -54,7 +54,7 @@ from .core.manager import PoolManager
 from .core.pool_inventory import PoolInventory
 from .common.metrics import ServiceMetrics
 from .usage import UsageConfigError, make_usage_source
-from .api.schema import warm_up
+from .api.openapi import warm_up
 from .webapp import MAX_BODY_SIZE, make_app
 
 log = logging.getLogger("gpupool")
@@ -314,7 +314,7 @@ class GPUPoolService(*(e.service_settings for e in engines() if e.service_settin
             raise SystemExit(f"gpupool: invalid c.GPUPoolSpawner.profiles: {e}") from None
 
     def _spawner_secret(self) -> str:
-        """The spawner's secret (``gpupool_hub/spawnertoken.py``); a setting that cannot work stops the
+        """The spawner's secret (``gpupool_hub/identity/spawner_token.py``); a setting that cannot work stops the
         service here, with what to set, rather than refusing every spawn later."""
         try:
             secret = resolve_spawner_token(self.spawner_token, self.spawner_token_file)

@@ -28,7 +28,7 @@ import os
 from traitlets.config import Application
 
 from ..config import GPUPool
-from ..secretfile import read_secret_line
+from ..identity.secretfile import read_secret_line
 
 __all__ = ["CONFIG_FILE_ENV", "DbUrlFileError", "hub_config_file", "ledger_url", "load_config_file"]
 

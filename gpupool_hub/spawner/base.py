@@ -32,7 +32,7 @@ from jupyterhub.spawner import Spawner
 from traitlets import Bool, Float, List, Unicode, default, observe, validate
 
 from ..profiles import InvalidOptions, Profile, choose_profile, default_profile, parse_profiles
-from ..spawnertoken import SpawnerTokenError, spawner_token_from_config
+from ..identity.spawner_token import SpawnerTokenError, spawner_token_from_config
 from .client import (
     DEFAULT_API_URL, GPUPoolClient, ServiceError, ServiceUnavailable, api_url_from_config,
     unreachable_refusal,
@@ -353,7 +353,7 @@ class GPUPoolSpawner(Spawner):
 
         Nothing here: a Kubernetes pod does not run as the hub's user name. Spawners that make the
         name a Unix account, a command argument or a unit name override it with
-        ``errors.require_unix_account`` / ``require_login_name`` (the rule: ``gpupool_hub.unixname``).
+        ``errors.require_unix_account`` / ``require_login_name`` (the rule: ``gpupool_hub.identity.unix``).
         """
 
     async def gpupool_prepare(self) -> None:

@@ -3,7 +3,7 @@
 Built from the profiles and the service's answers (``GET /models`` for prices,
 free GPUs and who waits; ``GET users/{name}`` for the balance, the floor and
 what the user already runs) into plain text for the template: no HTML here,
-no I/O. What a start needs is :func:`~gpupool_hub.credits.start_need`, the
+no I/O. What a start needs is :func:`~gpupool_hub.money.credits.start_need`, the
 rule the service's admission refuses by, so the card and the refusal agree.
 """
 
@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from ..credits import CreditRules, can_start, hours_bought, start_need
-from ..pricing import model_matches
+from ..money.credits import CreditRules, can_start, hours_bought, start_need
+from ..money.pricing import model_matches
 from ..profiles import Profile
-from ..units import amount_text, hours_text, plural, rate_text
+from ..money.units import amount_text, hours_text, plural, rate_text
 from .wait_rules import full_text
 
-__all__ = ["Account", "ProfileChoice", "card", "free_gpus", "free_mig", "profile_prices"]
+__all__ = ["CardAccount", "ProfileChoice", "card", "free_gpus", "free_mig", "profile_prices"]
 
 #: how each guarantee class is named on a card, before what it promises
 CLASS_LABELS = {"mig": "MIG", "mps": "MPS", "timeslice": "time-sliced"}
@@ -38,7 +38,7 @@ def decimal(value: Any) -> Decimal | None:
 
 
 @dataclass(frozen=True)
-class Account:
+class CardAccount:
     """What the cards need of the user's account: the balance, the floor and what runs already."""
 
     balance: Decimal
@@ -46,7 +46,7 @@ class Account:
     held_per_hour: Decimal = Decimal(0)  # the price of the GPU servers the user runs now
 
     @classmethod
-    def from_view(cls, view: Mapping[str, Any] | None) -> Account | None:
+    def from_view(cls, view: Mapping[str, Any] | None) -> CardAccount | None:
         """From the service's ``GET users/{name}``; None when it did not answer or is unreadable."""
         if not view:
             return None
@@ -224,7 +224,7 @@ def _price_words(p: Profile, prices: list[tuple[str, Decimal]]) -> tuple[str, st
     return f"{rate}{' per GPU' if p.adjustable else ''}", detail
 
 
-def card(p: Profile, catalog: Mapping[str, Any] | None, account: Account | None, min_hours: Decimal,
+def card(p: Profile, catalog: Mapping[str, Any] | None, account: CardAccount | None, min_hours: Decimal,
          checked: bool, chosen_gpus: int | None = None) -> ProfileChoice:
     """One profile's card. Affordable: its cheapest price passes the service's own check
     (``credits.can_start`` with what the user already runs) for ``min_hours``."""

@@ -22,9 +22,9 @@ from traitlets import TraitError
 
 from ..config import account_rule_from_config
 from ..reasons import RefusalReason
-from ..shortfall import shortfall_message
+from ..money.shortfall import shortfall_message
 from ..timefmt import ZONE_COOKIE, time_html, time_zone, when_text
-from ..unixname import UnixNameError, check_login_name, unix_account
+from ..identity.unix import UnixNameError, check_login_name, unix_account
 
 __all__ = ["GPUPoolRefused", "SpawnFailure", "confirm_by_post", "for_viewer", "invalid_options", "refuse_unix_name",
            "require_login_name", "require_unix_account", "still_stopping_refusal"]

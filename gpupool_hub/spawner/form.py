@@ -28,8 +28,8 @@ from markupsafe import Markup
 
 from ..profiles import Profile, default_profile
 from ..timefmt import time_html
-from ..units import amount_text, balance_text
-from .cards import Account, ProfileChoice, card, decimal, free_gpus, free_mig, profile_prices
+from ..money.units import amount_text, balance_text
+from .cards import CardAccount, ProfileChoice, card, decimal, free_gpus, free_mig, profile_prices
 
 __all__ = [
     "TEMPLATE", "ProfileChoice", "floor_stop_after", "form_context", "free_gpus", "free_mig",
@@ -115,7 +115,7 @@ def form_context(profiles: Sequence[Profile], chosen: Profile | None, account: M
     ``min_start_hours``). ``chosen_gpus``: the GPU count preselected for an
     adjustable ``chosen`` profile.
     """
-    acct = Account.from_view(account)
+    acct = CardAccount.from_view(account)
     min_hours = DEFAULT_MIN_START_HOURS
     if catalog is not None:
         min_hours = decimal(catalog.get("min_start_hours")) or DEFAULT_MIN_START_HOURS

@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..reasons import RefusalReason
-from ..units import plural
+from ..money.units import plural
 from .errors import GPUPoolRefused
 
 #: seconds before the hub's start_timeout at which a queued spawn stops waiting

@@ -20,7 +20,7 @@ from urllib.parse import urlencode
 from tornado.httpclient import AsyncHTTPClient
 
 from .. import strictjson
-from ..idle import GpuReading
+from ..takeback.idle import GpuReading
 
 log = logging.getLogger("gpupool.idle")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpupool_hub.agent.nvml import bus_key, discover, nvml_session, text
-from gpupool_hub.placement.nodes import load_nodes
+from gpupool_hub.placement.hardware import load_nodes
 from gpupool_hub.placement.topology import PcieLevel
 from tests.agent import fake_pynvml as F
 from tests.agent.conftest import A100, GIB, gpu

@@ -20,7 +20,7 @@ from tornado.httpserver import HTTPServer
 from tornado.testing import bind_unused_port
 
 from gpupool_hub.inventory.agents import AgentInventory
-from gpupool_hub.placement.nodes import MigDevice
+from gpupool_hub.placement.hardware import MigDevice
 from gpupool_hub.profiles import parse_profiles
 from gpupool_hub.service.common.context import ServiceContext
 from gpupool_hub.service.webapp import make_app

@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from gpupool_hub.ledger.migrations import _baseline, legacy
-from gpupool_hub.ledger.engine import make_engine
+from gpupool_hub.ledger.database import make_engine
 from .conftest import ExampleHub, wait_for
 
 pytestmark = pytest.mark.integration

@@ -11,7 +11,7 @@ from datetime import timedelta
 from gpupool_hub.ledger import AuditEvent
 from gpupool_hub.reasons import AuditAction
 from gpupool_hub.service.core.enforcement import TAKEN_WATCH
-from gpupool_hub.cull import CullWarning
+from gpupool_hub.takeback.cull import CullWarning
 from gpupool_hub.service.jobs.reconcile import ReconcileJob
 from gpupool_hub.service.core.takeback_notices import KEPT_KERNELS, KEPT_SERVER
 

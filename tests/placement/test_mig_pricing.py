@@ -12,7 +12,7 @@ import pytest
 from traitlets import TraitError
 
 from gpupool_hub.config import GPUPool
-from gpupool_hub.pricing import PriceTable, PricingError
+from gpupool_hub.money.pricing import PriceTable, PricingError
 from gpupool_hub.profiles import choose_profile, parse_profiles
 from gpupool_hub.usage.base import Usage
 

@@ -6,7 +6,7 @@ from decimal import Decimal
 import pytest
 from traitlets.config import Config
 
-from gpupool_hub.cull import Culler, UserState, decide, pressure, server_api_url, CullWarning
+from gpupool_hub.takeback.cull import Culler, UserState, decide, pressure, server_api_url, CullWarning
 
 NOW = datetime(2026, 11, 21, 12, tzinfo=timezone.utc)
 GRACE = timedelta(minutes=10)
@@ -91,7 +91,7 @@ def test_pressure_from_allocation_refusals_and_utilization():
     ],
 )
 def test_23_pressure_from_others_own_utilization(holdings, judged, expected):
-    from gpupool_hub.cull import others_utilization
+    from gpupool_hub.takeback.cull import others_utilization
 
     got = others_utilization(judged, [(u, Decimal(g), x) for u, g, x in holdings], Decimal(4))
     assert got == (None if expected is None else pytest.approx(expected)), got
@@ -114,7 +114,7 @@ def test_server_api_url_quotes_names():
     ],
 )
 def test_12_11_own_refusal_is_not_pressure(refusals, judged, under_pressure):
-    from gpupool_hub.cull import last_refusal_of_others
+    from gpupool_hub.takeback.cull import last_refusal_of_others
 
     at = {user: NOW - timedelta(minutes=minutes) for user, minutes in refusals.items()}
     why = pressure(Decimal(0), Decimal(16), last_refusal_of_others(at, judged), NOW, culler())

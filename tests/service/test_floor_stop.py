@@ -16,7 +16,7 @@ from decimal import Decimal
 
 import pytest
 
-from gpupool_hub.credits import floor_reached_at, uncharged_cost
+from gpupool_hub.money.credits import floor_reached_at, uncharged_cost
 from gpupool_hub.service.core.admission import parse_request
 from tests.fixtures.cull import RecordingHub, cull_job
 from tests.fixtures.manager import Clock, make_manager

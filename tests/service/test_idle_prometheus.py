@@ -159,7 +159,7 @@ def test_prometheus_down_reclaims_nothing_and_says_so(prom, prometheus_factory, 
 
 
 def test_server_idleness_follows_the_rule():
-    from gpupool_hub.idle import GpuReading, server_idleness
+    from gpupool_hub.takeback.idle import GpuReading, server_idleness
 
     t = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
     started = t - timedelta(hours=3)

@@ -148,7 +148,7 @@ def test_own_queue_entry_never_warns_but_another_users_does(tmp_path):
     import asyncio
     from decimal import Decimal
 
-    from gpupool_hub.cull import Culler
+    from gpupool_hub.takeback.cull import Culler
     from gpupool_hub.service.jobs.cull import CullJob
 
     from datetime import datetime, timezone
@@ -178,8 +178,8 @@ def test_idle_rule_table():
     from datetime import datetime, timedelta, timezone
 
     from gpupool_hub.reasons import AuditAction
-    from gpupool_hub.cull import CullWarning
-    from gpupool_hub.idle import IdleServer, decide_idle
+    from gpupool_hub.takeback.cull import CullWarning
+    from gpupool_hub.takeback.idle import IdleServer, decide_idle
 
     now = datetime(2025, 3, 3, 12, 0, tzinfo=timezone.utc)
     old = now - timedelta(hours=3)

@@ -11,7 +11,7 @@ from decimal import Decimal
 
 import pytest
 
-from gpupool_hub.pricing import PriceTable, PricingError
+from gpupool_hub.money.pricing import PriceTable, PricingError
 from gpupool_hub.profiles import parse_profiles
 from gpupool_hub.service.core.admission import parse_request
 from gpupool_hub.service.core.catalog import catalog

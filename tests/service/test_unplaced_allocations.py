@@ -27,7 +27,7 @@ import pytest
 from gpupool_hub.inventory.agents import AgentInventory
 from gpupool_hub.inventory.sources import ConfigInventory
 from gpupool_hub.placement import Request
-from gpupool_hub.placement.nodes import load_node
+from gpupool_hub.placement.hardware import load_node
 from gpupool_hub.service.core.manager import PoolManager
 from gpupool_hub.engines.slurm.inventory import SlurmInventory, SlurmInventorySource
 from tests.fixtures.manager import Clock, make_manager

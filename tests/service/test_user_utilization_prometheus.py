@@ -18,7 +18,7 @@ from decimal import Decimal
 import pytest
 from traitlets.config import Config
 
-from gpupool_hub.cull import Culler
+from gpupool_hub.takeback.cull import Culler
 from gpupool_hub.placement import Request
 from gpupool_hub.service.jobs.cull import CullJob, ServerUtilization
 from gpupool_hub.usage.utilization import PrometheusUtilization

@@ -488,7 +488,7 @@ def test_shard_job_gres_names_the_gpu_whose_shards_it_holds():
 
 
 def test_shard_counts_per_gpu_and_shard_use_marks_gpus_busy():
-    from gpupool_hub.engines.slurm.nodes import parse_nodes, shards_per_gpu
+    from gpupool_hub.engines.slurm.scontrol_nodes import parse_nodes, shards_per_gpu
 
     assert shards_per_gpu("gpu:a6000:2,shard:a6000:16") == {"a6000": 8}
     assert shards_per_gpu("gpu:a6000:2(S:0-1),gpu:rtx3090:1,shard:a6000:8(S:0-1)") == {"a6000": 4}
@@ -513,7 +513,7 @@ def test_shard_request_is_a_whole_number_of_shards():
 
 def test_shard_problems_name_the_profile_and_the_lines():
     from gpupool_hub.profiles import parse_profiles
-    from gpupool_hub.engines.slurm.nodes import parse_nodes
+    from gpupool_hub.engines.slurm.scontrol_nodes import parse_nodes
     from gpupool_hub.engines.slurm.shares import share_problems
 
     profiles = parse_profiles([HALF, {"slug": "tenth", "display_name": "A tenth", "gpu_fraction": 0.1}])

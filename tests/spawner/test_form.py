@@ -141,8 +141,8 @@ def test_every_card_is_a_labelled_radio_input_described_by_its_facts():
 def test_the_card_needs_what_the_service_refuses_by_with_the_servers_already_running():
     """Issue 39.5: the banner said "needs 6.5 tokens" while the card said 4. Both come from
     credits.start_need: a 4 tokens/h A6000 beside a running 2.5 tokens/h server needs 6.5."""
-    from gpupool_hub.credits import CreditRules, start_need
-    from gpupool_hub.shortfall import shortfall_message
+    from gpupool_hub.money.credits import CreditRules, start_need
+    from gpupool_hub.money.shortfall import shortfall_message
 
     running = dict(ACCOUNT, balance="-4", burn_rate_per_hour="2.500")
     a6000 = form_context(make(profiles=PROFILES).gpupool_profiles, None, running, CATALOG)["profiles"][1]

@@ -141,7 +141,7 @@ def test_mig_profiles_end_to_end(hub, monkeypatch, capsys):
 
     # a debit of one hour of each allocation, from the service's own records: exact milli-tokens
     from gpupool_hub.ledger import Ledger
-    from gpupool_hub.pricing import PriceTable
+    from gpupool_hub.money.pricing import PriceTable
     from gpupool_hub.service.core.debits import Debits
     from gpupool_hub.usage.own_records import AllocationRecordsSource
 

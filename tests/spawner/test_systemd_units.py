@@ -32,7 +32,7 @@ from gpupool_hub.spawner.devices import CONTROL_NODES  # noqa: E402
 from gpupool_hub.service.core.admission import parse_request  # noqa: E402
 from gpupool_hub.spawner.errors import GPUPoolRefused, SpawnFailure  # noqa: E402
 from gpupool_hub.engines.systemd.spawner import GPUPoolSystemdSpawner  # noqa: E402
-from gpupool_hub.unixname import RULE  # noqa: E402
+from gpupool_hub.identity.unix import RULE  # noqa: E402
 from tests.agent.test_service import Service  # noqa: E402
 from tests.fixtures.unix_accounts import unix_account  # noqa: E402,F401 (fixture)
 

@@ -16,7 +16,7 @@ from gpupool_hub.spawner import (
     gpupool_options_from_form,
     parse_profiles,
 )
-from gpupool_hub.spawnertoken import SpawnerTokenError, spawner_token_from_config
+from gpupool_hub.identity.spawner_token import SpawnerTokenError, spawner_token_from_config
 from tests.fixtures.ports import free_port
 
 PROFILES = [

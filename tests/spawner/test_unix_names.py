@@ -23,7 +23,7 @@ from traitlets.config import Config
 
 from gpupool_hub.spawner.errors import GPUPoolRefused, SpawnFailure
 from gpupool_hub.engines.local.spawner import GPUPoolLocalProcessSpawner
-from gpupool_hub.unixname import RULE
+from gpupool_hub.identity.unix import RULE
 from tests.agent.test_service import Service
 from tests.e2e.conftest import shared_dir, system_python  # noqa: F401 (fixture)
 from tests.fixtures.hub import wait_for

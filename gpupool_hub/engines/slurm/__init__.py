@@ -21,7 +21,7 @@ from .commands import (FORCED_ENV, Runner, SlurmCommandError, SlurmError, SlurmO
     UnmappedGresType, controller_unreachable, run_slurm)
 from .confinement import device_confinement_problems
 from .inventory import SlurmInventory, SlurmInventorySource
-from .nodes import NodeState, SlurmGpu, SlurmNode, parse_node_state, parse_nodes
+from .scontrol_nodes import SlurmNodeState, SlurmGpu, SlurmNode, parse_node_state, parse_nodes
 from .parse import (SQUEUE_FORMAT, QueueEntry, SlurmJob, expand_hostlist, parse_gres, parse_index_list, parse_job,
     parse_record, parse_squeue)
 
@@ -35,7 +35,7 @@ _LAZY = {
 
 __all__ = [
     "FORCED_ENV", "Runner", "SlurmCommandError", "SlurmError", "SlurmOutputError", "UnmappedGresType",
-    "controller_unreachable", "run_slurm", "device_confinement_problems", "SlurmInventory", "SlurmInventorySource", "NodeState", "SlurmGpu",
+    "controller_unreachable", "run_slurm", "device_confinement_problems", "SlurmInventory", "SlurmInventorySource", "SlurmNodeState", "SlurmGpu",
     "SlurmNode", "parse_node_state", "parse_nodes", "SQUEUE_FORMAT", "QueueEntry", "SlurmJob", "expand_hostlist",
     "parse_gres", "parse_index_list", "parse_job", "parse_record", "parse_squeue", *_LAZY,
 ]

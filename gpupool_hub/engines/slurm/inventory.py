@@ -4,7 +4,7 @@ inventory source behind ``c.GPUPool.inventory = "slurm"``: :class:`SlurmInventor
 
 What is read:
 
-* ``scontrol -d show node -o``: the nodes (:mod:`gpupool_hub.engines.slurm.nodes`).
+* ``scontrol -d show node -o``: the nodes (:mod:`gpupool_hub.engines.slurm.scontrol_nodes`).
 * ``scontrol -d show job -o <id>``: the GPU indices Slurm really bound on
   each node (``GRES=gpu:a6000:2(IDX:0,2)``).
 * ``squeue``: job state and pending reason.
@@ -21,7 +21,7 @@ from typing import Any
 from ...inventory.sources import InventorySource, NodeStatus, SourceDown, SourceIncomplete
 from .commands import Runner, SlurmCommandError, SlurmError, SlurmOutputError, controller_unreachable, run_slurm
 from .confinement import device_confinement_problems, key_values
-from .nodes import SlurmNode, check_models, parse_nodes
+from .scontrol_nodes import SlurmNode, check_models, parse_nodes
 from .ends import END_STATES
 from .parse import SQUEUE_FORMAT, QueueEntry, SlurmJob, allocation_of, job_records, parse_job, parse_squeue
 from .shared import SharedGpu, shared_whole

@@ -1,7 +1,7 @@
 """Slurm's printed text as plain values: ``Key=Value`` records, hostlists, index lists,
 GRES strings, ``scontrol show job`` and ``squeue`` lines. Pure: no process is started
 here (that is :mod:`gpupool_hub.engines.slurm.commands`). The nodes are read in
-:mod:`gpupool_hub.engines.slurm.nodes`.
+:mod:`gpupool_hub.engines.slurm.scontrol_nodes`.
 """
 
 from __future__ import annotations

@@ -19,9 +19,9 @@ from collections.abc import Iterable, Mapping
 from decimal import Decimal
 from math import gcd
 
-from ...pricing import model_matches
+from ...money.pricing import model_matches
 from ...profiles import Profile, format_decimal
-from .nodes import SlurmNode
+from .scontrol_nodes import SlurmNode
 
 __all__ = ["share_problems", "shards_needed"]
 

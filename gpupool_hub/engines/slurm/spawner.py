@@ -20,7 +20,7 @@ a value stays one argument, so it cannot add options to ``sudo`` nor break the
 quoting (batchspawner joins the filled-in templates into one shell string).
 One argument is not enough: ``sudo -u '#0'`` and ``runuser -u '#0'`` read the
 name as uid 0. So a spawn goes ahead only for a user name that is a Unix login
-name with an account on the hub's machine (``gpupool_hub.unixname``, checked
+name with an account on the hub's machine (``gpupool_hub.identity.unix``, checked
 before the pool is asked), and :func:`command_argv` refuses any value starting
 with ``#`` or ``-``.
 """
@@ -48,7 +48,7 @@ from ...spawner.base import GPUPoolSpawner
 from ...spawner.ends import NothingRan, WorkEnd
 from ...spawner.client import ServiceUnavailable
 from ...spawner.errors import GPUPoolRefused, SpawnFailure, require_unix_account
-from ...unixname import RULE, starts_unsafely
+from ...identity.unix import RULE, starts_unsafely
 from ...inventory.outage import OutageLog
 from .commands import SlurmError, controller_unreachable
 from .ends import JobEnd, job_ended

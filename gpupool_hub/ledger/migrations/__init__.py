@@ -45,7 +45,7 @@ from alembic.script import ScriptDirectory
 from alembic.util import CommandError
 from sqlalchemy.engine import Connection, Engine
 
-from ..engine import LedgerError, make_engine, normalize_url
+from ..database import LedgerError, make_engine, normalize_url
 from .legacy import LEGACY_VERSION, upgrade_to_9
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from alembic import command
 
-from ..engine import make_engine
+from ..database import make_engine
 from . import alembic_config, migrate
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy.engine import Connection
 
-from gpupool_hub.ledger.engine import make_engine
+from gpupool_hub.ledger.database import make_engine
 from gpupool_hub.ledger.migrations import VERSION_TABLE
 from gpupool_hub.ledger.schema import metadata
 

@@ -18,7 +18,7 @@ from alembic.operations import Operations
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy.engine import Connection
 
-from ...keys import MAX_KEY_BYTES, stored_key
+from ...money.keys import MAX_KEY_BYTES, stored_key
 
 #: the last hand-written schema version: the one the baseline revision creates
 LEGACY_VERSION = 9

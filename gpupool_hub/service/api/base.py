@@ -30,7 +30,7 @@ from .httpargs import QueryArgs
 from ..common.hubapi import HubError
 from ..core.manager import PoolManager
 from ..core.threads import share_write_deadline
-from .schema import check_body, name_problem, parse_json, text_problem
+from .openapi import check_body, name_problem, parse_json, text_problem
 
 log = logging.getLogger("gpupool.api")
 

@@ -12,7 +12,7 @@ import re
 
 from tornado import web
 
-from .schema import name_problem
+from .openapi import name_problem
 
 #: query integers (ids, limits) are 64-bit signed, as the database stores them
 INT64_MAX = 2**63 - 1

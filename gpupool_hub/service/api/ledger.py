@@ -6,7 +6,7 @@ import csv
 import io
 
 from ...timefmt import iso as _iso
-from ...units import format_tokens
+from ...money.units import format_tokens
 from .base import MAX_PAGE, APIHandler
 
 

@@ -44,13 +44,13 @@ from tornado import web
 from ...inventory.agents import NodeReport
 from ...ledger import AllocationRecord, AuditEvent
 from ...placement.errors import InventoryError
-from ...placement.nodes import load_node
+from ...placement.hardware import load_node
 from ...timefmt import iso as _iso
 from ..core.agent_leases import INSTANCE_HEADER, MAX_INSTANCE_LENGTH, AgentConflict, AgentLeases
 from ..core.pool_inventory import DeviceOfAnotherNode
 from ..core.memory import boundary_events, holders_on, memory_events, shares_on
 from .base import APIHandler
-from .schema import parse_date_time
+from .openapi import parse_date_time
 
 log = logging.getLogger("gpupool.agents")
 

@@ -8,9 +8,9 @@ from tornado import web
 
 from ...ledger import Entry, IdempotencyConflict
 from ...timefmt import iso as _iso
-from ...units import AmountError, format_tokens, parse_amount
+from ...money.units import AmountError, format_tokens, parse_amount
 from .base import MAX_PAGE, APIHandler
-from .schema import text_problem
+from .openapi import text_problem
 
 
 def entry_json(e: Entry) -> dict[str, Any]:

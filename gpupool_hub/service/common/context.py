@@ -30,7 +30,7 @@ class ServiceContext:
     hub: HubClient | None = None
     metrics: ServiceMetrics | None = None
     prefix: str = "/services/gpupool/"
-    # the spawner's secret (no hub token; gpupool_hub/spawnertoken.py): the spawner, inside the hub, calls with it
+    # the spawner's secret (no hub token; gpupool_hub/identity/spawner_token.py): the spawner, inside the hub, calls with it
     spawner_token: str = ""
     admin_scope: str = "custom:gpupool:admin"
     # a hub token needs one of these to use the service at all (empty: any hub token)

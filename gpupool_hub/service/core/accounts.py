@@ -14,8 +14,8 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from ...config import GPUPool
-from ...credits import due_credits
-from ...keys import entry_key
+from ...money.credits import due_credits
+from ...money.keys import entry_key
 from ...ledger import Account, AuditEvent, Credited, Ledger, Posting, UnknownAccount
 from ...reasons import AuditAction
 from .threads import CoreThreads, reads, writes

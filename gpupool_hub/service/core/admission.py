@@ -21,15 +21,15 @@ from typing import Any
 from ... import fairshare
 from ...queue import rules as waitqueue
 from ...config import GPUPool
-from ...credits import CreditRules, affording_credit, can_start, start_need
+from ...money.credits import CreditRules, affording_credit, can_start, start_need
 from ...ledger import AllocationRecord, Ledger
 from ...placement.errors import InvalidRequest, ModelUnavailable, NoCapacity
 from ...placement.request import Request
 from ...placement.state import Placement
 from ...reasons import RefusalReason
-from ...shortfall import shortfall_message
+from ...money.shortfall import shortfall_message
 from ...timefmt import when_text
-from ...units import format_tokens, round_milli
+from ...money.units import format_tokens, round_milli
 from .accounts import Accounts
 from .attempts import AttemptAbandoned, Tombstones
 from .enforcement import Enforcement
@@ -229,7 +229,7 @@ class Admission:
         return self.record(alloc_id, user, server, request, requested_models, placement, team, usage, key, pending=pending)
 
     def _from_queue(self, user: str, server: str, req: Request, requested_models: list[str] | None,
-                    team: str | None, usage: fairshare.Usage | None) -> tuple[str, Placement] | None:
+                    team: str | None, usage: fairshare.TeamUsage | None) -> tuple[str, Placement] | None:
         """The wait queue's say before placing: a queued (user, server) gets its reserved
         GPUs or its position (``Refused(QUEUED)``); while anyone waits, a newcomer joins
         the queue and starts only where backfill lets it. None: place as usual."""
@@ -250,7 +250,7 @@ class Admission:
             return queue.join(user, server, req, requested_models, priority)
         return None
 
-    def _priority(self, team: str | None, req: Request, usage: fairshare.Usage | None) -> int:
+    def _priority(self, team: str | None, req: Request, usage: fairshare.TeamUsage | None) -> int:
         """Teams within their quota wait ahead of everyone else (then first come, first served)."""
         if team is not None and usage is not None and self.reclaims.teams.within_quota(team, req.total_gpu_milli,
                                                                                        usage):
@@ -258,7 +258,7 @@ class Admission:
         return waitqueue.BORROWER
 
     def record(self, alloc_id: str, user: str, server: str, request: Request, requested_models: list[str] | None,
-               placement: Placement, team: str | None, usage: fairshare.Usage | None,
+               placement: Placement, team: str | None, usage: fairshare.TeamUsage | None,
                key: str | None = None, *, pending: bool = False) -> AllocationRecord:
         """Write the allocation to the ledger (from now on it is charged, or once its work starts)."""
         borrowed = False

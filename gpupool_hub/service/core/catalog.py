@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 from ...placement.mig import instance_profile
 from ...placement.state import Pool
-from ...pricing import SHARE_PRICE_CLASSES, PriceTable, PricingError, model_matches
+from ...money.pricing import SHARE_PRICE_CLASSES, PriceTable, PricingError, model_matches
 from ...profiles import Profile, format_decimal
-from ...units import format_tokens
+from ...money.units import format_tokens
 
 if TYPE_CHECKING:
     from .pool_inventory import PoolInventory

@@ -19,11 +19,11 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from ...keys import entry_key
+from ...money.keys import entry_key
 from ...ledger import Ledger, Posting
-from ...pricing import PriceTable, PricingError
+from ...money.pricing import PriceTable, PricingError
 from ...timefmt import align_down, iso
-from ...units import round_milli
+from ...money.units import round_milli
 from ...usage import Usage, UsageNotSettled, UsageSource, UsageUnavailable
 from .threads import CoreThreads, writes
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from ...ledger import AuditEvent, utcnow
 from ...reasons import AuditAction
-from ...cull import CullWarning, last_refusal_of_others
+from ...takeback.cull import CullWarning, last_refusal_of_others
 
 
 #: how long after the service took a server's GPUs (reclaim, idle reclaim) its user's processes

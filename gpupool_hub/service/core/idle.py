@@ -1,5 +1,5 @@
 """``IdleWarnings``: what users see of idleness, written by the idle job only
-(rules in ``gpupool_hub/idle.py``)."""
+(rules in ``gpupool_hub/takeback/idle.py``)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from ...cull import CullWarning
-from ...idle import GpuReading, ServerIdleness
+from ...takeback.cull import CullWarning
+from ...takeback.idle import GpuReading, ServerIdleness
 from ...timefmt import iso
 
 

@@ -44,7 +44,7 @@ from .admission import Admission
 from .debits import Debits
 from .gpuuse import GpuUseLog
 from .enforcement import TAKEN_WATCH, Enforcement
-from ...cull import CullWarning
+from ...takeback.cull import CullWarning
 from .idle import IdleWarnings
 from .pool_inventory import PoolInventory
 from .rebinds import Rebinds

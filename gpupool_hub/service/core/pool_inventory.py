@@ -31,10 +31,10 @@ from ...inventory.agents import AgentInventory, AgentReports, NodeReport
 from ...inventory.sources import InventorySource, NodeStatus
 from ...ledger import AllocationRecord, Ledger
 from ...placement.errors import InventoryError, PlacementError
-from ...placement.nodes import Node, load_nodes
+from ...placement.hardware import Node, load_nodes
 from ...placement.request import MILLI, Request, normalize_model
 from ...placement.state import GPUShare, Placement, Pool
-from ...pricing import PriceTable, PricingError, model_matches
+from ...money.pricing import PriceTable, PricingError, model_matches
 from ...profiles import Profile
 from ...reasons import RefusalReason
 from .errors import Refused

@@ -43,7 +43,7 @@ from ...timefmt import iso
 from ...queue.rules import BORROWER, Dispatch, FairOrder, Waiter, demand, dispatch, join_behind, wait_place, wait_text
 from .errors import Refused
 from .pool_inventory import PoolInventory
-from .queue_entries import Entries, Entry
+from .queue_entries import Entries, WaitingServer
 from .queue_eta import QueueEstimates, range_json
 from .queue_order import FairQueueOrder
 from .queue_reports import QueueReports
@@ -94,7 +94,7 @@ class WaitQueue:
         # after a full dispatch that left a head waiting: (the pool, its release count, the head's
         # entry, the pass); while the first three still hold and no waiter became old since (the
         # pass's ``until``), a newcomer needs no full pass (``join_behind``)
-        self._settled: tuple[Any, int, Entry, Dispatch] | None = None
+        self._settled: tuple[Any, int, WaitingServer, Dispatch] | None = None
         self._expiry_due: datetime | None = None  # no entry expires before this (``expire``)
         self.on_started: Callable[[float], None] | None = None  # see ``report_to``
 
@@ -118,7 +118,7 @@ class WaitQueue:
         for row in self.ledger.queue.rows():
             w = Waiter(id=row["id"], user=row["user"], server=row["server"], request=_request(row["request"]),
                        since=row["since"], priority=row["priority"])
-            self.entries[(w.user, w.server)] = Entry(w, row["requested_models"], now)
+            self.entries[(w.user, w.server)] = WaitingServer(w, row["requested_models"], now)
         self.dispatch()
         return len(self.entries)
 
@@ -126,7 +126,7 @@ class WaitQueue:
         """Whether some node could ever take ``req`` (else it must not wait)."""
         return self.pool.could_ever_fit(req)
 
-    def pending(self, user: str, server: str) -> Entry | None:
+    def pending(self, user: str, server: str) -> WaitingServer | None:
         return self.entries.get((user, server))
 
     def join(self, user: str, server: str, req: Request, requested_models: list[str] | None,
@@ -139,7 +139,7 @@ class WaitQueue:
                    priority=priority)
         row = {"id": w.id, "user": user, "server": server, "request": _request_json(req),
                "requested_models": requested_models, "priority": priority, "since": now}
-        entry = Entry(w, requested_models, now)
+        entry = WaitingServer(w, requested_models, now)
         before = self.order.kept(now)
         self.entries[entry.key] = entry
         try:
@@ -187,7 +187,7 @@ class WaitQueue:
                       details={"max_waiting_per_user": limit,
                                "waiting": [{"server": server, "position": p} for server, p in places]})
 
-    def poll(self, entry: Entry, req: Request, requested_models: list[str] | None) -> tuple[str, Placement] | None:
+    def poll(self, entry: WaitingServer, req: Request, requested_models: list[str] | None) -> tuple[str, Placement] | None:
         """A retry of a queued (user, server): its reservation if dispatch placed it, else
         ``Refused(QUEUED)``. A changed request (another size or model) gives up the old place
         and its reserved GPUs (None: ask anew)."""
@@ -205,7 +205,7 @@ class WaitQueue:
             return self.claim(entry)
         raise self.refusal(entry)
 
-    def claim(self, entry: Entry, stored: bool = True) -> tuple[str, Placement]:
+    def claim(self, entry: WaitingServer, stored: bool = True) -> tuple[str, Placement]:
         """Hand the reserved GPUs over (admission records them under the entry's id);
         ``stored``: the entry is in the ledger (it waited), else it started as it joined."""
         assert entry.placement is not None
@@ -226,7 +226,7 @@ class WaitQueue:
         against what the queue is served)."""
         self.eta.freed(at, gpus)
 
-    def remove(self, entry: Entry, why: str) -> None:
+    def remove(self, entry: WaitingServer, why: str) -> None:
         """Drop an entry, giving its reserved GPUs back (and to the next waiters)."""
         self.entries.pop(entry.key, None)
         self._settled = None  # it may have been the head
@@ -293,7 +293,7 @@ class WaitQueue:
         self._expiry_due = due
         return gone
 
-    def dispatch(self) -> list[Entry]:
+    def dispatch(self) -> list[WaitingServer]:
         """GPUs were released: place waiters in fair order (see :func:`waitqueue.dispatch`)."""
         self._settled = None
         self._expiry_due = None  # placements may change: the next expire looks at every entry
@@ -324,7 +324,7 @@ class WaitQueue:
             self._settled = (self.pool, self.pool.releases, by_id[d.reservation[0]], d)
         return placed
 
-    def _settled_pass(self, now: datetime) -> tuple[Entry, Dispatch] | None:
+    def _settled_pass(self, now: datetime) -> tuple[WaitingServer, Dispatch] | None:
         """The head entry and the last full dispatch, if nothing since could change that pass's
         answer: no release in the pool (nor a new pool), the head still waits, and no waiter
         became old (``waitqueue.RESERVE_AFTER``) since."""
@@ -342,7 +342,7 @@ class WaitQueue:
 
     # ---------------------------------------------------- answers, estimates
 
-    def refusal(self, entry: Entry) -> Refused:
+    def refusal(self, entry: WaitingServer) -> Refused:
         """A waiting entry's answer: its position and estimate (the first shown is recorded)."""
         refused, shown = self._refusal(entry)
         if shown is not None and entry.waiter.id not in self._shown:
@@ -350,7 +350,7 @@ class WaitQueue:
             self._shown.add(entry.waiter.id)
         return refused
 
-    def _refusal(self, entry: Entry) -> tuple[Refused, tuple[Any, ...] | None]:
+    def _refusal(self, entry: WaitingServer) -> tuple[Refused, tuple[Any, ...] | None]:
         """The answer, and the estimate to record (``ledger.queue.estimate_shown``'s arguments)
         unless one was recorded for the entry already (kept for the published accuracy)."""
         now = self.clock()

@@ -16,7 +16,7 @@ from ...queue.rules import Waiter
 
 
 @dataclass
-class Entry:
+class WaitingServer:
     """One waiting server; ``placement`` is set once dispatch reserved its GPUs."""
 
     waiter: Waiter
@@ -30,7 +30,7 @@ class Entry:
         return self.waiter.user, self.waiter.server
 
 
-class Entries(dict[tuple[str, str], Entry]):
+class Entries(dict[tuple[str, str], WaitingServer]):
     """The entries by (user, server), with how many each user has: ``GET me`` asks for every
     request whether the user waits, and must not scan thousands of entries to learn it no.
     Only the queue's writer thread changes it; readers see a count at most one change old."""
@@ -40,7 +40,7 @@ class Entries(dict[tuple[str, str], Entry]):
         self.per_user: dict[str, int] = {}
         self.version = 0  # counts changes, after each is made: a cached order is of one version
 
-    def __setitem__(self, key: tuple[str, str], entry: Entry) -> None:
+    def __setitem__(self, key: tuple[str, str], entry: WaitingServer) -> None:
         if key not in self:
             self.per_user[key[0]] = self.per_user.get(key[0], 0) + 1
         super().__setitem__(key, entry)

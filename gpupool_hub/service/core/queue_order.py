@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from datetime import datetime
 
 from ...queue.rules import FairOrder, Waiter
-from .queue_entries import Entries, Entry
+from .queue_entries import Entries, WaitingServer
 
 #: what an order was sorted from: (entries' version, placements given, held servers, head)
 Basis = tuple[int, int, dict[str, int], "str | None"]
@@ -71,7 +71,7 @@ class FairQueueOrder:
         held = self.reservation  # one read: the writer thread may replace it
         return held[0] if held is not None else None
 
-    def running(self, entries: Iterable[Entry], only: str | None = None) -> dict[str, int]:
+    def running(self, entries: Iterable[WaitingServer], only: str | None = None) -> dict[str, int]:
         """GPU servers per user ahead of their waiters: held ones and those with reserved GPUs.
         With ``only``, that user's alone (a newcomer's: no copy of 5,000 holders per join)."""
         out = dict(self.held_by_user) if only is None else {only: self.held_by_user.get(only, 0)}
@@ -94,7 +94,7 @@ class FairQueueOrder:
         """The fair order with what it was sorted by (each waiter's round, each user's next)."""
         return self._fair_order()[2]
 
-    def position(self, entry: Entry) -> int:
+    def position(self, entry: WaitingServer) -> int:
         if entry.placement is not None:
             return 0
         basis, at, order, places = self._fair_order()

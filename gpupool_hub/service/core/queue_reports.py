@@ -19,7 +19,7 @@ from ...placement.request import Request, normalize_model
 from ...timefmt import iso
 from ...queue.rules import Waiter, fair_order
 from .pool_inventory import PoolInventory
-from .queue_entries import Entries, Entry
+from .queue_entries import Entries, WaitingServer
 from .queue_eta import ESTIMATE_TTL, QueueEstimates, range_json
 from .queue_order import FairQueueOrder
 from .threads import CoreThreads, writes
@@ -96,7 +96,7 @@ class QueueReports:
         place = {w.id: i for i, w in enumerate(self.order.ordered(), 1)}
         entries = list(self.entries.values())  # one copy, sorted, or only the first few picked
 
-        def key(e: Entry) -> tuple[int, datetime]:
+        def key(e: WaitingServer) -> tuple[int, datetime]:
             return place.get(e.waiter.id, 0), e.waiter.since
 
         first = sorted(entries, key=key) if count is None else heapq.nsmallest(count, entries, key=key)

@@ -32,8 +32,8 @@ from ...placement.request import Request, same_request
 from ...placement.state import Placement
 from ...reasons import AuditAction, RefusalReason
 from ...timefmt import iso, when_text
-from ...units import plural
-from ...cull import CullWarning
+from ...money.units import plural
+from ...takeback.cull import CullWarning
 from .errors import Refused
 from .pool_inventory import PoolInventory
 from .views import ViewCache
@@ -155,7 +155,7 @@ class Reclaims:
                 "preempt_grace_seconds": self.settings.preempt_grace, "teams": teams,
                 "reclaims": [rc.as_dict() for rc in self.active.values()]}
 
-    def start(self, user: str, server: str, team: str, usage: fairshare.Usage,
+    def start(self, user: str, server: str, team: str, usage: fairshare.TeamUsage,
               holdings: list[fairshare.Holding], req: Request, requested_models: list[str] | None) -> None:
         """No room: if the request is within its team's quota and borrowed GPUs of teams
         over quota would make it fit, reserve the GPUs, warn the victims and raise

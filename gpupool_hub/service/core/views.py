@@ -21,15 +21,15 @@ from decimal import Decimal
 from typing import Any, TypeVar
 
 from ...config import GPUPool
-from ...credits import balance_status, floor_reached_at, next_credit_times
+from ...money.credits import balance_status, floor_reached_at, next_credit_times
 from ...ledger import AllocationRecord, Ledger
 from ...placement.report import FreeSummary
 from ...placement.state import Pool
 from ...timefmt import iso
-from ...units import format_tokens
+from ...money.units import format_tokens
 from .accounts import Accounts
 from .debits import Debits
-from ...cull import CullWarning
+from ...takeback.cull import CullWarning
 from .pool_inventory import PoolInventory
 from .catalog import catalog
 from .threads import CoreThreads, reads, writes

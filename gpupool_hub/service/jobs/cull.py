@@ -1,4 +1,4 @@
-"""The cull job: warn, shut down kernels, stop servers (rules in ``gpupool_hub/cull.py``)."""
+"""The cull job: warn, shut down kernels, stop servers (rules in ``gpupool_hub/takeback/cull.py``)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from decimal import Decimal
 from typing import Any
 
 from ...config import GPUPool
-from ...credits import uncharged_cost
-from ...cull import Culler, CullWarning, Decision, UserState, decide, others_utilization, pressure
+from ...money.credits import uncharged_cost
+from ...takeback.cull import Culler, CullWarning, Decision, UserState, decide, others_utilization, pressure
 from ...ledger import AllocationRecord, AuditEvent
 from ...reasons import AuditAction
 from ...usage.utilization import UtilizationSource

@@ -1,5 +1,5 @@
 """The idle reclaim job: warn idle GPU servers that others wait for, stop them
-after the grace (rules in ``gpupool_hub/idle.py``)."""
+after the grace (rules in ``gpupool_hub/takeback/idle.py``)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ...config import GPUPool
-from ...cull import CullWarning
-from ...idle import GpuReading, IdleDecision, IdleServer, decide_idle, server_idleness
+from ...takeback.cull import CullWarning
+from ...takeback.idle import GpuReading, IdleDecision, IdleServer, decide_idle, server_idleness
 from ...ledger import AllocationRecord, AuditEvent
 from ...reasons import AuditAction
 from ...usage.utilization import UserGpu, UtilizationSource

@@ -15,7 +15,7 @@ from urllib.parse import quote
 
 from tornado.httpclient import HTTPRequest
 
-from ...cull import server_api_url
+from ...takeback.cull import server_api_url
 from ..common.hubapi import HubClient, fetch_json
 
 

@@ -18,8 +18,8 @@ from typing import Any
 from tornado import web
 
 from ...ledger import SORTS, IdempotencyConflict
-from ...names import name_problem
-from ...units import AmountError, format_tokens, from_milli, parse_amount
+from ...identity.names import name_problem
+from ...money.units import AmountError, format_tokens, from_milli, parse_amount
 from ..api.base import database_trouble
 from ..api.httpargs import INT64_MAX
 from ..core.accounts import grant_text
@@ -68,7 +68,7 @@ def parse_grant(form: dict[str, str], max_grant: int) -> tuple[str, Decimal, str
     user = form.get("user", "").strip()
     if not user or len(user) > 255:
         raise GrantError("Name the user (their JupyterHub name).")
-    if (problem := name_problem(user)) is not None:  # the API's rule for names (gpupool_hub/names.py)
+    if (problem := name_problem(user)) is not None:  # the API's rule for names (gpupool_hub/identity/names.py)
         raise GrantError(f"The user name {problem}.")
     try:
         amount = parse_amount(form.get("amount", "").strip(), what="amount")

@@ -43,7 +43,7 @@ from ..common.hubapi import HubError
 from ..core.manager import PoolManager
 from ..core.threads import share_write_deadline
 from ...timefmt import WHEN_FORMAT, time_html
-from ...units import MINUS, amount_text, balance_text
+from ...money.units import MINUS, amount_text, balance_text
 
 log = logging.getLogger("gpupool.pages")
 

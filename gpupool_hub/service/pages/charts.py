@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import date
 from decimal import Decimal
 
-from ...units import format_tokens
+from ...money.units import format_tokens
 
 WIDTH = 720
 HEIGHT = 240

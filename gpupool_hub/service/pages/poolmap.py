@@ -19,7 +19,7 @@ from typing import Any
 from tornado import web
 
 from ..api.httpargs import INT64_MAX
-from ..api.schema import text_problem
+from ..api.openapi import text_problem
 from .admin import AdminPage
 from .charts import RESERVED, gpu_cell, holder_colours
 

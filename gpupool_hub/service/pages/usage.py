@@ -24,9 +24,9 @@ from markupsafe import Markup
 from tornado import web
 
 from ...ledger import Entry, GpuUse, Window
-from ...names import name_problem
+from ...identity.names import name_problem
 from ...timefmt import iso, time_html
-from ...units import format_tokens, from_milli
+from ...money.units import format_tokens, from_milli
 from ..api.notices import NOTICE_ID
 from ..core.manager import PoolManager
 from .base import MINUS, PageHandler, tokens

@@ -3,7 +3,7 @@
 Per node: CPUs, memory, partitions, features, state and, per GRES type, the
 GPUs configured (``Gres=gpu:a6000:4``) and in use (``GresUsed=gpu:a6000:2(IDX:0-1)``),
 so GPUs held by jobs the hub did not start can be subtracted. :meth:`SlurmNode.config`
-gives the node in the format of ``c.GPUPool.nodes`` (see ``gpupool_hub.placement.nodes``).
+gives the node in the format of ``c.GPUPool.nodes`` (see ``gpupool_hub.placement.hardware``).
 
 GRES types are mapped to GPU model names by an admin-given map such as
 ``{"a6000": "NVIDIA RTX A6000"}``; a type missing from it is an error that
@@ -26,7 +26,7 @@ from typing import Any
 from .commands import SlurmOutputError, UnmappedGresType
 from .parse import NODE_FREE_TEXT, NODE_KEYS, _NULL, _first, _int_field, _records, parse_gres, parse_record
 
-__all__ = ["NodeState", "SlurmGpu", "SlurmNode", "check_models", "parse_node", "parse_node_state", "parse_nodes",
+__all__ = ["SlurmNodeState", "SlurmGpu", "SlurmNode", "check_models", "parse_node", "parse_node_state", "parse_nodes",
            "shards_per_gpu"]
 
 
@@ -53,7 +53,7 @@ _STATE_WORDS = {
 
 
 @dataclass(frozen=True)
-class NodeState:
+class SlurmNodeState:
     raw: str
     base: str
     flags: frozenset[str]
@@ -78,7 +78,7 @@ class NodeState:
         return ", ".join(dict.fromkeys(words))
 
 
-def parse_node_state(raw: str) -> NodeState:
+def parse_node_state(raw: str) -> SlurmNodeState:
     """``MIXED+DRAIN`` / ``IDLE*`` / ``DOWN+NOT_RESPONDING`` -> base state and flags."""
     text = raw.strip().upper()
     if not text or not re.fullmatch(r"[A-Z_]+[*~#!%$@^-]*(\+[A-Z_]+[*~#!%$@^-]*)*", text):
@@ -101,7 +101,7 @@ def parse_node_state(raw: str) -> NodeState:
         base = "MIXED"
     elif base in ("ALLOC",):
         base = "ALLOCATED"
-    return NodeState(raw=raw.strip(), base=base, flags=frozenset(flags))
+    return SlurmNodeState(raw=raw.strip(), base=base, flags=frozenset(flags))
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ class SlurmNode:
     memory_mib: int
     partitions: tuple[str, ...]
     features: tuple[str, ...]
-    state: NodeState
+    state: SlurmNodeState
     reason: str | None
     gpus: tuple[SlurmGpu, ...]
     #: GRES type -> GPU count of the types missing from the model map (left out; ``skip_unmapped``)

@@ -10,7 +10,7 @@ and checked by :func:`check_body` (``format: date-time`` too, by
 :func:`is_date_time` on both validators); handlers keep only the rules a schema
 cannot say (a known user, the largest grant, the node's own GPUs). Names in
 paths and query arguments are checked by :func:`name_problem`, the same rule as
-the ``NameCharacters`` pattern of bodies (``gpupool_hub/names.py``).
+the ``NameCharacters`` pattern of bodies (``gpupool_hub/identity/names.py``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from tornado import web
 
 from ... import strictjson
-from ...names import name_problem as _name_rule
+from ...identity.names import name_problem as _name_rule
 from ...strictjson import NonFiniteNumber
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ def text_problem(value: str, *, max_length: int, allow_empty: bool = False) -> s
 def name_problem(value: str, *, allow_empty: bool = False) -> str | None:
     """What is wrong with a name (user, server, team, node) from a path or a query argument,
     or None: the rules of all text (:func:`text_problem`, at most 255 characters) and the
-    name rule (``gpupool_hub/names.py``: no bidirectional or zero-width controls)."""
+    name rule (``gpupool_hub/identity/names.py``: no bidirectional or zero-width controls)."""
     return text_problem(value, max_length=255, allow_empty=allow_empty) or _name_rule(value)
 
 

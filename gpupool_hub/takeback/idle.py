@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from .cull import CullWarning
-from .reasons import AuditAction
+from ..reasons import AuditAction
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,8 @@ from urllib.parse import quote
 from traitlets import Bool, Float, Set, Unicode
 from traitlets.config import Configurable
 
-from .reasons import AuditAction
-from .timefmt import iso
+from ..reasons import AuditAction
+from ..timefmt import iso
 
 log = logging.getLogger("gpupool.cull")
 

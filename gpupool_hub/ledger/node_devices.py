@@ -9,7 +9,7 @@ from datetime import datetime
 
 import sqlalchemy as sa
 
-from .engine import Db, chunks, db_time
+from .database import Db, chunks, db_time
 from .schema import node_devices
 
 

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from .mig import MigProfileError, compute_share, parse_mig_profile
+from ..mig import MigProfileError, compute_share, parse_mig_profile
 from .units import AmountError, parse_amount
 
 SECONDS_PER_HOUR = Decimal(3600)
