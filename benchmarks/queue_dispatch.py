@@ -22,7 +22,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpupool_hub.placement import Pool, Request  # noqa: E402
-from gpupool_hub.queue.rules import BORROWER, UNDER_QUOTA, Waiter, dispatch, fair_order  # noqa: E402
+from gpupool_hub.queue.order import BORROWER, UNDER_QUOTA, Waiter, fair_order  # noqa: E402
+from gpupool_hub.queue.dispatch import dispatch  # noqa: E402
 
 TARGET_MS = 5.0
 MODELS = ("NVIDIA GeForce RTX 3090", "NVIDIA RTX A6000")

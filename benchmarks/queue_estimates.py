@@ -33,7 +33,10 @@ from gpupool_hub.queue import estimates as eta  # noqa: E402
 from gpupool_hub.placement import Request  # noqa: E402
 from gpupool_hub.queue.forecast import Forecast  # noqa: E402
 from gpupool_hub.service.core.queue_eta import ESTIMATE_TTL, RELEASES_TTL  # noqa: E402
-from gpupool_hub.queue.rules import BORROWER, UNDER_QUOTA, FairOrder, Waiter  # noqa: E402
+from gpupool_hub.queue.order import BORROWER, UNDER_QUOTA, FairOrder, Waiter  # noqa: E402
+from gpupool_hub.queue.calibration import Calibration
+from gpupool_hub.queue.flow import Arrivals, Drain, Overtaking
+from gpupool_hub.queue.history import SessionHistory
 
 TARGET_S = ESTIMATE_TTL / 10
 FORECAST_TARGET_S = RELEASES_TTL / 30
@@ -56,25 +59,25 @@ def main() -> None:
     running = {u: rng.choice((0, 0, 1, 2)) for u in users}
     order = FairOrder.of(waiters, waiters[0].id, running, now=NOW)
     at = NOW.timestamp()
-    joins, served = eta.Arrivals(), eta.Drain()
+    joins, served = Arrivals(), Drain()
     for i in range(n):  # a burst: as many joins as waiters over ten minutes, from any user
         joins.add(at - 600 + 600 * i / n, rng.choice(users), rng.choice((500, 1000, 2000)))
     for i in range(300):
         served.add(at - 600 + 2 * i, 1000, MODELS[i % len(MODELS)])
         served.released(at - 600 + 2 * i, 1000, MODELS[i % len(MODELS)])
     profiles = ("1x1000", "2x1000", "1x500")
-    history = eta.SessionHistory((rng.choice(profiles), f"h{rng.randrange(500)}", rng.lognormvariate(7, 1.5))
+    history = SessionHistory((rng.choice(profiles), f"h{rng.randrange(500)}", rng.lognormvariate(7, 1.5))
                                  for _ in range(50_000))
     held = [eta.Running(rng.choice(MODELS), rng.choice((500, 1000, 2000)), rng.choice(profiles),
                         f"h{rng.randrange(500)}", rng.expovariate(1 / 3600)) for _ in range(5000)]
-    calibration = eta.Calibration((60.0 * (1 + i % 30), 60.0 * (1 + i % 30) * rng.uniform(0.5, 2)) for i in range(200))
+    calibration = Calibration((60.0 * (1 + i % 30), 60.0 * (1 + i % 30) * rng.uniform(0.5, 2)) for i in range(200))
     times, built, estimates = [], [], 0
     for _ in range(args.repeat):
         started = time.perf_counter()
         forecast = Forecast(held, history)  # the history's CDFs are kept from the first on, as in the service
         built.append(time.perf_counter() - started)
         started = time.perf_counter()
-        overtaking = eta.Overtaking(order, joins.rates(at), running)
+        overtaking = Overtaking(order, joins.rates(at), running)
         got = eta.estimate_ranges(order.waiters, {}, held, history, NOW, calibration=calibration,
                                   drain=served.rates(at), overtaking=overtaking, forecast=forecast)
         times.append(time.perf_counter() - started)

@@ -18,7 +18,7 @@ from them (``--derive``); one without times is reported as skipped.
 Schedulers, each on a fresh ``gpupool_hub.placement.Pool`` with FGD:
 
 - ``fifo-fgd``   plain first come, first served, no backfill (the baseline)
-- ``project``    the hub's queue (``waitqueue.fair_order`` + ``waitqueue.dispatch``:
+- ``project``    the hub's queue (``queue.order.fair_order`` + ``queue.dispatch.dispatch``:
                  round-robin across users, backfill around a reserved node, old
                  waiters closing their nodes) with the ETA of ``gpupool_hub.queue.estimates``:
                  the time by which what the held servers of the waiter's models
@@ -78,8 +78,13 @@ from gpupool_hub.placement.request import normalize_model  # noqa: E402
 from benchmarks.replay_workloads import (DERIVED, TEAMS, NoTimes, Pod, compress, derive,  # noqa: E402
                                          find_workloads, load_timed_pods, past_sessions, resize)
 from gpupool_hub.queue.forecast import Forecast  # noqa: E402
-from gpupool_hub.queue.rules import (BORROWER, UNDER_QUOTA, Dispatch, ExpectedRelease, FairOrder, Waiter, dispatch,
-    estimate_starts, join_behind, reserve_node)
+from gpupool_hub.queue.order import BORROWER, UNDER_QUOTA, FairOrder, Waiter
+from gpupool_hub.queue.dispatch import Dispatch, dispatch, join_behind, reserve_node
+from gpupool_hub.queue.starts import ExpectedRelease, estimate_starts
+from gpupool_hub.queue.calibration import Calibration, calibration_class
+from gpupool_hub.queue.flow import Arrivals, Drain, Overtaking
+from gpupool_hub.queue.history import SessionHistory, profile_key
+from gpupool_hub.queue.shown import SHORT_S, accuracy
 
 TYPICAL_S = 4 * 3600.0  # c.GPUPool.expected_session_hours' default: today's estimator
 CHAIN_ROUNDS = 3  # as service/core/queue_eta.py
@@ -87,7 +92,7 @@ HISTORY_REFRESH_S = 600.0  # the project's estimator reads the history every 10 
 RELEASES_TTL_S = 30.0  # expected releases reused this long, as the service does (core/queue_eta.py: RELEASES_TTL)
 EPOCH = datetime(2026, 1, 1, tzinfo=timezone.utc)
 TARGET_IN_RANGE = 0.80
-TARGET_ERROR_LONG = 0.25  # relative, waits of eta.SHORT_S or more
+TARGET_ERROR_LONG = 0.25  # relative, waits of SHORT_S or more
 TARGET_ERROR_SHORT_S = 60.0  # seconds, shorter waits
 TARGET_P95_RATIO = 0.8
 TARGET_WALL_S = 120.0
@@ -179,17 +184,17 @@ class Replay:
         # With a past, the replay's own ended sessions stay out of it: its arrivals squeeze the
         # trace's weeks into minutes, so they would weigh as much as those weeks, and they are the
         # short ones (what ended so soon)
-        self.history = eta.SessionHistory(past_sessions(past))
+        self.history = SessionHistory(past_sessions(past))
         self.learn = not past
-        self.snapshot = eta.SessionHistory()
+        self.snapshot = SessionHistory()
         self.snapshot_at = -1e18
         self.shown: Dict[str, Tuple[float, float, float, str]] = {}
         self.shown_today: Dict[str, Tuple[float, float, float, str]] = {}
         self.compare_today = compare_today
-        self.calibration = eta.Calibration()  # the project's shown estimates against real starts so far
+        self.calibration = Calibration()  # the project's shown estimates against real starts so far
         self.model_s: Dict[str, float] = {}  # the model's own point estimate at join
-        self.served = eta.Drain()  # the GPU share started from the queue lately
-        self.joined = eta.Arrivals()  # who joined the queue lately (those the fair order puts ahead)
+        self.served = Drain()  # the GPU share started from the queue lately
+        self.joined = Arrivals()  # who joined the queue lately (those the fair order puts ahead)
         self.cache_at = -1e18
         self.curves: Dict[Any, Any] = {}
         self.running: List[eta.Running] = []
@@ -247,7 +252,7 @@ class Replay:
 
     def join_behind(self, w: Waiter, held: frozenset) -> None:
         """A newcomer behind the head, when nothing was released since the last full pass
-        (see :func:`waitqueue.join_behind`)."""
+        (see :func:`queue.dispatch.join_behind`)."""
         placement = join_behind(self.pool, w, held)
         if placement is not None:
             self.start(self.unwait(w.id), placement, reserved=True)
@@ -315,7 +320,7 @@ class Replay:
             self.served.add(self.now, pod.request.total_gpu_milli,
                             normalize_model(placement.gpus[0].model) if placement.gpus else None)
             if pod.name in self.model_s:
-                self.calibration.add(self.model_s.pop(pod.name), real, eta.calibration_class(pod.request))
+                self.calibration.add(self.model_s.pop(pod.name), real, calibration_class(pod.request))
         self.held[pod.name] = (pod, self.now, placement)
         self.held_by_user[pod.user] = self.held_by_user.get(pod.user, 0) + 1
         self.rekey(pod.user, pod.name if self.gone == pod.name else None)  # the user's round moved
@@ -336,7 +341,7 @@ class Replay:
             self.served.released(self.now, g.milli, normalize_model(g.model))
         r = pod.request
         if self.learn:
-            self.history.add(eta.profile_key(r.gpus, r.gpu_milli), pod.user, self.now - started)
+            self.history.add(profile_key(r.gpus, r.gpu_milli), pod.user, self.now - started)
 
     # ------------------------------------------------------------ estimates
 
@@ -370,24 +375,24 @@ class Replay:
         if not self.learn:  # a past only: the history never changes
             self.snapshot = self.history
         elif self.now - self.snapshot_at >= HISTORY_REFRESH_S or not self.snapshot.enough:
-            self.snapshot = eta.SessionHistory()
+            self.snapshot = SessionHistory()
             for key, xs in self.history.by_user.items():
                 for x in xs:
                     self.snapshot.add(key[1], key[0], x)
             self.snapshot_at = self.now
         if stale:
-            self.calibration.waiting((self.model_s[n], self.now - pod.arrive, eta.calibration_class(pod.request))
+            self.calibration.waiting((self.model_s[n], self.now - pod.arrive, calibration_class(pod.request))
                                      for n, (pod, _) in self.waiting.items() if n in self.model_s)
             self.curves = {}
             self.running = [eta.Running(normalize_model(placement.gpus[0].model), placement.gpu_milli,
-                                        eta.profile_key(pod.request.gpus, pod.request.gpu_milli), pod.user,
+                                        profile_key(pod.request.gpus, pod.request.gpu_milli), pod.user,
                                         self.now - started)
                             for pod, started, placement in self.held.values() if placement.gpus]
             self.forecast = Forecast(self.running, self.snapshot)
         # everyone queued was just dispatched and did not fit: what the pool shows free is of no
         # use to them (scattered over nodes, or short of CPU or memory)
         kept = self.order_kept[1] if self.fair and self.order_kept is not None else None
-        overtaking = eta.Overtaking(kept, self.joined.rates(self.now), self.held_by_user) if kept else None
+        overtaking = Overtaking(kept, self.joined.rates(self.now), self.held_by_user) if kept else None
         return eta.estimate_ranges(order, {}, self.running, self.snapshot, now, curves=self.curves,
                                    only=name, calibration=self.calibration, overtaking=overtaking,
                                    drain=self.served.rates(self.now), forecast=self.forecast).get(name)
@@ -469,9 +474,9 @@ class Replay:
 
 
 def eta_figures(rows: List[Tuple[float, float, float, float]], prefix: str = "eta_") -> Dict[str, Any]:
-    """The accuracy measures of the admin page (``eta.accuracy``) over (low, mid, high, real) waits."""
+    """The accuracy measures of the admin page (``accuracy``) over (low, mid, high, real) waits."""
     inf = float("inf")
-    acc = eta.accuracy((None if lo == inf else lo, None if mid == inf else mid, None if hi == inf else hi, real)
+    acc = accuracy((None if lo == inf else lo, None if mid == inf else mid, None if hi == inf else hi, real)
                        for lo, mid, hi, real in rows)
     return {f"{prefix}in_range": acc.in_range, f"{prefix}median_abs_error": acc.median_error,
             f"{prefix}median_abs_error_long": acc.median_error_long,
@@ -518,9 +523,9 @@ def checks(proj: Dict[str, Any], base: Dict[str, Any]) -> List[Tuple[str, bool, 
     return [
         ("ETA: starts inside the shown range", proj["eta_in_range"] is None or proj["eta_in_range"] >= TARGET_IN_RANGE,
          f"{fig(proj['eta_in_range'], '.1%')} (target ≥ {TARGET_IN_RANGE:.0%})"),
-        (f"ETA: median error, waits ≥ {eta.SHORT_S / 60:g} min", long_err is None or long_err <= TARGET_ERROR_LONG,
+        (f"ETA: median error, waits ≥ {SHORT_S / 60:g} min", long_err is None or long_err <= TARGET_ERROR_LONG,
          f"{fig(long_err, '.1%')} of the wait ({proj['eta_long_estimates']} waits; target ≤ {TARGET_ERROR_LONG:.0%})"),
-        (f"ETA: median error, waits < {eta.SHORT_S / 60:g} min",
+        (f"ETA: median error, waits < {SHORT_S / 60:g} min",
          short_err is None or short_err <= TARGET_ERROR_SHORT_S,
          f"{fig(short_err, '.0f')} s (target ≤ {TARGET_ERROR_SHORT_S:.0f} s)"),
         ("no starvation (longest wait ≤ FIFO+FGD's)", proj["wait_max_s"] <= base["wait_max_s"],

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from gpupool_hub.queue.estimates import profile_key
+from gpupool_hub.queue.history import profile_key
 from gpupool_hub.placement import Request
 
 USERS = 64

@@ -8,7 +8,11 @@ import pytest
 
 from gpupool_hub.queue import estimates as eta
 from gpupool_hub.placement.request import Request
-from gpupool_hub.queue.rules import Waiter
+from gpupool_hub.queue.order import Waiter
+from gpupool_hub.queue.calibration import CALIBRATION_PAD, CALIBRATION_SPAN, Calibration, MIN_CALIBRATION, calibration_class
+from gpupool_hub.queue.flow import Arrivals, Drain, Overtaking
+from gpupool_hub.queue.history import MIN_POOL_SESSIONS, MIN_USER_SESSIONS, SessionHistory, profile_key
+from gpupool_hub.queue.shown import FALLBACK_NOTE, accuracy, fallback_source, range_text, shown, source_note, steady
 
 NOW = datetime(2026, 3, 2, 9, 0, tzinfo=timezone.utc)
 A100 = "a100"
@@ -19,9 +23,9 @@ def waiter(wid: str, gpus: int = 1) -> Waiter:
                   since=NOW)
 
 
-def minutes_history(user: str = "ann", profile: str = "1x1000") -> eta.SessionHistory:
+def minutes_history(user: str = "ann", profile: str = "1x1000") -> SessionHistory:
     """20 past sessions of 1, 2, ..., 20 minutes."""
-    return eta.SessionHistory((profile, user, 60.0 * k) for k in range(1, 21))
+    return SessionHistory((profile, user, 60.0 * k) for k in range(1, 21))
 
 
 def minutes(est: eta.Estimate) -> tuple[float, float, float]:
@@ -37,7 +41,7 @@ def test_one_server_new_gives_the_history_percentiles() -> None:
     low, mid, high = minutes(est)
     assert est.basis == "history"
     assert 3 <= low <= 4.5 and 9 <= mid <= 11 and 15.5 <= high <= 17
-    assert eta.range_text(est, NOW) == f"about {round(low)}–{round(high)} min"
+    assert range_text(est, NOW) == f"about {round(low)}–{round(high)} min"
 
 
 def test_a_server_that_outlived_most_sessions_is_judged_by_the_longer_ones() -> None:
@@ -56,7 +60,7 @@ def test_queue_order_adds_up_and_free_gpus_start_at_once() -> None:
     ests = eta.estimate_ranges([waiter("a"), waiter("b"), waiter("c")], {A100: 1000}, running,
                                minutes_history(), NOW)
     assert ests["a"].low == ests["a"].high == NOW
-    assert eta.range_text(ests["a"], NOW) == "under a minute"
+    assert range_text(ests["a"], NOW) == "under a minute"
     assert minutes(ests["b"])[1] < minutes(ests["c"])[1]
     assert minutes(ests["c"])[2] <= 20.5
 
@@ -71,7 +75,7 @@ def test_a_waiter_behind_more_than_the_pool_holds_waits_a_whole_session_more() -
     first, second, third = (minutes(ests[w]) for w in "abc")
     for mine, ahead in ((second, first), (third, second)):
         assert [round(m - a, 1) for m, a in zip(mine, ahead)] == [4.8, 10.5, 16.2]
-    assert eta.range_text(ests["b"], NOW).startswith("about ")
+    assert range_text(ests["b"], NOW).startswith("about ")
     assert ests["b"].model_s == pytest.approx(second[1] * 60, abs=0.01)
 
 
@@ -83,27 +87,27 @@ def test_a_known_deadline_caps_the_remaining_time() -> None:
 
 def test_a_users_own_sessions_are_used_once_there_are_enough() -> None:
     history = minutes_history()  # ann: 1..20 minutes
-    for _ in range(eta.MIN_USER_SESSIONS):
+    for _ in range(MIN_USER_SESSIONS):
         history.add("1x1000", "bob", 3 * 3600.0)  # bob always keeps his server for 3 hours
     running = [eta.Running(A100, 1000, "1x1000", "bob", age=0.0)]
     est = eta.estimate_ranges([waiter("w")], {A100: 0}, running, history, NOW)["w"]
     low, _, high = minutes(est)
     assert 170 <= low <= high <= 192
-    assert eta.range_text(est, NOW).startswith("about 3.0")
+    assert range_text(est, NOW).startswith("about 3.0")
 
 
 def test_no_history_gives_no_estimate_and_the_fallback_note() -> None:
-    history = eta.SessionHistory([("1x1000", "ann", 600.0)] * (eta.MIN_POOL_SESSIONS - 1))
+    history = SessionHistory([("1x1000", "ann", 600.0)] * (MIN_POOL_SESSIONS - 1))
     running = [eta.Running(A100, 1000, "1x1000", "ann", age=0.0)]
     assert not history.enough
     assert eta.estimate_ranges([waiter("w")], {A100: 0}, running, history, NOW) == {}
-    assert "no session history yet" in eta.FALLBACK_NOTE
+    assert "no session history yet" in FALLBACK_NOTE
 
 
 def test_profile_keys() -> None:
-    assert eta.profile_key(2, 1000) == "2x1000"
-    assert eta.profile_key(0, 500) == "1x500"
-    assert eta.profile_key(0, 1000, "3g.40gb") == "mig:3g.40gb"
+    assert profile_key(2, 1000) == "2x1000"
+    assert profile_key(0, 500) == "1x500"
+    assert profile_key(0, 1000, "3g.40gb") == "mig:3g.40gb"
 
 
 def test_accuracy_counts_starts_inside_the_shown_minutes_and_the_median_error() -> None:
@@ -112,25 +116,25 @@ def test_accuracy_counts_starts_inside_the_shown_minutes_and_the_median_error() 
             (60, 120, 180, 600.0),      # "1–3 min", 10 min late: outside, error 0.8
             (0, 0, 0, 30.0),            # "under a minute": inside, error 30/60
             (None, None, None, 4000.0)]  # no estimate within the horizon: outside
-    acc = eta.accuracy(rows)
+    acc = accuracy(rows)
     assert (acc.starts, acc.in_range) == (5, 0.6)
     assert acc.median_error == 0.5
     # waits of 5 min or more: errors 0.1, 0.26, 0.8 and the horizon's; the one shorter wait: 30 s off
     assert (acc.median_error_long, acc.median_error_short_s) == (0.531, 30.0)
     assert acc.text(30) == ("last 30 days: 60 % of starts inside the range, median error 53 % for waits of "
                             "5 min or more, 30 s for shorter ones (5 starts)")
-    assert eta.accuracy([]).text(30).startswith("last 30 days: no waiting server has started")
+    assert accuracy([]).text(30).startswith("last 30 days: no waiting server has started")
 
 
 def test_a_calibrated_range_is_the_point_estimate_scaled_by_past_misses() -> None:
-    # 100 past waits (eta.CALIBRATION_SPAN, the most kept) whose model said 1 minute; the real
+    # 100 past waits (CALIBRATION_SPAN, the most kept) whose model said 1 minute; the real
     # waits were 1, 1.1, ..., 10.9 minutes. The 5th, 50th and 95th percentile ratios of
     # (real + pad) to (model + pad) are those of about 1.5, 6 and 10.4 minutes. The model says about 10 minutes for this waiter (a fresh server,
     # sessions of 1-20 min): the range is its estimate scaled by those ratios, spanning the
     # middle 90 % of past misses (eta.COVERAGE), so that it holds at least four starts in five
     # on workloads it was not tuned on (docs/eta.md).
-    pad = eta.CALIBRATION_PAD
-    cal = eta.Calibration((60.0, 60.0 + 6.0 * k) for k in range(eta.CALIBRATION_SPAN))
+    pad = CALIBRATION_PAD
+    cal = Calibration((60.0, 60.0 + 6.0 * k) for k in range(CALIBRATION_SPAN))
     assert cal.enough
     running = [eta.Running(A100, 1000, "1x1000", "ann", age=0.0)]
     plain = eta.estimate_ranges([waiter("w")], {A100: 0}, running, minutes_history(), NOW)["w"]
@@ -141,12 +145,12 @@ def test_a_calibrated_range_is_the_point_estimate_scaled_by_past_misses() -> Non
         ratio = (60 * real_min + pad) / (60 + pad)
         assert abs(got - ((est.model_s + pad) * ratio - pad) / 60) < 1e-6
     # past waits ran 1.4-8.6x the model's (with the pad): the model's own range is "about 4–17 min"
-    assert eta.range_text(est, NOW) == "about 0.2–1.5 hours"
-    assert eta.range_text(plain, NOW) == "about 4–17 min"
+    assert range_text(est, NOW) == "about 0.2–1.5 hours"
+    assert range_text(plain, NOW) == "about 4–17 min"
 
 
 def test_too_few_calibration_starts_leave_the_models_own_range() -> None:
-    cal = eta.Calibration([(60.0, 600.0)] * (eta.MIN_CALIBRATION - 1))
+    cal = Calibration([(60.0, 600.0)] * (MIN_CALIBRATION - 1))
     running = [eta.Running(A100, 1000, "1x1000", "ann", age=0.0)]
     plain = eta.estimate_ranges([waiter("w")], {A100: 0}, running, minutes_history(), NOW)["w"]
     est = eta.estimate_ranges([waiter("w")], {A100: 0}, running, minutes_history(), NOW, calibration=cal)["w"]
@@ -169,28 +173,28 @@ def at(seconds: float) -> datetime:
 
 
 def test_short_waits_are_said_in_whole_minutes_and_count_as_inside_by_those_words() -> None:
-    assert eta.shown(0, 25) == ("under a minute", 0.0, 60.0)
+    assert shown(0, 25) == ("under a minute", 0.0, 60.0)
     # a short range spans at least two whole minutes (nobody knows a wait of one to the second)
     # and starts a minute early (a short queue often moves faster than the starts behind it)
-    assert eta.shown(0, 45) == ("under 2 min", 0.0, 120.0)
-    assert eta.shown(130, 170) == ("1–4 min", 60.0, 240.0)
-    assert eta.shown(190, 250) == ("2–5 min", 120.0, 300.0)
-    assert eta.shown(70, 150) == ("under 3 min", 0.0, 180.0)
-    assert eta.shown(20, 150) == ("under 3 min", 0.0, 180.0)
-    assert eta.shown(600, 1200) == ("about 10–20 min", 570.0, 1230.0)
-    assert eta.shown(5400, 9000)[0] == "about 1.5–2.5 hours"
+    assert shown(0, 45) == ("under 2 min", 0.0, 120.0)
+    assert shown(130, 170) == ("1–4 min", 60.0, 240.0)
+    assert shown(190, 250) == ("2–5 min", 120.0, 300.0)
+    assert shown(70, 150) == ("under 3 min", 0.0, 180.0)
+    assert shown(20, 150) == ("under 3 min", 0.0, 180.0)
+    assert shown(600, 1200) == ("about 10–20 min", 570.0, 1230.0)
+    assert shown(5400, 9000)[0] == "about 1.5–2.5 hours"
     est = eta.Estimate(at(130), at(150), at(170), "history")
-    assert eta.range_text(est, NOW) == "1–4 min"
+    assert range_text(est, NOW) == "1–4 min"
     # a start after 3 min 50 s is inside "1–4 min"; one after 4 min 10 s is not
-    assert eta.accuracy([(130, 150, 170, 230.0)]).in_range == 1.0
-    assert eta.accuracy([(130, 150, 170, 250.0)]).in_range == 0.0
+    assert accuracy([(130, 150, 170, 230.0)]).in_range == 1.0
+    assert accuracy([(130, 150, 170, 250.0)]).in_range == 0.0
 
 
 def test_an_a6000_waiter_is_estimated_from_how_fast_a6000s_free_up() -> None:
     # the queue was served 20 A6000 starts and 20 A100 starts in the last 10 minutes, A6000s
     # at a fifth of the A100s' rate. An A6000 waiter behind one A6000 waiter and one that takes
     # either model counts that one for the share of such waiters that went to A6000s (1/6).
-    drain = eta.Drain()
+    drain = Drain()
     for k in range(20):
         drain.add(k * 30.0, 100, "a6000")
         drain.add(k * 30.0, 500, "a100")
@@ -209,7 +213,7 @@ def test_an_a6000_waiter_is_estimated_from_how_fast_a6000s_free_up() -> None:
 
 
 def test_too_few_starts_of_its_models_leave_the_release_model_of_those_models() -> None:
-    drain = eta.Drain()
+    drain = Drain()
     for k in range(20):
         drain.add(k * 30.0, 1000, "a100")
     rates = drain.rates(600.0)
@@ -222,45 +226,45 @@ def test_too_few_starts_of_its_models_leave_the_release_model_of_those_models() 
 
 
 def test_calibration_per_model_set_once_it_has_enough() -> None:
-    cal = eta.Calibration([(60.0, 60.0)] * eta.MIN_CALIBRATION)
-    a6000 = eta.calibration_class(Request(gpus=1, models=frozenset({"a6000"})))
-    for _ in range(eta.MIN_CALIBRATION - 1):
+    cal = Calibration([(60.0, 60.0)] * MIN_CALIBRATION)
+    a6000 = calibration_class(Request(gpus=1, models=frozenset({"a6000"})))
+    for _ in range(MIN_CALIBRATION - 1):
         cal.add(60.0, 600.0, a6000)
     pooled = cal.scale(60.0, 0.5, a6000)
     cal.add(60.0, 600.0, a6000)
     assert cal.scale(60.0, 0.5, a6000) == pytest.approx(600.0) and pooled < 600.0
-    assert cal.scale(60.0, 0.5, eta.calibration_class(Request(gpu_milli=500))) == pytest.approx(cal.scale(60.0, 0.5))
+    assert cal.scale(60.0, 0.5, calibration_class(Request(gpu_milli=500))) == pytest.approx(cal.scale(60.0, 0.5))
 
 
 def test_a_shown_range_does_not_flip_back_and_forth() -> None:
     # a holder's floor deadline says 9 min, then 8, then 9 again within a minute: the waiter
     # keeps reading the first figure counting down, not 9, 8, 9
     first = eta.Estimate(at(540), at(540), at(540), "fallback", source="deadline")
-    shown = eta.steady(None, first, NOW)
+    shown = steady(None, first, NOW)
     texts = []
     for t, mid in ((20, 20 + 480), (40, 40 + 540), (60, 60 + 480)):
         now = at(t)
         got = eta.Estimate(at(mid), at(mid), at(mid), "fallback", source="deadline")
-        shown = eta.steady(shown, got, now)
+        shown = steady(shown, got, now)
         texts.append(round((shown.mid - now).total_seconds() / 60))
     assert texts == sorted(texts, reverse=True) and shown.mid == first.mid
     # a real change (the deadline moved by 5 minutes) shows at once
     moved = eta.Estimate(at(900), at(900), at(900), "fallback", source="deadline")
-    assert eta.steady(shown, moved, at(60)) == moved
+    assert steady(shown, moved, at(60)) == moved
     # so does a change of source
     typical = eta.Estimate(at(540), at(540), at(540), "fallback", source="typical")
-    assert eta.steady(shown, typical, at(60)) == typical
+    assert steady(shown, typical, at(60)) == typical
 
 
 def test_the_note_names_the_real_source_of_the_figure() -> None:
     deadline = at(540)
-    assert eta.fallback_source(deadline, [deadline, at(9000)], NOW) == "deadline"
-    assert eta.fallback_source(at(4 * 3600), [deadline], NOW) == "typical"
-    assert eta.fallback_source(NOW, [], NOW) == "free"
-    assert eta.source_note("deadline") == "from when a server holding such GPUs is due to stop"
-    assert eta.source_note("typical", 4) == ("no session history yet: estimated from the typical session length "
+    assert fallback_source(deadline, [deadline, at(9000)], NOW) == "deadline"
+    assert fallback_source(at(4 * 3600), [deadline], NOW) == "typical"
+    assert fallback_source(NOW, [], NOW) == "free"
+    assert source_note("deadline") == "from when a server holding such GPUs is due to stop"
+    assert source_note("typical", 4) == ("no session history yet: estimated from the typical session length "
                                              "of 4 h")
-    assert eta.source_note("history") is None
+    assert source_note("history") is None
 
 
 def test_the_source_is_found_among_thousands_of_known_ends_as_by_its_definition() -> None:
@@ -281,16 +285,16 @@ def test_the_source_is_found_among_thousands_of_known_ends_as_by_its_definition(
         candidates = [at(0.3), at(0.999999), at(1), at(rng.randrange(1, 4 * 3600))]
         candidates += [end + timedelta(seconds=d) for end in ends[:5] for d in (-1, -0.999999, 0, 0.999999, 1)]
         for when in candidates:
-            assert eta.fallback_source(when, ends, NOW) == by_definition(when, ends), (when, ends)
+            assert fallback_source(when, ends, NOW) == by_definition(when, ends), (when, ends)
 
 
 def test_waiters_still_waiting_past_their_estimate_widen_the_calibration() -> None:
     # 50 starts came in on time; 50 waiters have already waited 10 times their estimate and
     # still wait: the median miss counts them (a lower bound), so the range does not stay
     # "on time" for as long as the queue grows
-    cal = eta.Calibration([(60.0, 60.0)] * eta.MIN_CALIBRATION)
+    cal = Calibration([(60.0, 60.0)] * MIN_CALIBRATION)
     on_time = cal.scale(60.0, 0.95)
-    cal.waiting([(60.0, 750.0, "")] * eta.MIN_CALIBRATION + [(600.0, 30.0, "")] * 10)  # the last: not yet late
+    cal.waiting([(60.0, 750.0, "")] * MIN_CALIBRATION + [(600.0, 30.0, "")] * 10)  # the last: not yet late
     assert on_time == pytest.approx(60.0)
     assert cal.scale(60.0, 0.95) == pytest.approx(750.0)
 
@@ -301,7 +305,7 @@ def test_later_arrivals_the_round_robin_puts_ahead_lengthen_the_wait() -> None:
     # ann and bob join once a minute and eve once in ten: each one's next server sorts ahead of
     # dan's third (their round, 1, is below its 2), one each at most (then their round is 2).
     # Those that join within its wait lengthen it: about 8.9 minutes, not 6.
-    from gpupool_hub.queue.rules import FairOrder
+    from gpupool_hub.queue.order import FairOrder
 
     def w(wid: str, user: str, seconds: int) -> Waiter:
         return Waiter(id=wid, user=user, server=wid, request=Request(gpus=1, models=frozenset({A100})),
@@ -309,16 +313,16 @@ def test_later_arrivals_the_round_robin_puts_ahead_lengthen_the_wait() -> None:
     order = FairOrder.of([w("a1", "ann", 1), w("b1", "bob", 2), w("d1", "dan", 0), w("d2", "dan", 3),
                           w("d3", "dan", 4), w("e1", "eve", 5)])
     assert [x.id for x in order.waiters] == ["d1", "a1", "b1", "e1", "d2", "d3"]
-    drain = eta.Drain()
+    drain = Drain()
     for k in range(10):
         drain.add(60.0 * k, 1000, A100)
     rates = drain.rates(600.0)
-    joins = eta.Arrivals()
+    joins = Arrivals()
     for k in range(10):
         joins.add(60.0 * k, "ann", 1000)
         joins.add(60.0 * k + 1, "bob", 1000)
     joins.add(599.0, "eve", 1000)
-    overtaking = eta.Overtaking(order, joins.rates(600.0), {})
+    overtaking = Overtaking(order, joins.rates(600.0), {})
     d3 = order.waiters[-1]
     assert overtaking.ahead(d3, 60.0) == pytest.approx(2100)  # ann's and bob's next, a tenth of eve's
     assert overtaking.ahead(d3, 3600.0) == pytest.approx(3000)  # no more than their round allows
@@ -339,7 +343,7 @@ def test_those_joining_ahead_add_up_user_by_user_in_a_queue_of_thousands(seed: i
     # pool's queue asks about thousands of users at each step), it must give the same sums.
     import random
 
-    from gpupool_hub.queue.rules import FairOrder
+    from gpupool_hub.queue.order import FairOrder
 
     rng = random.Random(seed)
     users = [f"u{i}" for i in range(300)]
@@ -347,11 +351,11 @@ def test_those_joining_ahead_add_up_user_by_user_in_a_queue_of_thousands(seed: i
                       since=NOW + timedelta(seconds=i), priority=rng.choice((0, 1))) for i in range(400)]
     running = {u: rng.choice((0, 0, 1, 2)) for u in users}
     order = FairOrder.of(waiters, waiters[5].id, running)
-    joins = eta.Arrivals()
+    joins = Arrivals()
     for k in range(600):
         joins.add(float(k), rng.choice(users), rng.choice((250, 1000, 2000)))
     rates = joins.rates(600.0)
-    overtaking = eta.Overtaking(order, rates, running)
+    overtaking = Overtaking(order, rates, running)
     for i, w in enumerate(order.waiters[::7]):
         klass, _, mine = order.keys[i * 7]
         seconds = rng.choice((5.0, 60.0, 900.0))

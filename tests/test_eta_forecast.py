@@ -11,7 +11,8 @@ from gpupool_hub.queue import estimates as eta
 from gpupool_hub.queue.flow import Drain
 from gpupool_hub.queue.forecast import Forecast
 from gpupool_hub.placement.request import Request
-from gpupool_hub.queue.rules import Waiter
+from gpupool_hub.queue.order import Waiter
+from gpupool_hub.queue.history import SessionHistory
 
 NOW = datetime(2026, 3, 2, 9, 0, tzinfo=timezone.utc)
 A100, L4 = "a100", "l4"
@@ -21,9 +22,9 @@ def waiter(wid: str, gpus: int = 1, models: frozenset[str] | None = None) -> Wai
     return Waiter(id=wid, user=f"user-{wid}", server="", request=Request(gpus=gpus, models=models), since=NOW)
 
 
-def heavy_tailed(user: str = "ann") -> eta.SessionHistory:
+def heavy_tailed(user: str = "ann") -> SessionHistory:
     """100 past sessions: 80 of 2 minutes, 20 of 2 hours (most end soon, most GPU time is long)."""
-    return eta.SessionHistory([("1x1000", user, 120.0)] * 80 + [("1x1000", user, 7200.0)] * 20)
+    return SessionHistory([("1x1000", user, 120.0)] * 80 + [("1x1000", user, 7200.0)] * 20)
 
 
 def young(n: int, model: str = A100, age: float = 0.0) -> list[eta.Running]:
@@ -51,7 +52,7 @@ def test_what_went_to_waiters_is_the_share_that_serves_them() -> None:
 
 
 def test_per_model_only_that_models_servers_free_for_its_waiter() -> None:
-    history = eta.SessionHistory([("1x1000", "ann", 120.0)] * 100)
+    history = SessionHistory([("1x1000", "ann", 120.0)] * 100)
     f = Forecast(young(10, A100) + young(2, L4), history)
     assert f.time_to(frozenset({L4}), 2000) <= 120  # type: ignore[operator]
     assert f.time_to(frozenset({L4}), 10_000) > 4 * 120  # type: ignore[operator]
@@ -62,7 +63,7 @@ def test_per_model_only_that_models_servers_free_for_its_waiter() -> None:
 def test_a_history_younger_than_the_held_servers_is_not_trusted() -> None:
     # the servers have run 10 minutes; no session of the history lasted that long: it cannot
     # say when they end (a hub days old, or the time replay before it kept a past)
-    history = eta.SessionHistory([("1x1000", "ann", 120.0)] * 100)
+    history = SessionHistory([("1x1000", "ann", 120.0)] * 100)
     assert not Forecast(young(10, age=600.0), history).known
     assert Forecast(young(10, age=60.0), history).known
 

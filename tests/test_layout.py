@@ -647,3 +647,17 @@ def test_one_class_name_per_concept():
                 seen.setdefault(node.name, []).append(str(path.relative_to(PACKAGE)))
     found = {name: paths for name, paths in seen.items() if len(paths) > 1}
     assert found == {}, f"classes sharing a name: {found}"
+
+
+QUEUE = PACKAGE / "queue"
+
+
+def test_the_queue_is_one_package_of_small_modules_and_short_functions():
+    """The wait queue's pure rules live in queue/ (no ``waitqueue``, ``eta*`` at the root), each module at
+    most 450 lines and each function at most 80: the two longest functions were its own (issue 49)."""
+    assert not [p.name for p in PACKAGE.glob("*.py") if p.stem in ("waitqueue", "eta") or p.stem.startswith("eta_")]
+    long_modules = [f"{p.name}: {n}" for p in modules(QUEUE) if (n := len(p.read_text().splitlines())) > 450]
+    long_functions = [f"{p.name}:{f.lineno} {f.name}: {f.end_lineno - f.lineno + 1}" for p in modules(QUEUE)
+                      for f in ast.walk(tree(p)) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                      and f.end_lineno - f.lineno + 1 > 80]
+    assert long_modules == [] and long_functions == [], (long_modules, long_functions)

@@ -9,8 +9,9 @@ import pytest
 from datetime import datetime, timedelta, timezone
 
 from gpupool_hub.placement import Pool, Request
-from gpupool_hub.queue.rules import (BORROWER, RESERVE_AFTER, UNDER_QUOTA, ExpectedRelease, FairOrder, Waiter,
-    dispatch, estimate_starts, fair_order, join_behind, wait_text)
+from gpupool_hub.queue.order import BORROWER, UNDER_QUOTA, FairOrder, Waiter, fair_order
+from gpupool_hub.queue.dispatch import RESERVE_AFTER, dispatch, join_behind
+from gpupool_hub.queue.starts import ExpectedRelease, estimate_starts, wait_text
 
 T0 = datetime(2026, 11, 22, 9, tzinfo=timezone.utc)
 MODEL = "NVIDIA GeForce RTX 3090"

@@ -168,7 +168,7 @@ estimates = sa.Table(
     sa.Column("low_s", sa.Integer, nullable=True),
     sa.Column("mid_s", sa.Integer, nullable=True),
     sa.Column("high_s", sa.Integer, nullable=True),
-    sa.Column("basis", sa.String(16), nullable=False),  # "history" or "fallback" (eta.py)
+    sa.Column("basis", sa.String(16), nullable=False),  # "history" or "fallback" (queue/estimates.py)
     sa.Column("started_at", sa.DateTime, nullable=True),
     # the release model's own point estimate (seconds) before calibration: what the next
     # estimates are calibrated on, against the real start (eta.Calibration)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
 
-from .rules import FairOrder, Waiter
+from .order import FairOrder, Waiter
 
 _ID = attrgetter("id")  # a waiter's id, read in C (the index of a queue of thousands is built per estimate)
 

@@ -19,7 +19,8 @@ import math
 from bisect import bisect_right
 from collections.abc import Callable, Iterable
 
-from .estimates import LOG_BUCKET, MIN_TAIL, Running, SessionHistory, remaining_cdf
+from .estimates import LOG_BUCKET, MIN_TAIL, Running, remaining_cdf
+from .history import SessionHistory
 
 #: seconds per step of the forecast, and its steps (40 minutes): the renewal is a sum over
 #: pairs of steps, recomputed every half minute for every model the pool has

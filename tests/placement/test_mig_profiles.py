@@ -133,7 +133,7 @@ def test_bad_mig_requests(bad, message):
 
 
 def test_the_wait_queue_holds_back_a_node_with_the_profile():
-    from gpupool_hub.queue.rules import reserve_node
+    from gpupool_hub.queue.dispatch import reserve_node
 
     plain = {"name": "n0-plain", "cpu_milli": 32000, "memory_mib": 65536,
              "gpus": [{"uuid": "GPU-p", "model": A100}]}

@@ -412,7 +412,7 @@ def test_a_waiter_that_fits_few_nodes_keeps_them_from_newcomers(tmp_path, waited
     nodes); carol is the head and holds one of them. A GPU frees on the other: a 1-GPU
     newcomer, who fits elsewhere, does not start there, whether erin is young or has waited
     longer than RESERVE_AFTER (2 minutes): the nodes of a request that fits few are kept for
-    it from the moment it waits (waitqueue.dispatch; before issue 41 a newcomer backfilled
+    it from the moment it waits (queue.dispatch.dispatch; before issue 41 a newcomer backfilled
     there while erin was young, and she then waited for that server to stop)."""
     clock = Clock()
     m = manager(tmp_path, EIGHT_NODES, clock=clock)
@@ -441,7 +441,7 @@ def test_positions_are_the_fair_order_through_joins_retries_releases_and_time(tm
     # position must be the one a full sort gives at that moment.
     import random
 
-    from gpupool_hub.queue.rules import fair_order
+    from gpupool_hub.queue.order import fair_order
 
     rng = random.Random(seed)
     clock = Clock()

@@ -8,11 +8,12 @@ from datetime import timedelta
 
 import sqlalchemy as sa
 
-from gpupool_hub.queue import estimates as eta
 from gpupool_hub.ledger.schema import estimates
 from tests.service.test_queue import admit, manager, queued
 from tests.fixtures.manager import Clock
 from tests.service.openapi import check
+from gpupool_hub.queue.calibration import MIN_CALIBRATION
+from gpupool_hub.queue.shown import DEADLINE_NOTE, FALLBACK_NOTE
 
 
 def past_sessions(m, clock, minutes=range(1, 21)):
@@ -41,7 +42,7 @@ def test_without_history_the_wait_is_todays_rule_and_says_so(tmp_path):
     assert r.details["eta_low"] == r.details["eta_high"] == r.details["eta"] == "2025-03-03T13:00:00Z"
     assert r.details["eta_source"] == "typical"
     assert r.message == ("You are 1st in the queue, about 4.0 hours "
-                         f"({eta.FALLBACK_NOTE} of 4 h).")
+                         f"({FALLBACK_NOTE} of 4 h).")
 
 
 def test_a_figure_from_a_holders_floor_deadline_says_so_and_holds_steady(tmp_path):
@@ -58,7 +59,7 @@ def test_a_figure_from_a_holders_floor_deadline_says_so_and_holds_steady(tmp_pat
                      "test: 9 minutes above the floor at 1 token an hour", "test", None)
     r = queued(m, "bob")
     assert r.details["eta_source"] == "deadline"
-    assert r.message == f"You are 1st in the queue, about 9 minutes ({eta.DEADLINE_NOTE})."
+    assert r.message == f"You are 1st in the queue, about 9 minutes ({DEADLINE_NOTE})."
     minutes = []
     for _ in range(6):
         keep_waiting(m, clock, 20)
@@ -187,7 +188,7 @@ def test_too_few_past_starts_leave_the_models_own_range(tmp_path):
     clock = Clock()
     m = manager(tmp_path, clock=clock)
     past_sessions(m, clock)
-    for i in range(eta.MIN_CALIBRATION - 1):  # one short: the ratios of 3 are not used
+    for i in range(MIN_CALIBRATION - 1):  # one short: the ratios of 3 are not used
         shown_at = clock.now - timedelta(hours=2, minutes=i)
         m.ledger.queue.estimate_shown(f"past{i}", "carol", shown_at, [0, 0, 0], "history", 285)
         m.ledger.queue.estimate_started(f"past{i}", shown_at + timedelta(seconds=900 - 15))

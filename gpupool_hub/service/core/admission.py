@@ -19,7 +19,6 @@ from decimal import Decimal
 from typing import Any
 
 from ... import fairshare
-from ...queue import rules as waitqueue
 from ...config import GPUPool
 from ...money.credits import CreditRules, affording_credit, can_start, start_need
 from ...ledger import AllocationRecord, Ledger
@@ -39,6 +38,7 @@ from .queue import WaitQueue
 from .reclaims import Reclaims
 from .views import ViewCache
 from .threads import CoreThreads, writes
+from ...queue.order import BORROWER, UNDER_QUOTA
 
 log = logging.getLogger("gpupool.admission")
 
@@ -244,7 +244,7 @@ class Admission:
         priority = self._priority(team, req, usage)
         # while others wait, a newcomer joins behind them (a team within its quota tries its
         # reclaim first, on the usual path; a request that can never fit is refused there)
-        if (queue.enabled_for(req) and queue.order.waiting_count() and priority == waitqueue.BORROWER
+        if (queue.enabled_for(req) and queue.order.waiting_count() and priority == BORROWER
                 and queue.could_fit(req)):
             self.enforcement.note_capacity_refusal(user, self.clock())
             return queue.join(user, server, req, requested_models, priority)
@@ -254,8 +254,8 @@ class Admission:
         """Teams within their quota wait ahead of everyone else (then first come, first served)."""
         if team is not None and usage is not None and self.reclaims.teams.within_quota(team, req.total_gpu_milli,
                                                                                        usage):
-            return waitqueue.UNDER_QUOTA
-        return waitqueue.BORROWER
+            return UNDER_QUOTA
+        return BORROWER
 
     def record(self, alloc_id: str, user: str, server: str, request: Request, requested_models: list[str] | None,
                placement: Placement, team: str | None, usage: fairshare.TeamUsage | None,

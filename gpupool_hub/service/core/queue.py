@@ -1,6 +1,6 @@
 """The wait queue in the service: servers waiting for GPUs, in fair order.
 
-The rules are pure (:mod:`gpupool_hub.queue.rules`); this unit keeps their
+The rules are pure (:mod:`gpupool_hub.queue`); this unit keeps their
 state. A GPU request that finds no room joins the queue (one entry per (user,
 server)) and is refused with ``QUEUED``, its position and an estimate; the
 spawner retries every few seconds, and each retry answers the current
@@ -40,7 +40,10 @@ from ...placement.request import Request, model_allowed, normalize_model, same_r
 from ...placement.state import Placement
 from ...reasons import RefusalReason
 from ...timefmt import iso
-from ...queue.rules import BORROWER, Dispatch, FairOrder, Waiter, demand, dispatch, join_behind, wait_place, wait_text
+from ...queue.order import BORROWER, FairOrder, Waiter
+from ...queue.dispatch import Dispatch, dispatch, join_behind
+from ...queue.pressure import demand
+from ...queue.starts import wait_place, wait_text
 from .errors import Refused
 from .pool_inventory import PoolInventory
 from .queue_entries import Entries, WaitingServer
@@ -49,6 +52,7 @@ from .queue_order import FairQueueOrder
 from .queue_reports import QueueReports
 from .reclaims import Reclaims
 from .threads import CoreThreads, writes
+from ...queue.shown import range_text, source_note
 
 log = logging.getLogger("gpupool.queue")
 
@@ -294,7 +298,7 @@ class WaitQueue:
         return gone
 
     def dispatch(self) -> list[WaitingServer]:
-        """GPUs were released: place waiters in fair order (see :func:`waitqueue.dispatch`)."""
+        """GPUs were released: place waiters in fair order (see :func:`queue.dispatch.dispatch`)."""
         self._settled = None
         self._expiry_due = None  # placements may change: the next expire looks at every entry
         waiting = [e for e in self.entries.values() if e.placement is None and not e.expired]
@@ -365,8 +369,8 @@ class WaitQueue:
         retry = now + timedelta(seconds=min(10, 2 + position // 20))
         history = est.basis == "history"
         text = (wait_text(position, eta if history else est.mid, now,  # est: held steady (eta.steady)
-                          eta_rules.range_text(est, now) if history else None,
-                          None if history else eta_rules.source_note(est.origin, self.settings.expected_session_hours))
+                          range_text(est, now) if history else None,
+                          None if history else source_note(est.origin, self.settings.expected_session_hours))
                 + self.unavailable_note(entry.waiter.request))
         return Refused(RefusalReason.QUEUED, text, retry_at=retry, details={
             "position": position, "queue_length": self.order.waiting_count(), "eta": iso(eta),
@@ -397,7 +401,7 @@ class WaitQueue:
     @writes
     def demand(self, asks: Iterable[tuple[str, frozenset[str]]]) -> dict[tuple[str, frozenset[str]], datetime | None]:
         """:meth:`demand_for` of many (user, models) at once, in one pass over the entries
-        (:func:`~gpupool_hub.queue.rules.demand`): the cull and idle jobs ask for every holder."""
+        (:func:`~gpupool_hub.queue.pressure.demand`): the cull and idle jobs ask for every holder."""
         return demand([(e.last_seen, e.waiter.user, e.waiter.request.models) for e in self.entries.values()
                        if e.placement is None and not e.expired], asks)
 

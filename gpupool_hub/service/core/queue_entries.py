@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from ...placement.state import Placement
-from ...queue.rules import Waiter
+from ...queue.order import Waiter
 
 
 @dataclass

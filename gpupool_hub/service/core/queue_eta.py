@@ -3,7 +3,7 @@ the pool's history, and their kept accuracy.
 
 The queue (:class:`~gpupool_hub.service.core.queue.WaitQueue`) holds one
 :class:`QueueEstimates`, which reads the queue's fair order from the order it is
-given. The rules are pure (:mod:`gpupool_hub.queue.estimates`, ``waitqueue.estimate_starts``);
+given. The rules are pure (:mod:`gpupool_hub.queue.estimates`, ``queue.starts.estimate_starts``);
 this reads their inputs (free GPUs, closed allocations, held ones and their known
 ends), caches the answers, and keeps the rate the queue is served at. The queue
 records each shown estimate and the real start in the ledger
@@ -24,11 +24,16 @@ from ...queue.forecast import Forecast
 from ...ledger import AllocationRecord, Ledger
 from ...placement.request import normalize_model
 from ...timefmt import iso
-from ...queue.rules import ExpectedRelease, Waiter, estimate_starts
+from ...queue.starts import ExpectedRelease, estimate_starts
+from ...queue.order import Waiter
 from .pool_inventory import PoolInventory
 from .queue_order import FairQueueOrder
 from .reclaims import Reclaims
 from .threads import CoreThreads, reads
+from ...queue.calibration import CALIBRATION_SPAN, Calibration
+from ...queue.flow import Arrivals, Drain, Overtaking
+from ...queue.history import SessionHistory, profile_key
+from ...queue.shown import accuracy, fallback_source, range_text, steady
 
 #: seconds an estimate or range is reused (they read balances; retries come every few seconds)
 ESTIMATE_TTL = 3.0
@@ -43,14 +48,14 @@ HISTORY_DAYS = 90
 RELEASES_TTL = 30.0
 #: starts (and waiters still waiting) read for the calibration: each kind of waiter keeps its
 #: latest ``eta.CALIBRATION_SPAN`` of them, as in the time replay
-CALIBRATION_READ = 10 * eta_rules.CALIBRATION_SPAN
+CALIBRATION_READ = 10 * CALIBRATION_SPAN
 #: the window of the published accuracy of shown estimates
 ACCURACY_DAYS = 30
 
 
 def _profile(request: dict[str, Any]) -> str:
     """The history key of a stored allocation request (its shape: GPUs, share, MIG profile)."""
-    return eta_rules.profile_key(int(request.get("gpus") or 0), int(request.get("gpu_milli") or 0),
+    return profile_key(int(request.get("gpus") or 0), int(request.get("gpu_milli") or 0),
                                  request.get("mig"))
 
 
@@ -58,7 +63,7 @@ def range_json(est: eta_rules.Estimate | None, now: datetime) -> dict[str, Any]:
     """The fields the spawn page and widget show: ``eta_low``/``eta_high``, ``eta_text``, ``eta_basis``."""
     if est is None:
         return {"eta_low": None, "eta_high": None, "eta_text": None, "eta_basis": None, "eta_source": None}
-    text = eta_rules.range_text(est, now) if est.basis == "history" or est.low is not None else None
+    text = range_text(est, now) if est.basis == "history" or est.low is not None else None
     return {"eta_low": iso(est.low), "eta_high": iso(est.high), "eta_text": text, "eta_basis": est.basis,
             "eta_source": est.origin}
 
@@ -77,15 +82,15 @@ class QueueEstimates:
         self.expected_ends = expected_ends
         self._estimates: tuple[float, dict[str, datetime | None]] | None = None
         self._releases: tuple[float, list[ExpectedRelease]] | None = None
-        self._history: tuple[float, eta_rules.SessionHistory] | None = None
+        self._history: tuple[float, SessionHistory] | None = None
         self._ranges: tuple[float, dict[str, eta_rules.Estimate]] | None = None
         # (when read, held allocations, each one's known end, those ends sorted: fallback_source)
         self._held: tuple[float, list[AllocationRecord], dict[str, datetime], list[datetime]] | None = None
-        self._curve_cache: tuple[list[AllocationRecord], eta_rules.SessionHistory, dict[Any, Any]] | None = None
-        self._forecast: tuple[list[AllocationRecord], eta_rules.SessionHistory, Forecast] | None = None
-        self._calibration: tuple[float, eta_rules.Calibration] | None = None
-        self.served = eta_rules.Drain()  # the GPU share started from the queue lately (for the ranges)
-        self.joins = eta_rules.Arrivals()  # who joined lately (those the fair order puts ahead of a waiter)
+        self._curve_cache: tuple[list[AllocationRecord], SessionHistory, dict[Any, Any]] | None = None
+        self._forecast: tuple[list[AllocationRecord], SessionHistory, Forecast] | None = None
+        self._calibration: tuple[float, Calibration] | None = None
+        self.served = Drain()  # the GPU share started from the queue lately (for the ranges)
+        self.joins = Arrivals()  # who joined lately (those the fair order puts ahead of a waiter)
         self._steady: dict[str, eta_rules.Estimate] = {}  # per entry, the range last shown (eta.steady)
         # per holder: (balance, tokens an hour, floor deadline) when last read. The balance moves only
         # when an interval is charged, so "now + balance / rate" would drift later with the clock
@@ -184,16 +189,16 @@ class QueueEstimates:
 
     # ------------------------------------------------------- ranges from history
 
-    def history(self) -> eta_rules.SessionHistory:
+    def history(self) -> SessionHistory:
         """Closed sessions of the last ``HISTORY_DAYS`` (reread every ``HISTORY_TTL`` seconds)."""
         stamp = self.clock().timestamp()
         if self._history is None or stamp - self._history[0] >= HISTORY_TTL:
             released = self.ledger.allocations.session_lengths(self.clock() - timedelta(days=HISTORY_DAYS))
-            self._history = (stamp, eta_rules.SessionHistory(
+            self._history = (stamp, SessionHistory(
                 (_profile(req), user, seconds) for req, user, seconds in released))
         return self._history[1]
 
-    def calibration(self) -> eta_rules.Calibration:
+    def calibration(self) -> Calibration:
         """The model's estimates against the real starts of the latest waiters, and the misses so
         far of those still waiting past theirs (reread every ``RELEASES_TTL`` seconds): once
         there are enough, ranges are scaled by them."""
@@ -202,7 +207,7 @@ class QueueEstimates:
             since = self.clock() - timedelta(days=HISTORY_DAYS)
             # the latest starts, enough that each kind of waiter keeps its own latest (as the replay's do)
             pairs = self.ledger.queue.calibration_pairs(since, CALIBRATION_READ)
-            cal = eta_rules.Calibration(pairs)
+            cal = Calibration(pairs)
             now = self.clock()
             waiting = [w.id for w in self.order.ordered()][:CALIBRATION_READ]  # each a lower bound of its miss
             cal.waiting((model_s, (now - shown_at).total_seconds(), "")
@@ -222,7 +227,7 @@ class QueueEstimates:
             now = self.clock()
             history = self.history()
             fair = self.order.fair()
-            overtaking = eta_rules.Overtaking(fair, self.joins.rates(stamp), self.order.held_by_user)
+            overtaking = Overtaking(fair, self.joins.rates(stamp), self.order.held_by_user)
             rates = self.served.rates(stamp)  # without a measured rate no forecast is asked: none is built
             out = eta_rules.estimate_ranges(fair.waiters + ([extra] if extra else []), {},
                                             self._held_for_estimates(now), history, now, curves=self._curves(history),
@@ -244,7 +249,7 @@ class QueueEstimates:
                                         _profile(r.request), r.user, (now - r.created_at).total_seconds(),
                                         None if at is None else max(0.0, (at - now).total_seconds()))
 
-    def _curves(self, history: eta_rules.SessionHistory) -> dict[Any, Any]:
+    def _curves(self, history: SessionHistory) -> dict[Any, Any]:
         """The release curves per model set, kept while the held allocations and the history
         they came from are (a curve walks every held allocation: 5,000 in a large pool)."""
         held, _ = self.held_ends()
@@ -253,7 +258,7 @@ class QueueEstimates:
             cache = self._curve_cache = (held, history, {})
         return cache[2]
 
-    def forecast(self, history: eta_rules.SessionHistory, now: datetime) -> Forecast:
+    def forecast(self, history: SessionHistory, now: datetime) -> Forecast:
         """What the held allocations will free as they age (and those started on it after them),
         kept while the held allocations and the history are, like the release curves."""
         held, _ = self.held_ends()
@@ -272,8 +277,8 @@ class QueueEstimates:
         now = self.clock()
         if got is None:
             got = eta_rules.Estimate(eta, eta, eta, "fallback",
-                                     source=eta_rules.fallback_source(eta, self._held_now()[3], now))
-        shown = self._steady[entry_id] = eta_rules.steady(self._steady.get(entry_id), got, now)
+                                     source=fallback_source(eta, self._held_now()[3], now))
+        shown = self._steady[entry_id] = steady(self._steady.get(entry_id), got, now)
         if len(self._steady) > 4 * max(16, self.order.waiting_count()):  # entries that left: forget them
             waiting = {w.id for w in self.order.ordered()}
             self._steady = {k: v for k, v in self._steady.items() if k in waiting}
@@ -283,7 +288,7 @@ class QueueEstimates:
     def accuracy(self) -> dict[str, Any]:
         """The shown estimates against the real starts, over the last ``ACCURACY_DAYS``."""
         rows = self.ledger.queue.started_estimates(self.clock() - timedelta(days=ACCURACY_DAYS))
-        return eta_rules.accuracy(rows).json(ACCURACY_DAYS)
+        return accuracy(rows).json(ACCURACY_DAYS)
 
     def held_ends(self) -> tuple[list[AllocationRecord], dict[str, datetime]]:
         """The held allocations and the known end of each that has one (cached ``RELEASES_TTL``

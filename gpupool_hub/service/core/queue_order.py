@@ -2,7 +2,7 @@
 
 The queue (:class:`~gpupool_hub.service.core.queue.WaitQueue`) holds one
 :class:`FairQueueOrder`. The order's rules are pure
-(:class:`~gpupool_hub.queue.rules.FairOrder`); this keeps what they are sorted
+(:class:`~gpupool_hub.queue.order.FairOrder`); this keeps what they are sorted
 from besides the entries (the reserved head, each user's held servers, the
 placements given) and the last order with what it was sorted from, because
 every waiting spawner asks for its place every few seconds (about 200 asks a
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from datetime import datetime
 
-from ...queue.rules import FairOrder, Waiter
+from ...queue.order import FairOrder, Waiter
 from .queue_entries import Entries, WaitingServer
 
 #: what an order was sorted from: (entries' version, placements given, held servers, head)
@@ -37,7 +37,7 @@ class FairQueueOrder:
         self.clock = clock
         self.reservation: tuple[str, str] | None = None  # (head entry id, node held for it)
         # GPU servers each user holds (ledger allocations), counted at each dispatch: a user's
-        # running servers take earlier rounds of the round-robin order (waitqueue.fair_order)
+        # running servers take earlier rounds of the round-robin order (queue.order.fair_order)
         self.held_by_user: dict[str, int] = {}
         self._placements = 0  # counts placements given, after they are given
         self._kept: Kept | None = None

@@ -17,7 +17,7 @@ from typing import Any
 from ...queue import estimates as eta_rules
 from ...placement.request import Request, normalize_model
 from ...timefmt import iso
-from ...queue.rules import Waiter, fair_order
+from ...queue.order import Waiter, fair_order
 from .pool_inventory import PoolInventory
 from .queue_entries import Entries, WaitingServer
 from .queue_eta import ESTIMATE_TTL, QueueEstimates, range_json
