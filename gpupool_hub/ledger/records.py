@@ -10,11 +10,12 @@ from dataclasses import dataclass
 from datetime import date, datetime
 from decimal import Decimal
 
+from ..money.credits import CREDIT_ENTRY_KINDS
 from ..money.units import to_milli
 
-KINDS = ("grant", "monthly", "daily", "debit", "adjustment", "refund")
+KINDS = (*CREDIT_ENTRY_KINDS, "debit", "adjustment", "refund")
 #: Kinds whose amount must be positive (credits) or negative (charges).
-_POSITIVE = {"grant", "monthly", "daily", "refund"}
+_POSITIVE = {*CREDIT_ENTRY_KINDS, "refund"}
 _NEGATIVE = {"debit"}
 
 

@@ -84,10 +84,35 @@ def rules_for_groups(
 
 
 @dataclass(frozen=True)
+class CreditKind:
+    """One kind of scheduled credit, stated once. Its ``name`` is a ledger entry kind, the key of its
+    amount in ``GET me``'s ``credits`` (``openapi.json``, the widget's ``ICredits``) and of its next time
+    (``next_<name>_at``); the form, the usage page and a refusal say it in these words
+    (``tests/test_credit_kinds.py`` compares them all)."""
+
+    name: str
+    every: str  # "every day": when it comes, as the form says it
+    title: str  # "Daily credit": the usage page's row
+    words: str  # "the daily credits": the credit a refusal says makes a start affordable
+
+    @property
+    def next_at(self) -> str:
+        return f"next_{self.name}_at"
+
+
+DAILY = CreditKind("daily", "every day", "Daily credit", "the daily credits")
+MONTHLY = CreditKind("monthly", "on the 1st of each month", "Monthly credit", "the monthly credit")
+#: the scheduled credits, in the order they are shown
+SCHEDULED = (DAILY, MONTHLY)
+#: the ledger's kinds of credit entries: the initial grant and the scheduled credits
+CREDIT_ENTRY_KINDS = ("grant", *(k.name for k in SCHEDULED))
+
+
+@dataclass(frozen=True)
 class DueCredit:
     """A credit the ledger should post (once: ``key`` makes it idempotent)."""
 
-    kind: str  # "grant" | "monthly" | "daily"
+    kind: str  # one of CREDIT_ENTRY_KINDS
     amount: Decimal
     key: str
     day: date
@@ -116,11 +141,11 @@ def due_credits(user: str, rules: CreditRules, last_day: date | None, now: datet
     while day <= today:
         if day.day == 1 and rules.monthly > 0:
             due.append(
-                DueCredit("monthly", rules.monthly, entry_key("monthly", user, day.strftime("%Y-%m")), day,
+                DueCredit(MONTHLY.name, rules.monthly, entry_key(MONTHLY.name, user, day.strftime("%Y-%m")), day,
                           f"monthly credit for {day:%B %Y}")
             )
         if rules.daily > 0:
-            due.append(DueCredit("daily", rules.daily, entry_key("daily", user, day), day, f"daily credit for {day}"))
+            due.append(DueCredit(DAILY.name, rules.daily, entry_key(DAILY.name, user, day), day, f"daily credit for {day}"))
         day += timedelta(days=1)
     return due
 
@@ -133,7 +158,8 @@ def capped(amount: Decimal, balance: Decimal, max_balance: Decimal | None) -> De
 
 
 def next_credit_times(now: datetime, tz: tzinfo) -> tuple[datetime, datetime]:
-    """When the next daily and the next monthly credit fall (local midnight), as aware datetimes."""
+    """When the next daily and the next monthly credit fall (local midnight), as aware datetimes, in the
+    order of :data:`SCHEDULED`."""
     today = local_day(now, tz)
     tomorrow = today + timedelta(days=1)
     first = date(today.year + (today.month == 12), today.month % 12 + 1, 1)
@@ -167,7 +193,7 @@ class CreditDay:
     """The first scheduled credit after which a start is affordable: when, and which credit."""
 
     at: datetime
-    kind: str  # "daily" or "monthly": the credit without which that day would not suffice
+    kind: str  # DAILY.name or MONTHLY.name: the credit without which that day would not suffice
 
 
 def affording_credit(
@@ -199,7 +225,7 @@ def affording_credit(
         daily_only = balance + capped(rules.daily, balance, rules.max_balance)
         balance += capped(rules.daily + monthly, balance, rules.max_balance)
         if fits(balance):
-            kind = "daily" if not monthly or fits(daily_only) else "monthly"
+            kind = DAILY.name if not monthly or fits(daily_only) else MONTHLY.name
             return CreditDay(datetime.combine(day, time(), tz), kind)
     return None
 

@@ -15,12 +15,13 @@ from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from .credits import SCHEDULED
 from .units import amount_text, plural, rate_text
 
 __all__ = ["CREDIT_WORDS", "shortfall_message"]
 
 #: the credit that makes a start affordable, as the refusal names it
-CREDIT_WORDS = {"daily": "the daily credits", "monthly": "the monthly credit"}
+CREDIT_WORDS = {k.name: k.words for k in SCHEDULED}
 
 
 def _dec(details: Mapping[str, Any], key: str, default: str = "0") -> Decimal:

@@ -28,6 +28,7 @@ from markupsafe import Markup
 
 from ..profiles import Profile, default_profile
 from ..timefmt import time_html
+from ..money.credits import SCHEDULED
 from ..money.units import amount_text, balance_text
 from .cards import CardAccount, ProfileChoice, card, decimal, free_gpus, free_mig, profile_prices
 
@@ -91,8 +92,7 @@ def _credit_lines(account: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The scheduled credits: "+1 token every day, next Sat 28 Nov, 00:00 UTC", daily and monthly."""
     credits = account.get("credits") if isinstance(account.get("credits"), Mapping) else {}
     out = []
-    for kind, every, at_key in (("daily", "every day", "next_daily_at"),
-                                ("monthly", "on the 1st of each month", "next_monthly_at")):
+    for kind, every, at_key in ((k.name, k.every, k.next_at) for k in SCHEDULED):
         amount = decimal(credits.get(kind))
         if amount is None or amount <= 0:
             continue

@@ -21,7 +21,7 @@ from decimal import Decimal
 from typing import Any, TypeVar
 
 from ...config import GPUPool
-from ...money.credits import balance_status, floor_reached_at, next_credit_times
+from ...money.credits import SCHEDULED, balance_status, floor_reached_at, next_credit_times
 from ...ledger import AllocationRecord, Ledger
 from ...placement.report import FreeSummary
 from ...placement.state import Pool
@@ -268,10 +268,10 @@ class Views:
         cached = self._clock_cache
         if cached is not None and cached[:3] == (second, self.cache.generation, self.debits.changed):
             return cached[3]
-        daily_at, monthly_at = next_credit_times(now, self.settings.tz)
+        times = dict(zip((k.next_at for k in SCHEDULED), next_credit_times(now, self.settings.tz)))
         last = self.debits.last_debit()
         view = {
-            "credits": {"next_daily_at": iso(daily_at), "next_monthly_at": iso(monthly_at)},
+            "credits": {key: iso(at) for key, at in times.items()},
             "last_debit_at": iso(last[1]) if last else None,
             "accounting": self.debits.accounting_status(),
         }
@@ -294,7 +294,7 @@ class Views:
             "unit": "tokens",
             "status": balance_status(balance, rules, self.settings.low_balance),
             "credits": {
-                "daily": format_tokens(rules.daily), "monthly": format_tokens(rules.monthly),
+                **{k.name: format_tokens(getattr(rules, k.name)) for k in SCHEDULED},
                 "max_balance": None if rules.max_balance is None else format_tokens(rules.max_balance),
             },
             "allocations": [self.allocation_json(r) for r in held],

@@ -26,6 +26,7 @@ from tornado import web
 from ...ledger import Entry, GpuUse, Window
 from ...identity.names import name_problem
 from ...timefmt import iso, time_html
+from ...money.credits import SCHEDULED
 from ...money.units import format_tokens, from_milli
 from ..api.notices import NOTICE_ID
 from ..core.manager import PoolManager
@@ -172,8 +173,7 @@ def forecast_text(me: dict[str, Any], now: datetime, tz: Any, voice: Voice = OWN
 def next_credits(me: dict[str, Any]) -> list[tuple[str, datetime, str]]:
     out = []
     credits = me["credits"]
-    for what, amount_key, at_key in (("Daily credit", "daily", "next_daily_at"),
-                                     ("Monthly credit", "monthly", "next_monthly_at")):
+    for what, amount_key, at_key in ((k.title, k.name, k.next_at) for k in SCHEDULED):
         amount = Decimal(credits.get(amount_key) or 0)
         at = credits.get(at_key)
         if amount > 0 and at:
