@@ -132,7 +132,7 @@ async def time_debit(manager: Any, clock: Any, models: Mapping[str, str], hours:
                            [(first + step * k, first + step * (k + 1)) for k in range(hours)])
     debits = Debits(m.ledger, m.inventory.prices, usage_source(m.ledger, models, runner, clock),
                     interval=m.debits.interval, delay_tolerance=m.debits.delay_tolerance, clock=clock,
-                    on_charged=m.cache.forget, threads=m.threads)
+                    charged=m.cache, threads=m.threads)
     posted: list[Any] = []
     debits.report_to(posted.extend)
     loop = asyncio.get_running_loop()

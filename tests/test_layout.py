@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import re
+from functools import lru_cache
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "gpupool_hub"
@@ -32,7 +33,9 @@ def modules(root: Path = PACKAGE) -> list[Path]:
     return sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
 
 
+@lru_cache(maxsize=None)
 def tree(path: Path) -> ast.Module:
+    """The parsed module, once per run: every check walks the package (callers must not change it)."""
     return ast.parse(path.read_text(), str(path))
 
 
@@ -661,3 +664,22 @@ def test_the_queue_is_one_package_of_small_modules_and_short_functions():
                       for f in ast.walk(tree(p)) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
                       and f.end_lineno - f.lineno + 1 > 80]
     assert long_modules == [] and long_functions == [], (long_modules, long_functions)
+
+
+#: the owners that build parts: they hand a part what it needs or themselves as a typed interface
+#: (``WaitOwner``, ``UserParts``), never a lambda or one of their own methods to call back
+OWNERS = [SERVICE / "core" / "manager.py", PACKAGE / "spawner" / "base.py"]
+
+
+def test_parts_are_not_handed_lambdas_or_their_owners_methods():
+    found = []
+    for path in OWNERS:
+        for cls in [n for n in tree(path).body if isinstance(n, ast.ClassDef)]:
+            methods = {f.name for f in cls.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                       and not any("property" in ast.unparse(d) for d in f.decorator_list)}
+            for call in [n for n in ast.walk(cls) if isinstance(n, ast.Call)]:
+                for arg in [*call.args, *(k.value for k in call.keywords)]:
+                    if isinstance(arg, ast.Lambda) or (isinstance(arg, ast.Attribute) and arg.attr in methods
+                                                       and isinstance(arg.value, ast.Name) and arg.value.id == "self"):
+                        found.append(f"{path.relative_to(PACKAGE)}:{arg.lineno} {ast.unparse(call)[:80]}")
+    assert found == [], "\n".join(found)

@@ -170,10 +170,9 @@ class GPUPoolSpawner(Spawner):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._gpupool_progress = ProgressLog()
-        self.waits = WaitLoop(lambda profile, gpus: self.gpupool_allocate(profile, gpus),
-                              lambda: self.gpupool_client, self._gpupool_progress, self.log, self._gpupool_server)
-        self.releases = ServerReleases(lambda: self.gpupool_client, self._gpupool_server, self._gpupool_released,
-                                       self.release_retry_interval)
+        # the parts ask this spawner through small typed interfaces (WaitOwner, ReleaseOwner)
+        self.waits = WaitLoop(self, self._gpupool_progress, self.log)
+        self.releases = ServerReleases(self, self.release_retry_interval)
         self._gpupool_env: dict[str, str] = {}
         # two layers, undone in reverse: the allocation's settings sit on top of the profile's
         self.gpupool_profile_overrides = TraitOverrides(self)
@@ -293,7 +292,7 @@ class GPUPoolSpawner(Spawner):
         """One call to the service: ``(status, json)``; raises ``ServiceUnavailable`` when unreachable."""
         return await self.gpupool_client.request(method, path, body, params)
 
-    def _gpupool_server(self) -> tuple[str, str]:
+    def gpupool_server(self) -> tuple[str, str]:
         """(user, server name) of this server, as the service knows it."""
         return self.user.name, self.name or ""
 
@@ -410,7 +409,7 @@ class GPUPoolSpawner(Spawner):
         self.gpupool_attempt_key = new_attempt_key()
         return self.gpupool_attempt_key
 
-    def _gpupool_released(self, alloc_id: str | None) -> None:
+    def gpupool_released(self, alloc_id: str | None) -> None:
         """The service confirmed a release of ``alloc_id``: no longer held, unless a newer one is."""
         if alloc_id is not None and self.gpupool_allocation_id == alloc_id:
             self.gpupool_allocation_id = None

@@ -39,7 +39,8 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from functools import partial
+from typing import Any, Protocol
 
 from tornado import web
 
@@ -278,18 +279,28 @@ class ReleaseOutbox:
 outbox = ReleaseOutbox()
 
 
+class ReleaseOwner(Protocol):
+    """What a server's releases ask of the spawner that holds them: a client made with its current URL
+    and token, whose server it is (asked each time: a user may be renamed), and to be told that the
+    service confirmed a release (it drops the allocation's id unless a newer one is held)."""
+
+    @property
+    def gpupool_client(self) -> GPUPoolClient: ...
+
+    def gpupool_server(self) -> tuple[str, str]: ...
+
+    def gpupool_released(self, alloc_id: str | None) -> None: ...
+
+
 class ServerReleases:
     """One server's releases, which :class:`~gpupool_hub.spawner.GPUPoolSpawner` builds and holds
     (``spawner.releases``): each made a :class:`Release` of this user's server and sent through
     the process's :data:`outbox`. Its own state is the spawn attempt it abandoned; the held
     allocation and the attempt's key are the spawner's (in the server's state), and a confirmed
-    release tells the spawner through ``on_released(allocation_id)``, which drops its id."""
+    release tells the spawner (``ReleaseOwner.gpupool_released``), which drops its id."""
 
-    def __init__(self, client: Callable[[], GPUPoolClient], server_of: Callable[[], tuple[str, str]],
-                 on_released: Callable[[str | None], None], retry_interval: float = 5.0) -> None:
-        self.client = client  # made afresh (its URL and token are the spawner's traits)
-        self.server_of = server_of  # (user, server name), asked each time: a user may be renamed
-        self.on_released = on_released
+    def __init__(self, owner: ReleaseOwner, retry_interval: float = 5.0) -> None:
+        self.owner = owner
         self.retry_interval = retry_interval
         self.abandoned_key: str | None = None
 
@@ -303,8 +314,8 @@ class ServerReleases:
         return key is not None and self.abandoned_key == key
 
     def _release_of(self, reason: str, alloc: str | None, **kwargs: Any) -> Release:
-        return Release(self.client(), *self.server_of(), reason,
-                       on_confirmed=lambda: self.on_released(alloc), **kwargs)
+        return Release(self.owner.gpupool_client, *self.owner.gpupool_server(), reason,
+                       on_confirmed=partial(self.owner.gpupool_released, alloc), **kwargs)
 
     async def release(self, alloc: str, reason: str, stopped_at: datetime, wait: float,
                       end: WorkEnd | None = None) -> bool:
@@ -324,14 +335,14 @@ class ServerReleases:
 
     def still_stopping(self) -> str | None:
         """What of this server's is stopped but not yet seen to end ("Slurm job 42"), or None."""
-        for release in self.outbox.pending_for(*self.server_of()):
+        for release in self.outbox.pending_for(*self.owner.gpupool_server()):
             if release.end is not None and not release.ended:
                 return release.end.what
         return None
 
     async def flush(self, wait: float) -> bool:
         """Every release of this server delivered (True), or still not after ``wait`` s (False)."""
-        return await self.outbox.flush(*self.server_of(), wait)
+        return await self.outbox.flush(*self.owner.gpupool_server(), wait)
 
 
 def outcome_unknown(error: BaseException, allocation: dict[str, Any] | None) -> bool:

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Protocol
 
 from ..profiles import Profile
 from ..reasons import RefusalReason
@@ -31,19 +30,28 @@ __all__ = ["START_MARGIN", "WaitLoop", "wait_place"]
 START_MARGIN = 5.0
 
 
+class WaitOwner(Protocol):
+    """What a wait asks of the spawner that holds it: one request to the pool (the allocation, or
+    ``GPUPoolRefused``), a client made with its current URL and token, and whose server it is (asked
+    each time: a user may be renamed)."""
+
+    @property
+    def gpupool_client(self) -> GPUPoolClient: ...
+
+    async def gpupool_allocate(self, profile: Profile, gpus: int) -> dict[str, Any]: ...
+
+    def gpupool_server(self) -> tuple[str, str]: ...
+
+
 class WaitLoop:
     """One server's wait for GPUs: ``await waits.get_gpus(…)`` asks with ``ask`` until it gets an
     allocation or a final refusal, and says so on the progress page; ``waiting`` and ``queued`` say where the wait is (the
     spawner's ``pending`` reads ``queued``); :meth:`stop` ends it from the hub's ``stop``."""
 
-    def __init__(self, ask: Callable[[Profile, int], Awaitable[dict[str, Any]]],
-                 client: Callable[[], GPUPoolClient], progress: ProgressLog, log: logging.Logger | Any,
-                 server_of: Callable[[], tuple[str, str]]) -> None:
-        self.ask = ask  # one request to the pool: the allocation, or GPUPoolRefused
-        self.client = client  # made afresh (its URL and token are the spawner's traits)
+    def __init__(self, owner: WaitOwner, progress: ProgressLog, log: logging.Logger | Any) -> None:
+        self.owner = owner
         self.progress = progress
         self.log = log
-        self.server_of = server_of  # (user, server name), asked each time: a user may be renamed
         self.waiting = False  # a spawn is waiting for GPUs (a reclaim or a place in the queue)
         self.queued = False  # waiting in the pool's queue, and the hub has answered the start request
         #: the queued spawn's place as the pool last said it (``wait_place``), for the hub's home page
@@ -94,7 +102,7 @@ class WaitLoop:
             while True:
                 try:
                     asked += 1
-                    return await self.ask(profile, gpus)
+                    return await self.owner.gpupool_allocate(profile, gpus)
                 except GPUPoolRefused as e:
                     if asked == 1 and "cancelled_at" in e.details:
                         # The pool ends, once, the first request after a place was given up (a retry
@@ -141,7 +149,7 @@ class WaitLoop:
     @property
     def log_name(self) -> str:
         """``user:server`` or ``user``, as JupyterHub's ``Spawner._log_name``."""
-        return ":".join(name for name in self.server_of() if name)
+        return ":".join(name for name in self.owner.gpupool_server() if name)
 
     async def stop(self) -> None:
         """The hub stops the server: a spawn still waiting gives up its place in the queue."""
@@ -152,7 +160,7 @@ class WaitLoop:
     async def leave_queue(self) -> None:
         """Give up this server's place in the pool's wait queue (the spawn was cancelled)."""
         try:
-            await self.client().leave_queue(*self.server_of())
+            await self.owner.gpupool_client.leave_queue(*self.owner.gpupool_server())
         except (ServiceUnavailable, ServiceError) as e:  # the place lapses when the retries stop anyway
             self.log.warning("Could not leave the GPU wait queue for %s: %s", self.log_name, e)
 
@@ -166,7 +174,7 @@ class WaitLoop:
 
     async def _cancel_reclaim(self) -> None:
         try:
-            await self.client().cancel_reclaim(*self.server_of(), "the spawn ended while waiting")
+            await self.owner.gpupool_client.cancel_reclaim(*self.owner.gpupool_server(), "the spawn ended while waiting")
         except (ServiceError, ServiceUnavailable) as e:  # the service drops it once nobody asks
             self.log.warning("Could not cancel the reclaim %s waited for: %s", self.log_name, e)
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, Protocol
 
 from ...money.keys import entry_key
 from ...ledger import Ledger, Posting
@@ -43,19 +43,25 @@ class DebitStatus:
     settling_until: datetime | None = None
 
 
+class ChargeListener(Protocol):
+    """Who must hear that balances changed (the view cache: every account's view is stale)."""
+
+    def forget(self) -> None: ...
+
+
 class Debits:
     """Turns usage into debit entries, and says whether accounting is up to date."""
 
     def __init__(self, ledger: Ledger, prices: PriceTable, usage_source: UsageSource, *,
                  interval: int, delay_tolerance: int, clock: Callable[[], datetime],
-                 on_charged: Callable[[], None] = lambda: None, threads: CoreThreads | None = None) -> None:
+                 charged: ChargeListener | None = None, threads: CoreThreads | None = None) -> None:
         self.ledger = ledger
         self.prices = prices
         self.usage_source = usage_source
         self.interval = interval
         self.delay_tolerance = delay_tolerance
         self.clock = clock
-        self.on_charged = on_charged
+        self.charged = charged
         self.on_posted: Callable[[list[Posting]], None] = lambda postings: None
         self.threads = threads
         self.status = DebitStatus()
@@ -125,7 +131,8 @@ class Debits:
                 self.status.last_error = None
                 self.status.failing_since = None
                 self.changed += 1
-                self.on_charged()
+                if self.charged is not None:
+                    self.charged.forget()
                 charged += 1
                 log.info("Charged %s–%s: %d debit(s)", iso(start), iso(end), len(postings))
             return charged

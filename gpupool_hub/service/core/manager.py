@@ -34,7 +34,7 @@ from typing import Any
 
 from ...config import GPUPool
 from ...inventory.sources import InventorySource
-from ...ledger import Ledger, utcnow
+from ...ledger import AuditEvent, Ledger, utcnow
 from ...placement.state import Pool
 from ...reasons import AuditAction
 from ...usage import UsageSource
@@ -79,19 +79,17 @@ class PoolManager:
         self.agent_leases = AgentLeases(settings.agent_timeout, clock)
         self.memory = MemoryWarnings()
         self.accounts = Accounts(settings, ledger, self.cache, clock, threads=threads)
-        self.reclaims = Reclaims(settings, ledger, self.inventory, self.cache, clock, record=self.notices.record,
-                                 revoke=self.enforcement.gpus_taken, threads=threads)
+        self.reclaims = Reclaims(settings, ledger, self.inventory, self.cache, clock, witnesses=self, threads=threads)
         self.idle = IdleWarnings()
         self.queue = WaitQueue(settings, ledger, self.inventory, self.reclaims, clock,
-                               expected_ends=self.idle.deadlines, threads=threads)
+                               known_ends=self.idle, threads=threads)
         self.admission = Admission(settings, ledger, self.inventory, self.accounts, self.reclaims,
                                    self.enforcement, self.cache, clock, queue=self.queue, threads=threads)
         self.debits = Debits(ledger, self.inventory.prices, usage_source, interval=debit_interval,
                              delay_tolerance=debit_delay_tolerance, clock=clock,
-                             on_charged=self.cache.forget, threads=threads)
-        self.views = Views(settings, ledger, self.inventory, self.debits, self.accounts, self.cache,
-                           self.warning_for, clock, self.threads, self.activity,
-                           memory_warnings=self.memory.for_user, notices=self.notices.for_user)
+                             charged=self.cache, threads=threads)
+        self.views = Views(settings, ledger, self.inventory, self.debits, self.accounts, self.cache, self, clock,
+                           self.threads)
 
     @property
     def pool(self) -> Pool:
@@ -100,6 +98,20 @@ class PoolManager:
     def warning_for(self, user: str) -> CullWarning | None:
         """What the user is warned of: a cull of their kernels, or a preemption of a server."""
         return self.enforcement.warnings.get(user) or self.reclaims.warnings.get(user) or self.idle.for_user(user)
+
+    # the views' UserParts and the reclaims' PreemptWitnesses: the manager asks the units that know
+
+    def memory_warnings(self, user: str) -> list[dict[str, Any]]:
+        return self.memory.for_user(user)
+
+    def user_notices(self, user: str) -> list[dict[str, Any]]:
+        return self.notices.for_user(user)
+
+    def record(self, event: AuditEvent) -> Any:
+        return self.notices.record(event)
+
+    def gpus_taken(self, user: str, server: str, at: datetime) -> None:
+        self.enforcement.gpus_taken(user, server, at)
 
     def activity(self, user: str, allocations: list[dict[str, Any]]) -> dict[str, Any]:
         """The parts of ``GET me`` that change without the account changing: the user's

@@ -47,7 +47,7 @@ from ...queue.starts import wait_place, wait_text
 from .errors import Refused
 from .pool_inventory import PoolInventory
 from .queue_entries import Entries, WaitingServer
-from .queue_eta import QueueEstimates, range_json
+from .queue_eta import KnownEnds, QueueEstimates, range_json
 from .queue_order import FairQueueOrder
 from .queue_reports import QueueReports
 from .reclaims import Reclaims
@@ -75,9 +75,9 @@ class WaitQueue:
     fair order (``order``), its estimates (``eta``) and what it shows (``reports``)."""
 
     def __init__(self, settings: GPUPool, ledger: Ledger, inventory: PoolInventory, reclaims: Reclaims,
-                 clock: Callable[[], datetime], *, expected_ends: Callable[[], dict[str, datetime]] = dict,
+                 clock: Callable[[], datetime], *, known_ends: KnownEnds | None = None,
                  threads: CoreThreads | None = None) -> None:
-        """``expected_ends``: when held allocations are expected to end, beyond the defaults
+        """``known_ends``: when held allocations are expected to end, beyond the defaults
         (the idle reclaim deadlines)."""
         self.settings = settings
         self.ledger = ledger
@@ -90,7 +90,7 @@ class WaitQueue:
         # between most of those asks
         self.order = FairQueueOrder(self.entries, clock)
         self.eta = QueueEstimates(settings, ledger, inventory, reclaims, self.order, clock,
-                                  expected_ends=expected_ends, threads=threads)
+                                  known_ends=known_ends, threads=threads)
         self.reports = QueueReports(self.entries, self.order, self.eta, inventory, clock, threads=threads)
         # (user, server) whose place was given up by a cancel: their spawner's next retry ends
         self.cancelled: dict[tuple[str, str], tuple[datetime, Request, list[str] | None]] = {}

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, Protocol
 
 from ...queue import estimates as eta_rules
 from ...config import GPUPool
@@ -68,18 +68,24 @@ def range_json(est: eta_rules.Estimate | None, now: datetime) -> dict[str, Any]:
             "eta_source": est.origin}
 
 
+class KnownEnds(Protocol):
+    """Who knows when some held allocations end, beyond a typical session (the idle reclaim deadlines)."""
+
+    def deadlines(self) -> dict[str, datetime]:
+        """Allocation id -> when it is due to stop."""
+
+
 class QueueEstimates:
     """Expected starts (today's rule) and start ranges from history, both cached a few
     seconds; the record of what was shown against the real start (its accuracy)."""
 
     def __init__(self, settings: GPUPool, ledger: Ledger, inventory: PoolInventory, reclaims: Reclaims,
                  order: FairQueueOrder, clock: Callable[[], datetime], *,
-                 expected_ends: Callable[[], dict[str, datetime]] = dict,
-                 threads: CoreThreads | None = None) -> None:
+                 known_ends: KnownEnds | None = None, threads: CoreThreads | None = None) -> None:
         self.settings, self.ledger, self.inventory, self.reclaims = settings, ledger, inventory, reclaims
         self.order, self.clock, self.threads = order, clock, threads
         # when held allocations are expected to end, beyond the defaults (idle reclaim deadlines)
-        self.expected_ends = expected_ends
+        self.known_ends = known_ends
         self._estimates: tuple[float, dict[str, datetime | None]] | None = None
         self._releases: tuple[float, list[ExpectedRelease]] | None = None
         self._history: tuple[float, SessionHistory] | None = None
@@ -309,7 +315,8 @@ class QueueEstimates:
         """When each held allocation is known to end: a reclaim or idle deadline, or its
         owner's balance reaching the floor."""
         ends = {v.id: rc.deadline for rc in self.reclaims.active.values() for v in rc.victims}
-        ends.update(self.expected_ends())
+        if self.known_ends is not None:
+            ends.update(self.known_ends.deadlines())
         burn: dict[str, Decimal] = {}
         for r in held:
             burn[r.user] = burn.get(r.user, Decimal(0)) + r.price_per_hour

@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from ... import fairshare
 from ...config import GPUPool
@@ -83,12 +83,20 @@ class Reclaim:
                              "team": v.request.get("team"), "released": v.id in self.done} for v in self.victims]}
 
 
+class PreemptWitnesses(Protocol):
+    """Who hears of a preemption: its audit event is recorded (the victim's notice comes from it), and
+    the node agents are told that the victim's processes on GPUs it no longer holds are stray."""
+
+    def record(self, event: AuditEvent) -> Any: ...
+
+    def gpus_taken(self, user: str, server: str, at: datetime) -> None: ...
+
+
 class Reclaims:
     """Fair-share state and the reclaim lifecycle: start, claim, preempt, cancel, expire."""
 
     def __init__(self, settings: GPUPool, ledger: Ledger, inventory: PoolInventory, cache: ViewCache,
-                 clock: Callable[[], datetime], *, record: Callable[[AuditEvent], Any] | None = None,
-                 revoke: Callable[[str, str, datetime], None] | None = None,
+                 clock: Callable[[], datetime], *, witnesses: PreemptWitnesses | None = None,
                  threads: CoreThreads | None = None) -> None:
         self.settings = settings
         self.teams = settings.team_table()
@@ -97,10 +105,8 @@ class Reclaims:
         self.cache = cache
         self.clock = clock
         self.threads = threads
-        # writes a preempt event (the victim's notice comes from it); the node agents are told
-        # that the victim's processes on GPUs it no longer holds are stray (``revoke``)
-        self.record = record or ledger.audit.add
-        self.revoke = revoke
+        # a preempt event is recorded and the victim's GPUs marked taken (without witnesses: the audit log only)
+        self.witnesses = witnesses
         self.active: dict[tuple[str, str], Reclaim] = {}
         self.warnings: dict[str, CullWarning] = {}
         self.cooldown_until: dict[str, datetime] = {}
@@ -244,9 +250,12 @@ class Reclaims:
                   "for_server": rc.server, "node": victim.node, "gpus": len(victim.gpus), "stopped": stopped}
         if error:
             detail["error"] = error
-        self.record(AuditEvent(now, victim.user, victim.server, AuditAction.PREEMPT.value, reason, False, detail))
-        if self.revoke is not None:
-            self.revoke(victim.user, victim.server, now)
+        event = AuditEvent(now, victim.user, victim.server, AuditAction.PREEMPT.value, reason, False, detail)
+        if self.witnesses is None:
+            self.ledger.audit.add(event)
+        else:
+            self.witnesses.record(event)
+            self.witnesses.gpus_taken(victim.user, victim.server, now)
         log.warning("Preempted %s/%s (team %s) for %s/%s (team %s)%s", victim.user, victim.server or "-", vteam,
                     rc.user, rc.server or "-", rc.team, f": stop failed: {error}" if error else "")
 

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from datetime import date, datetime
 from decimal import Decimal
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from ...config import GPUPool
 from ...money.credits import SCHEDULED, balance_status, floor_reached_at, next_credit_times
@@ -78,27 +78,38 @@ class ViewCache:
                 self.entries[user] = (key, view)
 
 
+class UserParts(Protocol):
+    """What ``GET me`` shows besides the account, from the units that hold it (the pool manager asks
+    them): never cached, each changes on its own."""
+
+    def warning_for(self, user: str) -> CullWarning | None:
+        """The stop the user is warned of: a cull of their kernels, a preemption, an idle reclaim."""
+
+    def activity(self, user: str, allocations: list[dict[str, Any]]) -> dict[str, Any]:
+        """The user's GPUs as measured, with their idleness, and their servers waiting for GPUs."""
+
+    def memory_warnings(self, user: str) -> list[dict[str, Any]]:
+        """The memory guard's warnings for the user's servers."""
+
+    def user_notices(self, user: str) -> list[dict[str, Any]]:
+        """The take-back notices the user has not dismissed."""
+
+
 class Views:
     """Builds and caches the read-side JSON; owns no money, only caches."""
 
     def __init__(self, settings: GPUPool, ledger: Ledger, inventory: PoolInventory, debits: Debits,
-                 accounts: Accounts, cache: ViewCache, warning_for: Callable[[str], CullWarning | None],
-                 clock: Callable[[], datetime], threads: CoreThreads,
-                 activity: Callable[[str, list[dict[str, Any]]], dict[str, Any]],
-                 memory_warnings: Callable[[str], list[dict[str, Any]]] = lambda _user: [],
-                 notices: Callable[[str], list[dict[str, Any]]] | None = None) -> None:
+                 accounts: Accounts, cache: ViewCache, parts: UserParts, clock: Callable[[], datetime],
+                 threads: CoreThreads) -> None:
         self.settings = settings
         self.ledger = ledger
         self.inventory = inventory
         self.debits = debits
         self.accounts = accounts
         self.cache = cache
-        self.warning_for = warning_for
+        self.parts = parts  # warnings, GPUs as measured, idleness, queue places, notices: never cached
         self.clock = clock
         self.threads = threads
-        self.activity = activity  # GPUs as measured, idleness, queue places: never cached
-        self.memory_warnings = memory_warnings
-        self.notices = notices
         self._clock_cache: tuple[int, int, int, dict[str, Any]] | None = None
         self._pool_views: dict[str, tuple[Pool, int, Any]] = {}  # _of_pool: what -> (pool, its changes, view)
 
@@ -243,7 +254,7 @@ class Views:
 
     def _finish(self, user: str, view: dict[str, Any]) -> dict[str, Any]:
         """The cached part plus what changes without the account changing."""
-        warning = self.warning_for(user)
+        warning = self.parts.warning_for(user)
         clock = self._clock_view()
         basis = view[FLOOR_BASIS]
         now = self.clock()
@@ -257,8 +268,8 @@ class Views:
             "last_debit_at": clock["last_debit_at"],
             "accounting": clock["accounting"],
             "cull_warning": warning.as_dict() if warning else None,
-            **self.activity(user, view["allocations"]),
-            "memory_warnings": self.memory_warnings(user),
+            **self.parts.activity(user, view["allocations"]),
+            "memory_warnings": self.parts.memory_warnings(user),
         }
 
     def _clock_view(self) -> dict[str, Any]:
@@ -299,5 +310,5 @@ class Views:
             },
             "allocations": [self.allocation_json(r) for r in held],
             "burn_rate_per_hour": format_tokens(burn),
-            "notices": self.notices(user) if self.notices else [],
+            "notices": self.parts.user_notices(user),
         }
