@@ -47,7 +47,8 @@ class Engine:
     inventory: Callable[[Any], Any] | None = None
     #: ``(service, settings, ledger) -> UsageSource``, for ``c.GPUPoolService.usage_preset = <name>``
     usage: Callable[[Any, Any, Any], Any] | None = None
-    #: checks made at the service's start when the engine is in use
+    #: checks made at the service's start when the engine is in use, before the ledger opens (its settings,
+    #: profiles and the engine's own answers: ``service.settings_``, ``service.usage_preset``)
     start_checks: tuple[StartCheck, ...] = ()
     #: ``(service, usage_preset) -> None``: the options of its usage preset given to another preset (an
     #: error naming them); asked whatever the engines in use
