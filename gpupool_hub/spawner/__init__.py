@@ -2,16 +2,10 @@
 
 The spawner half of gpupool_hub. ``GPUPoolSpawner`` is a mixin (a
 :class:`jupyterhub.spawner.Spawner` subclass that calls ``super()``
-everywhere); the ready classes combine it with a real spawner:
-
-=========================== ======================== ==============================
-class                       entry point name          base
-=========================== ======================== ==============================
-GPUPoolLocalProcessSpawner  ``gpupool-localprocess``  LocalProcessSpawner
-GPUPoolSimpleSpawner        ``gpupool-simple``        SimpleLocalProcessSpawner
-GPUPoolSystemdSpawner       ``gpupool-systemd``       systemdspawner (extra)
-GPUPoolKubeSpawner          ``gpupool-kubernetes``    KubeSpawner (extra)
-=========================== ======================== ==============================
+everywhere); the ready classes combine it with a real spawner, one per
+engine (``gpupool_hub/engines/``): ``gpupool-localprocess`` and
+``gpupool-simple`` (``engines/local``), ``gpupool-systemd``,
+``gpupool-kubernetes``, ``gpupool-slurm``.
 
 Configure with ``c.GPUPoolSpawner.profiles = [...]``; see docs/spawner.md.
 
@@ -23,7 +17,8 @@ releases, the spawn attempt it abandoned, and the outbox of releases the
 service has not confirmed), ``logs`` (refusals logged as INFO), ``client``
 (the service's REST API, refusals), ``form`` + ``templates/form.html`` (the
 options form), ``overrides`` (trait values a spawn sets and undoes),
-``progress``, ``errors``, ``local`` (the ready local classes). Profiles
+``progress``, ``errors``, ``ends`` (how a server's work ends), ``devices`` (what selects
+and opens a GPU). Profiles
 themselves are parsed in :mod:`gpupool_hub.profiles`, re-exported here.
 """
 
