@@ -479,6 +479,12 @@ def test_only_slurm_builds_slurm_commands_and_its_modules_are_small():
                          "(docs/architecture.md, rule 7):\n" + "\n".join(found))
     long = [f"{p.name}: {n}" for p in modules(SLURM) if (n := len(p.read_text().splitlines())) > 500]
     assert long == [], "a module of slurm/ passed 500 lines: " + ", ".join(long)
+    # one process runner: only commands.run_slurm starts a process (with its forced zone and locale)
+    runners = [f"{p.name}:{n.lineno}" for p in modules(SLURM) if p.name != "commands.py" for n in ast.walk(tree(p))
+               if isinstance(n, ast.Attribute) and n.attr in ("run", "Popen", "create_subprocess_exec",
+                                                              "create_subprocess_shell", "check_output")
+               and ast.unparse(n.value) in ("subprocess", "asyncio")]
+    assert runners == [], f"processes started outside commands.run_slurm: {runners}"
 
 
 def _imports(path: Path, *, typing_only: bool) -> set[Path]:

@@ -78,13 +78,19 @@ FORCED_ENV = {"TZ": "UTC", "SLURM_TIME_FORMAT": "%s", "LC_ALL": "C"}
 Runner = Callable[[Sequence[str]], str]
 
 
-def run_slurm(argv: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float = 30) -> str:
-    """Run one Slurm client command and return its standard output.
+def run_slurm(argv: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float = 30,
+              input: str | None = None, job_env: bool = False) -> str:
+    """Run one Slurm client command and return its standard output: the one process runner of the
+    Slurm engine (the service's readers and the spawner's submit, query and cancel).
 
     ``argv`` is a list (``["scontrol", "-d", "show", "node", "-o"]``), never a
     shell string; callers put only fixed options, job ids and names Slurm
     itself printed into it. ``env`` defaults to this process's environment
-    (so ``SLURM_CONF`` is honoured); :data:`FORCED_ENV` is always applied.
+    (so ``SLURM_CONF`` is honoured); :data:`FORCED_ENV` is applied, so that
+    times and messages parse the same everywhere, except with ``job_env``: a
+    command that hands its environment on to a job (``sbatch``) runs with
+    ``env`` as given, the user's zone and locale being the job's. ``input`` is
+    the command's standard input (``sbatch``'s batch script).
     """
     if isinstance(argv, (str, bytes)) or not argv:
         raise TypeError("argv must be a non-empty list of strings, not a shell string")
@@ -93,12 +99,12 @@ def run_slurm(argv: Sequence[str], *, env: Mapping[str, str] | None = None, time
         if not isinstance(a, str) or "\0" in a:
             raise TypeError(f"argv elements must be strings without NUL bytes, got {a!r}")
     full_env = dict(os.environ if env is None else env)
-    full_env.update(FORCED_ENV)
+    if not job_env:
+        full_env.update(FORCED_ENV)
     cmd = " ".join(args)
+    stdin = {"stdin": subprocess.DEVNULL} if input is None else {"input": input.encode()}
     try:
-        proc = subprocess.run(
-            args, env=full_env, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, check=False,
-        )
+        proc = subprocess.run(args, env=full_env, capture_output=True, timeout=timeout, check=False, **stdin)
     except FileNotFoundError:
         raise SlurmCommandError(
             f"{args[0]} not found on PATH; is the Slurm client (Debian: slurm-client) installed?", argv=args

@@ -50,7 +50,7 @@ from ...spawner.client import ServiceUnavailable
 from ...spawner.errors import GPUPoolRefused, SpawnFailure, require_unix_account
 from ...identity.unix import RULE, starts_unsafely
 from ...inventory.outage import OutageLog
-from .commands import SlurmError, controller_unreachable
+from .commands import SlurmCommandError, SlurmError, controller_unreachable, run_slurm
 from .ends import JobEnd, job_ended
 from .inventory import SlurmInventory
 from .job import SlurmJobStart
@@ -60,6 +60,8 @@ __all__ = ["GPUPoolSlurmSpawner", "JOB_NAME", "command_argv", "mem_for_slurm", "
 
 #: one for the hub process: a poll per server must not log slurmctld's outage once per server
 slurm_outage = OutageLog(logging.getLogger("gpupool.spawner.slurm"))
+#: seconds a submit, query or cancel may take before it counts as slurmctld not answering
+COMMAND_TIMEOUT = 120.0
 
 
 def hub_outage_log(log: logging.Logger) -> OutageLog:
@@ -300,23 +302,24 @@ echo "jupyterhub-singleuser ended gracefully"
         return command_argv(self.exec_prefix, values) + command_argv(command, values)
 
     async def run_argv(self, argv: list[str], input: str | None = None, env: dict[str, str] | None = None) -> str:
-        """Run ``argv`` without a shell, with the Slurm environment; RuntimeError(stderr) on failure."""
+        """Run ``argv`` without a shell, with the Slurm environment, through the engine's one runner
+        (``commands.run_slurm``, off the event loop); RuntimeError(stderr) on failure. The submit (its batch
+        script on ``input``) hands the server's environment to the job as it is."""
         full_env = dict(os.environ if env is None else env)
         full_env.update(self.slurm_env)
-        proc = await asyncio.create_subprocess_exec(
-            hub_executable(argv[0]), *argv[1:], env=full_env, stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )
-        out, err = await proc.communicate(input=input.encode() if input else None)
-        if proc.returncode != 0:
-            message = err.decode(errors="replace").strip()
+        run = functools.partial(run_slurm, [hub_executable(argv[0]), *argv[1:]], env=full_env,
+                                timeout=COMMAND_TIMEOUT, input=input, job_env=input is not None)
+        try:
+            out = await asyncio.get_running_loop().run_in_executor(None, run)
+        except SlurmCommandError as e:
+            message = e.stderr or str(e)
             if controller_unreachable(message):
                 hub_outage_log(self.log).failed(message)  # once per outage, not once per poll of every server
             else:
-                self.log.error("%s exited with %s: %s", argv[0], proc.returncode, message)
-            raise RuntimeError(message or f"{argv[0]} exited with status {proc.returncode}")
+                self.log.error("%s failed: %s", argv[0], message)
+            raise RuntimeError(message) from None
         hub_outage_log(self.log).ok()
-        return out.decode(errors="replace").strip()
+        return out.strip()
 
     async def run_command(self, cmd: str, input: str | None = None, env: dict[str, str] | None = None) -> str:
         """batchspawner's seam for a command *string*: this spawner builds argv itself
