@@ -47,8 +47,11 @@ class Engine:
     inventory: Callable[[Any], Any] | None = None
     #: ``(service, settings, ledger) -> UsageSource``, for ``c.GPUPoolService.usage_preset = <name>``
     usage: Callable[[Any, Any, Any], Any] | None = None
-    #: checks made at the service's start when the engine is in use, before the ledger opens (its settings,
-    #: profiles and the engine's own answers: ``service.settings_``, ``service.usage_preset``)
+    #: checks of the configuration alone, made when the engine is in use before the ledger opens and the
+    #: usage source is built (``service.settings_``, ``service.usage_preset``, the profiles)
+    config_checks: tuple[StartCheck, ...] = ()
+    #: checks made once the ledger and the usage source are ready, before the service restores its state
+    #: (what the engine's own cluster says: its devices, its shards)
     start_checks: tuple[StartCheck, ...] = ()
     #: ``(service, usage_preset) -> None``: the options of its usage preset given to another preset (an
     #: error naming them); asked whatever the engines in use

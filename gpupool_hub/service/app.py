@@ -243,9 +243,8 @@ class GPUPoolService(*(e.service_settings for e in engines() if e.service_settin
         self.settings_ = GPUPool(parent=self)
         self.engines = in_use(self.config, self.settings_.inventory, self.usage_preset)
         self.settings_.account_rule()  # the spawners' account rule: a bad range stops the start, naming it
-        # each engine in use checks what it needs (a Slurm cluster's shards, say), before the ledger opens
-        for engine in self.engines:
-            for check in engine.start_checks:
+        for engine in self.engines:  # what its configuration alone says (before the ledger opens)
+            for check in engine.config_checks:
                 check(self, profiles)
         try:
             db_url = ledger_url(self.settings_)
@@ -266,6 +265,9 @@ class GPUPoolService(*(e.service_settings for e in engines() if e.service_settin
             debit_interval=self.debit_interval, debit_delay_tolerance=self.debit_delay_tolerance,
             source=self.inventory_source,
         )
+        for engine in self.engines:  # what each engine in use needs of its cluster (a Slurm cluster's shards, say)
+            for check in engine.start_checks:
+                check(self, profiles)
         restored = self.manager.restore()
         teams = self.settings_.team_table()
         owed = max((q.total for q in teams.quotas.values()), default=0) // 1000 if teams.enabled else None

@@ -77,6 +77,10 @@ def still_there(recorded: dict[int, tuple[int, int, str]]) -> list[str]:
     return left
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.fixture
 def demo(tmp_path):
     require_hub_binaries()
@@ -87,8 +91,12 @@ def demo(tmp_path):
                                     str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
     env.pop("GPUPOOL_CONFIG_FILE", None)
     log = open(tmp_path / "demo.log", "wb")
+    # started as from a terminal, where Ctrl-C reaches the script: a test run started in the background
+    # of a non-interactive shell (`… &`) hands SIGINT down ignored, and bash cannot trap a signal
+    # ignored on entry (the ctrl-c case would then fail for the way the suite was started)
     proc = subprocess.Popen(["bash", str(REPO / "scripts" / "demo.sh")], cwd=REPO, env=env, stdout=log,
-                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                            preexec_fn=_default_sigint)
     proc.url = f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
     proc.state = tmp_path / "demo"  # type: ignore[attr-defined]
     proc.log_path = tmp_path / "demo.log"  # type: ignore[attr-defined]

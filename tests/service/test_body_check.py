@@ -16,7 +16,7 @@ import fastjsonschema
 import pytest
 from tornado import web
 
-from gpupool_hub.service.api import schema
+from gpupool_hub.service.api import openapi
 
 from .test_api_bodies import CASES, _set
 
@@ -60,7 +60,7 @@ def _at(value: Any, pointer: str) -> Any:
 
 def verdict(body: Any, path: str, method: str) -> bool:
     try:
-        schema.check_body(body, path, method)
+        openapi.check_body(body, path, method)
     except web.HTTPError as e:
         assert e.status_code == 400
         return False
@@ -73,7 +73,7 @@ def test_every_spoiled_body_gets_the_verdict_of_jsonschema(method, path, good):
     if path == "allocations/{id}":
         good = {"gpu_indices": [0]}
     spec_path = ENDPOINTS[f"{method} {path}"]
-    full = schema._validator(spec_path, method.lower())
+    full = openapi._validator(spec_path, method.lower())
     bodies = [good, *spoiled(good)]
     refused = 0
     for body in bodies:
@@ -87,7 +87,7 @@ def test_every_spoiled_body_gets_the_verdict_of_jsonschema(method, path, good):
 def test_a_whole_float_where_a_count_belongs_is_refused():
     body = {"user": "alice", "server": "", "request": {"gpus": 1.0}}
     with pytest.raises(web.HTTPError) as e:
-        schema.check_body(body, "/allocations", "POST")
+        openapi.check_body(body, "/allocations", "POST")
     assert "/request/gpus must be integer" in e.value.log_message
 
 
@@ -97,13 +97,13 @@ def test_the_fast_check_alone_holds_deadlines_to_date_time(deadline):
     date-time itself (jsonschema without a format checker, or fastjsonschema's own, would not)."""
     body = {"warnings": [{"user": "bob", "gpu_uuid": "GPU-0", "gpu_index": 0, "deadline": deadline, "pids": [1]}]}
     with pytest.raises(fastjsonschema.JsonSchemaException, match="date-time"):
-        schema._fast_check("/nodes/{node}/boundary", "put")(body)
-    assert not schema._validator("/nodes/{node}/boundary", "put").is_valid(body)
+        openapi._fast_check("/nodes/{node}/boundary", "put")(body)
+    assert not openapi._validator("/nodes/{node}/boundary", "put").is_valid(body)
     body["warnings"][0]["deadline"] = "2026-11-24T10:00:00.5+01:00"
-    schema._fast_check("/nodes/{node}/boundary", "put")(body)
+    openapi._fast_check("/nodes/{node}/boundary", "put")(body)
 
 
 def test_the_check_fills_in_nothing():
     body = {"user": "alice", "request": {"gpus": 1}}
-    schema.check_body(body, "/allocations", "POST")
+    openapi.check_body(body, "/allocations", "POST")
     assert body == {"user": "alice", "request": {"gpus": 1}}

@@ -37,4 +37,4 @@ def refuse_no_gpus(service: Any, profiles: list[Any]) -> None:
 
 
 ENGINE = Engine("toy", spawners=("ToySpawner",), settings=ToySettings, inventory=inventory,
-                usage=lambda service, settings, ledger: NoUsage(), start_checks=(refuse_no_gpus,))
+                usage=lambda service, settings, ledger: NoUsage(), config_checks=(refuse_no_gpus,))

@@ -52,7 +52,7 @@ ENGINE = Engine(
     inventory=_inventory,
     usage=_usage,
     usage_options_check=_usage_options,
-    start_checks=(_check("check_slurm_share_charging"), _check("check_slurm_gpu_boundary"),
-                  _check("check_slurm_shares")),
+    config_checks=(_check("check_slurm_share_charging"),),
+    start_checks=(_check("check_slurm_gpu_boundary"), _check("check_slurm_shares")),
     work_alive=_work_alive,
 )
