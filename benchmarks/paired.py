@@ -18,7 +18,7 @@ Quick sizes (each benchmark's own options) keep the run within ~15 minutes on
 two cores; ``--bench`` picks some of service, spawn, pages, poolmap. ``poolmap``
 (the admin pool page on ``scale.py``'s pool of 100k users and 1,000 nodes) first
 builds that pool's ledger once in each tree (2-3 minutes each). A benchmark added
-with the change it measures (``poolmap``) is the new tree's script, run against
+with the change it measures (``poolmap``), where the old tree lacks it, is the new tree's script, run against
 each tree's package. The last line printed is one JSON object.
 """
 
@@ -72,6 +72,15 @@ def add_worktree(rev: str, where: Path) -> str:
     commit = git("rev-parse", "--verify", f"{rev}^{{commit}}")
     git("worktree", "add", "--detach", str(where), commit)
     return commit
+
+
+def script_tree(trees: dict[str, Path], side: str, bench: Bench) -> Path | None:
+    """Where ``side``'s script comes from: its own tree, or the new tree's for a benchmark added with the
+    change it measures that the old tree lacks (a later change runs each tree's own: its imports follow
+    its package)."""
+    if bench.new_script and not (trees[side] / bench.script).exists():
+        return trees["new"]
+    return None
 
 
 def run_once(tree: Path, bench: Bench, timeout: float, tries: int = 2, script_tree: Path | None = None
@@ -131,7 +140,7 @@ def main() -> None:
                     t0 = time.perf_counter()
                     bench = BENCHES[name]
                     runs[name][side].append(run_once(trees[side], bench, args.timeout,
-                                                     script_tree=trees["new"] if bench.new_script else None))
+                                                     script_tree=script_tree(trees, side, bench)))
                     print(f"round {i + 1}: {name} {side} in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
         figures: dict[str, dict[str, float]] = {}
         print(f"{'figure':<34} {'old median':>11} {'new median':>11} {'new/old':>8} {'target':>8}")

@@ -225,16 +225,32 @@ class _Pass:
             {False: (set(), {}), True: (set(), {})}
 
     def run(self) -> Dispatch:
+        # the per-waiter checks stay inline (a pass looks at thousands of waiters, most of them skipped
+        # by a shortcut); placing, holding and closing are the methods below
         cls: int | None = None
+        old_before, everything, closed, shortcuts = self.old_before, self.everything, self.closed, self.shortcuts
         for w, mine in zip(self.ordered, self.fits):
             if w.priority != cls:
                 if cls is not None:
                     self.closed_by_class[cls] = self.avoid
                 cls = w.priority
-            old = self._old(w.since)
-            if len(self.closed) == self.everything:
+            since = w.since
+            old = old_before is not None and since < old_before
+            if old_before is not None and not old and (self.youngest is None or since < self.youngest):
+                self.youngest = since  # the earliest young waiter: ``until`` is its turning old
+            if len(closed) == everything:
                 continue  # every node is closed: no one else starts in this pass
-            if self._place(w, mine):
+            kind, need = w.size
+            inside = bool(self.kept) and mine <= self.kept
+            failed, short = shortcuts[inside]
+            blocked = False
+            if kind is not None and kind in short:  # asks at least as much of each as one that found no node
+                a0, c0, m0 = need
+                for a, c, m in short[kind]:
+                    if a0 >= a and c0 >= c and m0 >= m:
+                        blocked = True
+                        break
+            if not blocked and not (failed and w.shape in failed) and self._place(w, inside, failed, short):
                 continue
             if old and id(mine) not in self.claimed:  # it waits: nobody after it starts where it could
                 self._close(mine)
@@ -242,27 +258,9 @@ class _Pass:
             self.closed_by_class[cls] = self.avoid
         return self._answer()
 
-    def _old(self, since: datetime) -> bool:
-        """Whether a waiter that arrived ``since`` is old; the earliest young one sets ``until``."""
-        if self.old_before is None:
-            return False
-        if since < self.old_before:
-            return True
-        if self.youngest is None or since < self.youngest:
-            self.youngest = since
-        return False
-
-    def _place(self, w: Waiter, mine: frozenset[str]) -> bool:
+    def _place(self, w: Waiter, inside: bool, failed: set[tuple[Any, ...]],
+               short: dict[Any, list[tuple[int, int, int]]]) -> bool:
         """Place ``w`` off the closed nodes (True), or note why it waits (False)."""
-        kind, need = w.size
-        inside = bool(self.kept) and mine <= self.kept
-        failed, short = self.shortcuts[inside]
-        if kind is not None and kind in short:  # asks at least as much of each as one that found no node
-            a0, c0, m0 = need
-            if any(a0 >= a and c0 >= c and m0 >= m for a, c, m in short[kind]):
-                return False
-        if failed and w.shape in failed:
-            return False
         off = self._off(inside)
         r = w.request
         cands = self.pool.candidates(r)
