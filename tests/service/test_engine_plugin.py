@@ -93,25 +93,24 @@ def test_an_installed_engine_brings_its_setting_inventory_and_usage_to_a_real_se
         _stop(proc)
 
 
-def test_an_installed_engine_start_check_refuses_a_start_naming_why(tmp_path, site):
-    proc = _start(_config(tmp_path, 0), _env(site, free_port()), tmp_path / "service.log")
+def _refused(tmp_path: Path, gpus: int, site: Path | None) -> str:
+    """The log of a service start that must fail (its exit status checked here)."""
+    proc = _start(_config(tmp_path, gpus), _env(site, free_port()), tmp_path / "service.log")
     try:
         proc.wait(60)
     finally:
         _stop(proc)
-    log = (tmp_path / "service.log").read_text()
     assert proc.returncode != 0
+    return (tmp_path / "service.log").read_text()
+
+
+def test_an_installed_engine_start_check_refuses_a_start_naming_why(tmp_path, site):
+    log = _refused(tmp_path, 0, site)
     assert "the toy engine needs c.GPUPool.toy_gpus >= 1" in log
     assert "Traceback" not in log
 
 
 def test_without_the_plugin_its_names_are_refused_with_the_choices(tmp_path):
-    proc = _start(_config(tmp_path, 3), _env(None, free_port()), tmp_path / "service.log")
-    try:
-        proc.wait(60)
-    finally:
-        _stop(proc)
-    log = (tmp_path / "service.log").read_text()
-    assert proc.returncode != 0
+    log = _refused(tmp_path, 3, None)
     # the first name refused (the usage preset, an Enum of the engines'), with the choices it has
     assert "'toy'" in log and "'slurm'" in log and "Traceback" not in log, log
