@@ -53,6 +53,25 @@ def table(usages) -> dict[tuple[str, str], Decimal]:
     return {(u.user, u.model): u.gpu_seconds for u in usages}
 
 
+def own(src: SlurmUsageSource, job_ids, start: float, end: float) -> dict[tuple[str, str], Decimal]:
+    """GPU-seconds per (user, model) of these jobs only.
+
+    The session's cluster is shared by every Slurm test: a job another test
+    cancelled a second before this one's window opened is in sacct's answer
+    too, so exact figures are compared for the test's own jobs; that
+    ``usage`` adds up ``charges`` is checked for every job in the window.
+    """
+    out: dict[tuple[str, str], Decimal] = defaultdict(Decimal)
+    charges = src.charges(utc(start), utc(end))
+    totals: dict[tuple[str, str], Decimal] = defaultdict(Decimal)
+    for c in charges:
+        totals[(c.user, c.model)] += c.gpu_seconds
+        if int(c.job.job_id) in job_ids:
+            out[(c.user, c.model)] += c.gpu_seconds
+    assert table(src.usage(utc(start), utc(end))) == {k: v for k, v in totals.items() if v}
+    return {k: v for k, v in out.items() if v}
+
+
 def source(slurm: SlurmCluster, **kw) -> SlurmUsageSource:
     kw.setdefault("settle_seconds", 0)
     return SlurmUsageSource(MODELS, env=slurm.env, **kw)
@@ -94,17 +113,17 @@ def test_finished_jobs_give_exact_gpu_seconds_split_at_boundaries(slurm_accounti
     wait_until(t1)
 
     src = source(slurm)
-    whole = table(src.usage(utc(t0), utc(t1)))
+    whole = own(src, jobs, t0, t1)
     assert whole == expected(jobs, times, t0, t1)
     assert whole[("nobody", A6000)] == whole[("nobody", RTX3090)] > 0
     # the same interval again: the same answer
-    assert table(src.usage(utc(t0), utc(t1))) == whole
+    assert own(src, jobs, t0, t1) == whole
 
     # a boundary inside the first job: both halves exact, and they add up
     first_job = next(iter(jobs))
     mid = times[first_job][0] + 1
-    a = table(src.usage(utc(t0), utc(mid)))
-    b = table(src.usage(utc(mid), utc(t1)))
+    a = own(src, jobs, t0, mid)
+    b = own(src, jobs, mid, t1)
     assert a == expected(jobs, times, t0, mid)
     assert b == expected(jobs, times, mid, t1)
     for key, total in whole.items():
@@ -112,16 +131,17 @@ def test_finished_jobs_give_exact_gpu_seconds_split_at_boundaries(slurm_accounti
 
     # sub-second boundaries
     lo, hi = Decimal(mid) + Decimal("0.25"), Decimal(mid) + Decimal("1.5")
-    ms = table(src.usage(utc(float(lo)), utc(float(hi))))
+    ms = own(src, jobs, float(lo), float(hi))
     assert ms == expected(jobs, times, lo, hi)
     assert ms[("root", A6000)] % Decimal("0.25") == 0 and ms[("root", A6000)] != int(ms[("root", A6000)])
 
     # filters
-    assert table(source(slurm, job_name_prefix="gpupool-").usage(utc(t0), utc(t1))) == {
+    assert own(source(slurm, job_name_prefix="gpupool-"), jobs, t0, t1) == {
         ("root", A6000): expected({first_job: jobs[first_job]}, times, t0, t1)[("root", A6000)],
     }
-    only_daemon = table(source(slurm, users=["daemon"]).usage(utc(t0), utc(t1)))
+    only_daemon = own(source(slurm, users=["daemon"]), jobs, t0, t1)
     assert only_daemon == {("daemon", RTX3090): whole[("daemon", RTX3090)]}
+    assert {user for user, _ in table(source(slurm, users=["daemon"]).usage(utc(t0), utc(t1)))} <= {"daemon"}
 
 
 def test_running_job_counts_up_to_the_interval_end(slurm_accounting: SlurmCluster) -> None:
@@ -134,22 +154,22 @@ def test_running_job_counts_up_to_the_interval_end(slurm_accounting: SlurmCluste
     t0, t1 = start - 1, start + 2
     wait_until(start + 4)
     src = source(slurm)
-    assert table(src.usage(utc(t0), utc(t1))) == {("nobody", RTX3090): Decimal(2 * 2)}
+    assert own(src, {job}, t0, t1) == {("nobody", RTX3090): Decimal(2 * 2)}
     # an interval that begins after the job started
-    assert table(src.usage(utc(start + 1), utc(start + 4))) == {("nobody", RTX3090): Decimal(2 * 3)}
+    assert own(src, {job}, start + 1, start + 4) == {("nobody", RTX3090): Decimal(2 * 3)}
     # the comment of a running job comes from slurmctld
-    assert table(source(slurm, comment_prefix="gpupool:").usage(utc(t0), utc(t1))) == {
+    assert own(source(slurm, comment_prefix="gpupool:"), {job}, t0, t1) == {
         ("nobody", RTX3090): Decimal(4)}
     assert source(slurm, comment_prefix="other:").usage(utc(t0), utc(t1)) == []
-    (charge,) = src.charges(utc(t0), utc(t1))
+    (charge,) = [c for c in src.charges(utc(t0), utc(t1)) if int(c.job.job_id) == job]
     assert charge.job.end is None and charge.job.comment == "gpupool:bob"
 
     # after the job ended, the interval still gives the same answer
     slurm.cancel(job)
     slurm.wait_job_done(job)
     slurm.wait_accounted(job)
-    assert table(src.usage(utc(t0), utc(t1))) == {("nobody", RTX3090): Decimal(4)}
-    assert table(source(slurm, comment_prefix="gpupool:").usage(utc(t0), utc(t1))) == {
+    assert own(src, {job}, t0, t1) == {("nobody", RTX3090): Decimal(4)}
+    assert own(source(slurm, comment_prefix="gpupool:"), {job}, t0, t1) == {
         ("nobody", RTX3090): Decimal(4)}
 
 
