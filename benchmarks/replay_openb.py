@@ -26,7 +26,10 @@ Schedulers, each on a fresh ``gpupool_hub.placement.Pool`` with FGD:
                  to waiters, covers the need ahead (else the need over the rate
                  the queue was served lately), the range calibrated on the starts
                  so far and the misses of those still waiting; its history is
-                 the workload's own pods as a past (``past_sessions``); with
+                 the workload's earlier pods (``--past-split``: the first half
+                 of the arrivals are the hub's closed sessions, only the rest
+                 is replayed, so the estimator never sees what it is scored
+                 on); with
                  ``--today``, today's estimate (known ends, else a typical session
                  of 4 h) is scored on the same waiters
 - with ``--variants``, dispatch rules for tuning: ``fifo-backfill`` (arrival
@@ -76,7 +79,7 @@ from gpupool_hub.queue import estimates as eta  # noqa: E402
 from gpupool_hub.placement import ModelUnavailable, NoCapacity, Pool, Request, get_policy, load_nodes  # noqa: E402
 from gpupool_hub.placement.request import normalize_model  # noqa: E402
 from benchmarks.replay_workloads import (DERIVED, TEAMS, NoTimes, Pod, compress, derive,  # noqa: E402
-                                         find_workloads, load_timed_pods, past_sessions, resize)
+                                         find_workloads, load_timed_pods, past_sessions, resize, split_past)
 from gpupool_hub.queue.forecast import Forecast  # noqa: E402
 from gpupool_hub.queue.order import BORROWER, UNDER_QUOTA, FairOrder, Waiter
 from gpupool_hub.queue.dispatch import Dispatch, dispatch, join_behind, reserve_node
@@ -94,7 +97,11 @@ EPOCH = datetime(2026, 1, 1, tzinfo=timezone.utc)
 TARGET_IN_RANGE = 0.80
 TARGET_ERROR_LONG = 0.25  # relative, waits of SHORT_S or more
 TARGET_ERROR_SHORT_S = 60.0  # seconds, shorter waits
-TARGET_P95_RATIO = 0.8
+TARGET_P95_RATIO = 0.8  # judged on the workloads that are not share-heavy (SHARE_HEAVY)
+#: a workload is share-heavy when more than this part of its GPU pods ask for a share of one GPU
+#: (the trace's gpushare40: 56 %, the share variants about 80 %; default 43 %): FIFO already starts
+#: most of them at once there, and the issue judges wait p95 on the other workloads only
+SHARE_HEAVY = 0.5
 TARGET_WALL_S = 120.0
 #: waits a median error needs before its target is judged (a median of three waits is no measure)
 MIN_WAITS = 20
@@ -150,7 +157,7 @@ class Replay:
     """One scheduler over one pod list, in simulated time."""
 
     def __init__(self, nodes: List[dict], pods: List[Pod], scheduler: str, seed: int,
-                 compare_today: bool = True, past: Sequence[Pod] = ()) -> None:
+                 compare_today: bool = True, past: Sequence[Tuple[str, str, float]] = ()) -> None:
         self.pool = Pool(load_nodes(nodes), policy=get_policy("fgd"), seed=seed)
         if scheduler == "project":
             # the hub declares its configured profiles (service/core/pool_inventory.py): here the
@@ -184,7 +191,7 @@ class Replay:
         # With a past, the replay's own ended sessions stay out of it: its arrivals squeeze the
         # trace's weeks into minutes, so they would weigh as much as those weeks, and they are the
         # short ones (what ended so soon)
-        self.history = SessionHistory(past_sessions(past))
+        self.history = SessionHistory(past)
         self.learn = not past
         self.snapshot = SessionHistory()
         self.snapshot_at = -1e18
@@ -479,6 +486,7 @@ def eta_figures(rows: List[Tuple[float, float, float, float]], prefix: str = "et
     acc = accuracy((None if lo == inf else lo, None if mid == inf else mid, None if hi == inf else hi, real)
                        for lo, mid, hi, real in rows)
     return {f"{prefix}in_range": acc.in_range, f"{prefix}median_abs_error": acc.median_error,
+            f"{prefix}no_estimate": sum(1 for _, mid, _, _ in rows if mid == inf),
             f"{prefix}median_abs_error_long": acc.median_error_long,
             f"{prefix}median_abs_error_short_s": acc.median_error_short_s, f"{prefix}estimates": acc.starts,
             f"{prefix}long_estimates": acc.long_starts}
@@ -506,13 +514,14 @@ def figures(res: Result) -> Dict[str, Any]:
 
 #: what each JSON line carries of the project's figures (and FIFO + FGD's p95 and longest wait)
 REPORTED = ("eta_in_range", "eta_median_abs_error", "eta_median_abs_error_long", "eta_median_abs_error_short_s",
-            "eta_estimates", "eta_long_estimates", "wait_p50_s", "wait_p95_s", "wait_p99_s", "wait_max_s",
+            "eta_estimates", "eta_long_estimates", "eta_no_estimate", "wait_p50_s", "wait_p95_s", "wait_p99_s", "wait_max_s",
             "utilization", "fragmentation_loss_gpu_h", "team_share_excess_pt", "today_eta_in_range",
             "today_eta_median_abs_error", "eta_basis")
 
 
-def checks(proj: Dict[str, Any], base: Dict[str, Any]) -> List[Tuple[str, bool, str]]:
-    """The issue's targets for one workload and load: (what, reached, figures)."""
+def checks(proj: Dict[str, Any], base: Dict[str, Any], share_heavy: bool = False) -> List[Tuple[str, bool, str]]:
+    """The issue's targets for one workload and load: (what, reached, figures); wait p95
+    is judged where the workload is not ``share_heavy``."""
     def fig(v: Any, fmt: str) -> str:
         return "-" if v is None else format(v, fmt)
     long_err, short_err = proj["eta_median_abs_error_long"], proj["eta_median_abs_error_short_s"]
@@ -530,11 +539,15 @@ def checks(proj: Dict[str, Any], base: Dict[str, Any]) -> List[Tuple[str, bool, 
          f"{fig(short_err, '.0f')} s (target ≤ {TARGET_ERROR_SHORT_S:.0f} s)"),
         ("no starvation (longest wait ≤ FIFO+FGD's)", proj["wait_max_s"] <= base["wait_max_s"],
          f"{proj['wait_max_s']:.0f} s vs {base['wait_max_s']:.0f} s"),
+        (f"wait p95 ≤ {TARGET_P95_RATIO:g} × FIFO+FGD's (not share-heavy)",
+         share_heavy or proj["wait_p95_s"] <= TARGET_P95_RATIO * base["wait_p95_s"],
+         f"{proj['wait_p95_s']:.0f} s vs {base['wait_p95_s']:.0f} s"
+         + (" (share-heavy: not judged)" if share_heavy else "")),
     ]
 
 
 def replay_one(nodes: List[dict], pods: List[Pod], seed: int, schedulers: Sequence[str],
-               compare_today: bool, past: Sequence[Pod] = ()) -> Dict[str, Dict[str, Any]]:
+               compare_today: bool, past: Sequence[Tuple[str, str, float]] = ()) -> Dict[str, Dict[str, Any]]:
     return {sched: figures(Replay(nodes, pods, sched, seed, compare_today=compare_today, past=past).run())
             for sched in schedulers}
 
@@ -586,8 +599,11 @@ def summarise(lines: List[Dict[str, Any]], skipped: List[Dict[str, Any]], wall: 
             "wait_max_over_fifo_fgd": (max(ratio, key=lambda y: y["max_ratio"]) and {
                 k: max(ratio, key=lambda y: y["max_ratio"])[k] for k in
                 ("max_ratio", "wait_max_s", "fifo_fgd_wait_max_s", "workload", "load", "seed")}) if ratio else None,
-            "wait_p95_over_fifo_fgd": round(max((x["wait_p95_s"] / max(x["fifo_fgd_wait_p95_s"], 1e-9) for x in ran),
-                                                default=0.0), 3),
+            # the worst p95 ratio where it is judged (workloads not share-heavy)
+            "wait_p95_over_fifo_fgd": round(max((x["wait_p95_s"] / max(x["fifo_fgd_wait_p95_s"], 1e-9) for x in ran
+                                                 if not x.get("share_heavy")), default=0.0), 3),
+            "runs_missed": sum(1 for x in ran if not x["targets_reached"]),
+            "eta_no_estimate": sum(x.get("eta_no_estimate") or 0 for x in ran),
             "targets_reached": all(x["targets_reached"] for x in ran),
             "targets_missed": sorted({f"{x['workload']}@{x['load']:g}/{x['seed']}: {m}" for x in ran
                                       for m in x["missed"]}),
@@ -608,12 +624,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="this many GPU pods: a subset, or the trace's plus copies arriving at other pods' times "
                          "(0: the trace's own)")
     ap.add_argument("--seed", type=int, nargs="+", default=[42])
+    ap.add_argument("--past-split", type=float, default=0.5,
+                    help="the first this share of each workload's arrivals are the hub's closed sessions (its "
+                         "history); only the rest is replayed (0: no past, the history is what ends in the replay)")
+    ap.add_argument("--past-leaky", action="store_true",
+                    help="OPTIMISTIC, for comparison only: the history is the replayed pods' own holds (the "
+                         "estimator knows the sessions it is scored on; the rule before issue 50)")
     ap.add_argument("--variants", action="store_true", help=f"also run the dispatch rules {', '.join(VARIANTS)}")
     ap.add_argument("--today", action="store_true",
                     help="also score today's single-point estimate on the same waiters (slower: about +40 %%)")
     ap.add_argument("--no-today", action="store_true", help=argparse.SUPPRESS)  # the default now
     args = ap.parse_args(argv)
     kinds = list(DERIVED) if args.derive == "all" else [k for k in args.derive.split(",") if k]
+    if not 0.0 <= args.past_split < 1.0:
+        ap.error(f"--past-split must be at least 0 and below 1, not {args.past_split:g}")
+    past_of = "leaky (optimistic)" if args.past_leaky else f"split {args.past_split:g}"
     try:
         trace = resolve_trace(args.trace)
     except TraceNotFound as e:
@@ -645,7 +670,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     skipped.append({"workload": wname, "skipped": why})
                     print(json.dumps(skipped[-1]))
                     continue
-                pods0 = resize(pods_w, args.pods or None, random.Random(f"{seed}:{wname}"))
+                if args.past_leaky:  # the replayed pods' own holds: the estimator knows what it is scored on
+                    past, now_pods = past_sessions(pods_w, apart=True), pods_w
+                else:
+                    earlier, now_pods = split_past(pods_w, args.past_split)
+                    past = past_sessions(earlier)
+                pods0 = resize(now_pods, args.pods or None, random.Random(f"{seed}:{wname}"))
                 capacity = sum(n["gpus"]["count"] * 1000 for n in nodes)
                 for load in args.load:
                     try:
@@ -657,19 +687,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                     span_h = (pods[-1].arrive - pods[0].arrive) / 3600
                     print(f"openb time replay: workload {wname}, seed {seed}, {len(nodes)} nodes "
                           f"({capacity // 1000} GPUs), {len(pods)} GPU pods arriving over {span_h:.1f} h, "
-                          f"offered load {load:.0%}")
-                    rows = replay_one(nodes, pods, seed, schedulers, args.today and not args.no_today, past=pods_w)
+                          f"offered load {load:.0%}; past: {past_of}")
+                    rows = replay_one(nodes, pods, seed, schedulers, args.today and not args.no_today, past=past)
                     print_rows(rows)
                     proj, base = rows["project"], rows["fifo-fgd"]
-                    got = checks(proj, base)
+                    share_heavy = sum(1 for p in pods if not p.request.gpus) > SHARE_HEAVY * len(pods)
+                    got = checks(proj, base, share_heavy)
                     run_s = sum(r["wall_s"] for r in rows.values())
                     for what, good, fig in got:
                         print(f"  {'reached' if good else 'NOT REACHED'}: {what}: {fig}")
                     print(f"  wait p95 vs FIFO+FGD: {proj['wait_p95_s']:.0f} s vs {base['wait_p95_s']:.0f} s; "
                           f"replay {run_s:.0f} s for {len(rows)} schedulers (target < {TARGET_WALL_S:.0f} s)")
-                    lines.append({"workload": wname, "load": load, "seed": seed, "nodes": len(nodes),
+                    lines.append({"workload": wname, "load": load, "seed": seed, "nodes": len(nodes), "past": past_of,
                                   "pods": len(pods), **{k: proj.get(k) for k in REPORTED},
                                   "fifo_fgd_wait_p95_s": base["wait_p95_s"], "fifo_fgd_wait_max_s": base["wait_max_s"],
+                                  "share_heavy": share_heavy,
                                   "targets_reached": all(g for _, g, _ in got),
                                   "missed": [w for w, g, _ in got if not g], "wall_s": round(run_s, 1)})
                     print(json.dumps(lines[-1], sort_keys=True))

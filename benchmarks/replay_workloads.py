@@ -168,8 +168,22 @@ def compress(pods: List[Pod], capacity_milli: int, load: float) -> List[Pod]:
                   key=lambda p: p.arrive)
 
 
-def past_sessions(pods: Sequence[Pod]) -> List[Tuple[str, str, float]]:
-    """The closed sessions a hub that ran the workload before would have: each pod's shape and
-    hold, under a user drawn apart from the replay's (a pod's own hold is not among its user's)."""
+def split_past(pods: Sequence[Pod], share: float) -> Tuple[List[Pod], List[Pod]]:
+    """The workload's first ``share`` of arrivals (by creation time), the hub's closed sessions,
+    and the rest, the pods replayed: the estimator never learns from what it is scored on (a
+    hub's 90 days of history are earlier sessions, not the ones it is about to serve)."""
+    if not 0.0 <= share < 1.0:
+        raise ValueError(f"the past's share must be at least 0 and below 1, not {share:g}")
+    ordered = sorted(pods, key=lambda p: (p.arrive, p.name))
+    k = int(round(share * len(ordered)))
+    return ordered[:k], ordered[k:]
+
+
+def past_sessions(pods: Sequence[Pod], apart: bool = False) -> List[Tuple[str, str, float]]:
+    """The closed sessions of ``pods`` as a hub's history: each pod's shape, user and hold.
+
+    ``apart``: under a user drawn apart from the replay's, for the optimistic past made of the
+    replayed pods themselves (``--past-leaky``), where a pod's own hold must at least not be
+    among its own user's sessions."""
     return [(profile_key(p.request.gpus, p.request.gpu_milli),
-             f"u{zlib.crc32(f'past:{p.name}'.encode()) % USERS:02d}", p.hold) for p in pods]
+             f"u{zlib.crc32(f'past:{p.name}'.encode()) % USERS:02d}" if apart else p.user, p.hold) for p in pods]

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.fixtures.processes import communicate_or_kill
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,8 +62,37 @@ def test_replay_runs_every_workload_of_a_folder_and_its_variants(tmp_path):
     skipped = [x for x in lines if "skipped" in x and "summary" not in x]
     assert [x["workload"] for x in skipped] == ["untimed"]
     assert "no creation_time or deletion_time column" in skipped[0]["skipped"]
+    # the honest past by default: the busy list's first half is the hub's history, the rest is replayed
+    assert all(r["past"] == "split 0.5" for r in runs.values())
+    assert runs["busy"]["pods"] == 150
     summary = lines[-1]
     assert summary["summary"] and summary["runs"] == 4 and summary["skipped"] == ["untimed"]
     assert summary["targets_reached"] == (proc.returncode == 0) == all(r["targets_reached"] for r in runs.values())
     for measure in ("eta_in_range", "eta_median_abs_error_long", "eta_median_abs_error_short_s"):
         assert summary[measure]["value"] is None or summary[measure]["workload"] in runs
+
+
+def test_the_past_is_earlier_sessions_never_the_ones_replayed(tmp_path):
+    sys.path.insert(0, str(REPO))
+    from benchmarks.replay_workloads import load_timed_pods, past_sessions, split_past
+
+    tiny_trace(tmp_path)
+    pods = load_timed_pods(tmp_path, "busy")
+    earlier, later = split_past(pods, 0.5)
+    assert len(earlier) == len(later) == 150
+    assert max(p.arrive for p in earlier) <= min(p.arrive for p in later)
+    assert not {p.name for p in earlier} & {p.name for p in later}
+    # the hub's history holds the earlier sessions under their own users
+    assert sorted(u for _, u, _ in past_sessions(earlier)) == sorted(p.user for p in earlier)
+    assert split_past(pods, 0.0) == ([], sorted(pods, key=lambda p: (p.arrive, p.name)))
+    for bad in (1.0, -0.1):
+        with pytest.raises(ValueError, match="below 1"):
+            split_past(pods, bad)
+
+
+def test_a_past_split_out_of_range_is_refused_with_a_clear_error(tmp_path):
+    tiny_trace(tmp_path)
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "replay_openb.py"), "--trace", str(tmp_path),
+                           "--past-split", "1"], capture_output=True, text=True, cwd=tmp_path, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 2 and "--past-split must be at least 0 and below 1, not 1" in proc.stderr
