@@ -21,10 +21,10 @@ Schedulers, each on a fresh ``gpupool_hub.placement.Pool`` with FGD:
 - ``project``    the hub's queue (``queue.order.fair_order`` + ``queue.dispatch.dispatch``:
                  round-robin across users, backfill around a reserved node, old
                  waiters closing their nodes) with the ETA of ``gpupool_hub.queue.estimates``:
-                 the time by which what the held servers of the waiter's models
-                 will free (``eta_forecast``), times the share of frees that went
-                 to waiters, covers the need ahead (else the need over the rate
-                 the queue was served lately), the range calibrated on the starts
+                 the need ahead over the rate the queue was served lately (with
+                 ``--forecast``, issue 41's rule: the time by which what the held
+                 servers of the waiter's models will free covers it), the range
+                 calibrated on the starts
                  so far and the misses of those still waiting; its history is
                  the workload's earlier pods (``--past-split``: the first half
                  of the arrivals are the hub's closed sessions, only the rest
@@ -157,7 +157,8 @@ class Replay:
     """One scheduler over one pod list, in simulated time."""
 
     def __init__(self, nodes: List[dict], pods: List[Pod], scheduler: str, seed: int,
-                 compare_today: bool = True, past: Sequence[Tuple[str, str, float]] = ()) -> None:
+                 compare_today: bool = True, past: Sequence[Tuple[str, str, float]] = (),
+                 use_forecast: bool = False) -> None:
         self.pool = Pool(load_nodes(nodes), policy=get_policy("fgd"), seed=seed)
         if scheduler == "project":
             # the hub declares its configured profiles (service/core/pool_inventory.py): here the
@@ -177,6 +178,7 @@ class Replay:
         self.team_waiting = [0] * TEAMS
         self.wanted: Dict[Optional[str], int] = {}  # model (None: any) -> waiters that can use it
         self.reservation: Optional[Tuple[str, str]] = None
+        self.drained: frozenset = frozenset()  # nodes drained for old waiters of several GPUs, kept between passes
         self.last_pass: Optional[Dispatch] = None  # the last full dispatch pass (backfill schedulers)
         self.settled = True  # no release since the last full dispatch pass
         self.held: Dict[str, Tuple[Pod, float, Any]] = {}  # pod name -> (pod, start, placement)
@@ -206,6 +208,7 @@ class Replay:
         self.curves: Dict[Any, Any] = {}
         self.running: List[eta.Running] = []
         self.forecast: Optional[Forecast] = None
+        self.use_forecast = use_forecast  # issue 41's forecast of what frees, for comparison (--forecast)
         self.releases: List[ExpectedRelease] = []
         self.res = Result(scheduler, capacity=self.cap)
         self.order_kept: Optional[Tuple[Optional[str], FairOrder]] = None  # (head, the fair order) while valid
@@ -267,12 +270,12 @@ class Replay:
     def dispatch(self) -> None:
         self.settled = True
         if not self.waiting:
-            self.reservation = None
+            self.reservation, self.drained = None, frozenset()
             return
         order = self.ordered()
         if self.backfill:
-            d = dispatch(self.pool, order, lambda w: w.id, self.reservation, now=self.clock())
-            self.reservation = d.reservation
+            d = dispatch(self.pool, order, lambda w: w.id, self.reservation, now=self.clock(), drained=self.drained)
+            self.reservation, self.drained = d.reservation, d.drained
             self.last_pass = d
             for w, placement in d.placed:
                 self.start(self.unwait(w.id), placement, reserved=True)
@@ -395,7 +398,7 @@ class Replay:
                                         profile_key(pod.request.gpus, pod.request.gpu_milli), pod.user,
                                         self.now - started)
                             for pod, started, placement in self.held.values() if placement.gpus]
-            self.forecast = Forecast(self.running, self.snapshot)
+            self.forecast = Forecast(self.running, self.snapshot) if self.use_forecast else None
         # everyone queued was just dispatched and did not fit: what the pool shows free is of no
         # use to them (scattered over nodes, or short of CPU or memory)
         kept = self.order_kept[1] if self.fair and self.order_kept is not None else None
@@ -547,8 +550,10 @@ def checks(proj: Dict[str, Any], base: Dict[str, Any], share_heavy: bool = False
 
 
 def replay_one(nodes: List[dict], pods: List[Pod], seed: int, schedulers: Sequence[str],
-               compare_today: bool, past: Sequence[Tuple[str, str, float]] = ()) -> Dict[str, Dict[str, Any]]:
-    return {sched: figures(Replay(nodes, pods, sched, seed, compare_today=compare_today, past=past).run())
+               compare_today: bool, past: Sequence[Tuple[str, str, float]] = (),
+               use_forecast: bool = False) -> Dict[str, Dict[str, Any]]:
+    return {sched: figures(Replay(nodes, pods, sched, seed, compare_today=compare_today, past=past,
+                                  use_forecast=use_forecast).run())
             for sched in schedulers}
 
 
@@ -630,6 +635,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--past-leaky", action="store_true",
                     help="OPTIMISTIC, for comparison only: the history is the replayed pods' own holds (the "
                          "estimator knows the sessions it is scored on; the rule before issue 50)")
+    ap.add_argument("--forecast", action="store_true",
+                    help="point estimates from issue 41's forecast of what the pool frees (queue.forecast) "
+                         "instead of the rate the queue was served, as the service did before issue 50")
     ap.add_argument("--variants", action="store_true", help=f"also run the dispatch rules {', '.join(VARIANTS)}")
     ap.add_argument("--today", action="store_true",
                     help="also score today's single-point estimate on the same waiters (slower: about +40 %%)")
@@ -688,7 +696,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     print(f"openb time replay: workload {wname}, seed {seed}, {len(nodes)} nodes "
                           f"({capacity // 1000} GPUs), {len(pods)} GPU pods arriving over {span_h:.1f} h, "
                           f"offered load {load:.0%}; past: {past_of}")
-                    rows = replay_one(nodes, pods, seed, schedulers, args.today and not args.no_today, past=past)
+                    rows = replay_one(nodes, pods, seed, schedulers, args.today and not args.no_today, past=past,
+                                      use_forecast=args.forecast)
                     print_rows(rows)
                     proj, base = rows["project"], rows["fifo-fgd"]
                     share_heavy = sum(1 for p in pods if not p.request.gpus) > SHARE_HEAVY * len(pods)

@@ -31,6 +31,20 @@ of it in the order or not (:func:`dispatch`): those start elsewhere, where GPUs 
 all the time; waiters that fit only the kept nodes take them in order. Placement
 does the same before anyone waits (:mod:`.placement.scarce`: scarce nodes last).
 
+A request of several whole GPUs that fits more nodes than that budget is starved
+another way: it starts only where that many GPUs of one node are free at once,
+GPUs free one at a time all over the pool, and backfill gives each to the next
+small waiter. Slurm's backfill answers with a guarantee: no later job may delay
+the start reserved for the queue's head. Notebook servers have no time limit,
+so here the guarantee is a *drained* node: each old waiter of several GPUs that
+does not fit has nodes of its own drained (:data:`DRAIN_NODES`; those that lack
+least for it now), kept from pass to pass (``drained``), and takes the first
+of them to empty. Only waiters of
+several GPUs start on a drained node, in queue order: each one that does not fit
+closes the drained nodes it could use to those after it. So the oldest starts at
+the latest when the servers its node held have ended, whatever starts elsewhere.
+Drained and closed nodes together stay within the same budget.
+
 Dispatch after a release is cheap: waiters whose request shape already failed
 in this pass are skipped without looking at the pool again.
 """
@@ -48,6 +62,7 @@ from ..placement.errors import ModelUnavailable, NoCapacity
 from ..placement.request import MILLI, Request, model_allowed
 from ..placement.scarce import fits_empty
 from ..placement.state import Placement, Pool
+from .drains import DRAIN_NODES, drain_nodes, needs_drain
 from .order import RESERVE_AFTER, Waiter
 
 
@@ -69,6 +84,8 @@ class Dispatch:
     #: when the next waiter becomes old (None: none will): until then a new pass would close the
     #: same nodes, so :func:`join_behind` may stand in for it
     until: datetime | None = None
+    #: nodes drained for old waiters of several GPUs (:func:`needs_drain`): pass them to the next pass
+    drained: frozenset[str] = frozenset()
 
     def closed_to(self, priority: int) -> frozenset[str]:
         """The nodes a newcomer of class ``priority`` may not start on (it joins behind every
@@ -143,7 +160,8 @@ def reserve_node(pool: Pool, req: Request, avoid: frozenset[str] = frozenset()) 
 
 def dispatch(pool: Pool, ordered: Sequence[Waiter], new_id: Callable[[Waiter], str],
              reservation: tuple[str, str] | None = None, *, now: datetime | None = None,
-             reserve_after: timedelta = RESERVE_AFTER, close_at_most: float = CLOSE_AT_MOST) -> Dispatch:
+             reserve_after: timedelta = RESERVE_AFTER, close_at_most: float = CLOSE_AT_MOST,
+             drained: frozenset[str] = frozenset()) -> Dispatch:
     """Place waiters in ``ordered`` order; the first that does not fit holds a node, and
     every old waiter that does not fit closes the nodes it could use.
 
@@ -175,10 +193,17 @@ def dispatch(pool: Pool, ordered: Sequence[Waiter], new_id: Callable[[Waiter], s
     Without ``now`` nobody is old and nothing is kept: one reserved node, as before. ``until`` in the answer
     is when the next waiter becomes old (a pass then may close more nodes).
 
+    With ``now``, also, each old waiter of several whole GPUs (:func:`needs_drain`) that does
+    not fit and whose nodes were too many to close has ``DRAIN_NODES`` nodes drained for it
+    (:func:`drain_nodes`), within the same budget; ``drained`` is the previous pass's
+    (``Dispatch.drained``): those a waiter of several GPUs still could use stay drained, so
+    the node that drains is the one emptied so far. Only such waiters start on drained nodes,
+    in order; one that does not fit closes the drained nodes it could use to those after it.
+
     Placements are made in ``pool`` under ``new_id(waiter)``; the caller records
     or releases them.
     """
-    return _Pass(pool, ordered, new_id, reservation, now, reserve_after, close_at_most).run()
+    return _Pass(pool, ordered, new_id, reservation, now, reserve_after, close_at_most, drained).run()
 
 
 class _Pass:
@@ -191,11 +216,12 @@ class _Pass:
 
     __slots__ = ("pool", "ordered", "new_id", "reservation", "reserve_after", "old_before", "placed", "held",
                  "head", "closed", "avoid", "closed_by_class", "claimed", "everything", "budget", "claims",
-                 "fits", "kept", "youngest", "started", "union_of", "shortcuts")
+                 "fits", "kept", "youngest", "started", "union_of", "shortcuts", "drained", "drain_waiters",
+                 "undrained")
 
     def __init__(self, pool: Pool, ordered: Sequence[Waiter], new_id: Callable[[Waiter], str],
                  reservation: tuple[str, str] | None, now: datetime | None, reserve_after: timedelta,
-                 close_at_most: float) -> None:
+                 close_at_most: float, drained: frozenset[str] = frozenset()) -> None:
         self.pool, self.ordered, self.new_id, self.reservation = pool, ordered, new_id, reservation
         self.reserve_after = reserve_after
         self.old_before = now - reserve_after if now is not None else None
@@ -219,10 +245,20 @@ class _Pass:
         # per side: the shapes that fit nowhere outside the closed nodes, and per kind of request the
         # (GPUs or share, CPU, memory) of those that found no node: one asking at least as much of
         # each finds none either, since a pass only takes capacity and closes nodes. Waiters that
-        # fit only on kept nodes ("inside") take them in order; their failures say nothing of the
-        # others' (kept nodes closed) and the other way round
-        self.shortcuts: dict[bool, tuple[set[tuple[Any, ...]], dict[Any, list[tuple[int, int, int]]]]] = \
-            {False: (set(), {}), True: (set(), {})}
+        # fit only on kept nodes ("inside") take them in order, and waiters of several GPUs may take
+        # drained nodes ("drains"); their failures say nothing of the others' and the other way round
+        self.shortcuts: dict[tuple[bool, bool], tuple[set[tuple[Any, ...]], dict[Any, list[tuple[int, int, int]]]]] = \
+            {(i, d): (set(), {}) for i in (False, True) for d in (False, True)}
+        # the previous pass's drained nodes that a waiter of several GPUs could still use
+        wanted: set[str] = set()
+        if drained and now is not None:
+            for w, mine in zip(ordered, self.fits):
+                if needs_drain(w):
+                    wanted |= mine & drained
+        self.drained: frozenset[str] = frozenset(wanted)
+        self.drain_waiters = 0  # waiters of several GPUs that did not fit, so far in the pass
+        # closed nodes with the drained ones, for waiters that may not start there: (closed, drained, union)
+        self.undrained = (self.avoid, self.drained, self.avoid | self.drained)
 
     def run(self) -> Dispatch:
         # the per-waiter checks stay inline (a pass looks at thousands of waiters, most of them skipped
@@ -242,7 +278,8 @@ class _Pass:
                 continue  # every node is closed: no one else starts in this pass
             kind, need = w.size
             inside = bool(self.kept) and mine <= self.kept
-            failed, short = shortcuts[inside]
+            drains = bool(self.drained) and needs_drain(w)  # it may start on a drained node
+            failed, short = shortcuts[(inside, drains)]
             blocked = False
             if kind is not None and kind in short:  # asks at least as much of each as one that found no node
                 a0, c0, m0 = need
@@ -250,18 +287,24 @@ class _Pass:
                     if a0 >= a and c0 >= c and m0 >= m:
                         blocked = True
                         break
-            if not blocked and not (failed and w.shape in failed) and self._place(w, inside, failed, short):
+            if not blocked and not (failed and w.shape in failed) and self._place(w, inside, failed, short, drains):
                 continue
             if old and id(mine) not in self.claimed:  # it waits: nobody after it starts where it could
                 self._close(mine)
+            if old and not mine <= closed and needs_drain(w):  # too many nodes to close: some drain for it
+                self._drain(w, mine)
         if cls is not None:
             self.closed_by_class[cls] = self.avoid
         return self._answer()
 
     def _place(self, w: Waiter, inside: bool, failed: set[tuple[Any, ...]],
-               short: dict[Any, list[tuple[int, int, int]]]) -> bool:
+               short: dict[Any, list[tuple[int, int, int]]], drains: bool = False) -> bool:
         """Place ``w`` off the closed nodes (True), or note why it waits (False)."""
         off = self._off(inside)
+        if self.drained and not drains:
+            if self.undrained[0] is not off or self.undrained[1] is not self.drained:
+                self.undrained = (off, self.drained, off | self.drained)
+            off = self.undrained[2]
         r = w.request
         cands = self.pool.candidates(r)
         if not (any(c.name not in off for c in cands) if off else cands):
@@ -273,6 +316,8 @@ class _Pass:
             failed.add(w.shape)
             return False
         self.placed.append((w, placement))
+        if drains and placement.node in self.drained:  # drained for it (or one after it): it took the node
+            self.drained = self.drained - {placement.node}
         if inside:  # the nodes it kept are for those still waiting, not for it any more
             self.started.add(w.id)
             self.kept = _kept(self.pool, self.ordered, self.budget, self.started, self.fits)
@@ -294,7 +339,7 @@ class _Pass:
             if self.reservation is not None and self.reservation[0] == w.id:
                 self.held = self.reservation[1]
             else:
-                self.held = reserve_node(self.pool, w.request, frozenset() if inside else self.kept)
+                self.held = reserve_node(self.pool, w.request, frozenset() if inside else self.kept | self.drained)
             if self.held is not None and self.held not in self.closed:
                 self.closed.add(self.held)
                 self.avoid = frozenset(self.closed)
@@ -314,13 +359,31 @@ class _Pass:
             self.closed |= mine
             self.avoid = frozenset(self.closed)
 
+    def _drain(self, w: Waiter, mine: frozenset[str]) -> None:
+        """Old waiter ``w`` of several GPUs did not fit: the nodes drained for it, and for those like
+        it ahead (``DRAIN_NODES`` each, within the budget), are closed to everyone after it."""
+        self.drain_waiters += 1
+        have = self.drained & mine
+        head = 1 if self.held is not None and self.held in mine else 0  # the head's node drains for the head
+        room = int(self.budget) - len(self.claims | self.drained)
+        want = min(DRAIN_NODES * self.drain_waiters - len(have) - head, room)
+        if want > 0:
+            got = drain_nodes(self.pool, w.request, mine, self.closed | self.drained | self.kept, want)
+            self.drained |= got
+            have |= got
+        if not have <= self.closed:
+            self.closed |= have
+            self.avoid = frozenset(self.closed)
+
     def _answer(self) -> Dispatch:
         closed_by_class = self.closed_by_class
-        if self.kept:  # a newcomer that fits elsewhere starts elsewhere (one that fits only there: at the next pass)
-            closed_by_class = {c: nodes | self.kept for c, nodes in closed_by_class.items()}
+        off = self.kept | self.drained
+        if off:  # a newcomer that fits elsewhere starts elsewhere (one that fits only there: at the next pass);
+            # a newcomer of several GPUs is young: the drained nodes are for the old ones
+            closed_by_class = {c: nodes | off for c, nodes in closed_by_class.items()}
         until = self.youngest + self.reserve_after if self.youngest is not None else None
         reservation = (self.head.id, self.held) if self.head is not None and self.held is not None else None
-        return Dispatch(self.placed, reservation, closed_by_class, until)
+        return Dispatch(self.placed, reservation, closed_by_class, until, self.drained)
 
 
 def _kept(pool: Pool, ordered: Sequence[Waiter], budget: float, started: set[str] | frozenset[str] = frozenset(),

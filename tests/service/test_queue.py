@@ -491,3 +491,45 @@ def test_a_retry_sees_the_place_change_when_an_earlier_waiter_turns_old(tmp_path
     clock.advance(35)  # alice has waited 125 s, bob 65 s
     assert queued(m, "bob").details["position"] == 3
     assert queued(m, "alice", server="b").details["position"] == 2
+
+
+FOUR_PAIRS = [{"name": f"node-{n}", "cpu_milli": 32000, "memory_mib": 131072,
+               "gpus": [{"index": i, "uuid": f"GPU-{n}{i}", "model": R3090} for i in range(2)]}
+              for n in "abcd"]
+
+
+def test_an_old_waiter_of_several_gpus_gets_a_drained_node_that_no_newcomer_takes(tmp_path):
+    """carol and erin each want 2 GPUs, which every node has: too many nodes for a waiter to
+    close (at most a quarter of the pool, queue.dispatch.CLOSE_AT_MOST). carol is the head and
+    holds a node; once erin has waited, another node is drained for her (queue.drains; the
+    budget allows one here). A GPU frees there: frank and dave, 1-GPU waiters, would have
+    backfilled onto it before issue 50 (and erin then waited for their servers to stop); they
+    stay queued; when the node's second GPU frees, carol, the oldest of the two, starts on it and
+    erin becomes the head on carol's node. The admin queue report names the drained node."""
+    clock = Clock()
+    m = manager(tmp_path, FOUR_PAIRS, clock=clock)
+    held = [admit(m, f"user{i}") for i in range(8)]
+    queued(m, "carol", gpus=2)
+    clock.advance(10)
+    queued(m, "erin", gpus=2)
+    for _ in range(5):  # 150 s: both have waited past RESERVE_AFTER; their spawners retry meanwhile
+        clock.advance(30)
+        queued(m, "carol", gpus=2)
+        queued(m, "erin", gpus=2)
+    queued(m, "frank")  # a join: a dispatch pass, now that both are old
+    reserved = m.queue.order.reservation
+    assert reserved is not None
+    (drained,) = m.queue.order.drained
+    assert drained != reserved[1]
+    assert m.queue.reports.report()["drained_nodes"] == [drained]
+    on_drained = [a for a in held if a.node == drained]
+    m.admission.release(on_drained[0].id, "stopped")
+    queued(m, "dave")  # one GPU is free on the drained node, and it is neither his nor frank's
+    queued(m, "frank")
+    assert m.queue.order.drained == {drained}
+    m.admission.release(on_drained[1].id, "stopped")
+    # the drained node is for the waiters of several GPUs in order: carol, the oldest, starts there
+    assert admit(m, "carol", gpus=2).node == drained
+    head, node = m.queue.order.reservation  # erin is the head now, on the node held for carol
+    assert m.queue.entries[("erin", "")].waiter.id == head and node == reserved[1]
+    queued(m, "erin", gpus=2)

@@ -198,7 +198,7 @@ def test_too_few_past_starts_leave_the_models_own_range(tmp_path):
 
 def test_freed_gpus_are_weighed_against_what_went_to_waiters(tmp_path):
     # every GPU a holder frees goes to the next waiter on his retry: the estimates learn that all
-    # of what frees serves the queue (the forecast of what frees then sets the wait)
+    # of what frees serves the queue
     clock = Clock()
     m = manager(tmp_path, clock=clock)
     past_sessions(m, clock)

@@ -310,8 +310,9 @@ class WaitQueue:
         now = self.clock()
         head = self.order.head()
         fair = FairOrder.of((e.waiter for e in waiting), head, self.order.running(self.entries.values()), now=now)
-        d = dispatch(self.pool, fair.waiters, lambda w: w.id, self.order.reservation, now=now)
-        self.order.reserve(d.reservation)
+        d = dispatch(self.pool, fair.waiters, lambda w: w.id, self.order.reservation, now=now,
+                     drained=self.order.drained)
+        self.order.reserve(d.reservation, d.drained)
         placed = []
         for w, placement in d.placed:
             entry = by_id[w.id]

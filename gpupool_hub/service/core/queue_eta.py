@@ -20,7 +20,6 @@ from typing import Any, Protocol
 
 from ...queue import estimates as eta_rules
 from ...config import GPUPool
-from ...queue.forecast import Forecast
 from ...ledger import AllocationRecord, Ledger
 from ...placement.request import normalize_model
 from ...timefmt import iso
@@ -93,7 +92,6 @@ class QueueEstimates:
         # (when read, held allocations, each one's known end, those ends sorted: fallback_source)
         self._held: tuple[float, list[AllocationRecord], dict[str, datetime], list[datetime]] | None = None
         self._curve_cache: tuple[list[AllocationRecord], SessionHistory, dict[Any, Any]] | None = None
-        self._forecast: tuple[list[AllocationRecord], SessionHistory, Forecast] | None = None
         self._calibration: tuple[float, Calibration] | None = None
         self.served = Drain()  # the GPU share started from the queue lately (for the ranges)
         self.joins = Arrivals()  # who joined lately (those the fair order puts ahead of a waiter)
@@ -234,12 +232,13 @@ class QueueEstimates:
             history = self.history()
             fair = self.order.fair()
             overtaking = Overtaking(fair, self.joins.rates(stamp), self.order.held_by_user)
-            rates = self.served.rates(stamp)  # without a measured rate no forecast is asked: none is built
+            # the need ahead over the rate the queue was served (the forecast of what frees,
+            # issue 41, was 2-3x too long for short waits once the past was the hub's earlier
+            # sessions rather than the replayed ones: docs/eta.md, "An honest past")
             out = eta_rules.estimate_ranges(fair.waiters + ([extra] if extra else []), {},
                                             self._held_for_estimates(now), history, now, curves=self._curves(history),
                                             only=extra.id if extra else only, calibration=self.calibration(),
-                                            drain=rates, overtaking=overtaking,
-                                            forecast=self.forecast(history, now) if rates is not None else None)
+                                            drain=self.served.rates(stamp), overtaking=overtaking)
             if extra is not None or only is not None:
                 return out
             self._ranges = (stamp, out)
@@ -263,15 +262,6 @@ class QueueEstimates:
         if cache is None or cache[0] is not held or cache[1] is not history:
             cache = self._curve_cache = (held, history, {})
         return cache[2]
-
-    def forecast(self, history: SessionHistory, now: datetime) -> Forecast:
-        """What the held allocations will free as they age (and those started on it after them),
-        kept while the held allocations and the history are, like the release curves."""
-        held, _ = self.held_ends()
-        kept = self._forecast
-        if kept is None or kept[0] is not held or kept[1] is not history:
-            kept = self._forecast = (held, history, Forecast(self._held_for_estimates(now), history))
-        return kept[2]
 
     def range_of(self, entry_id: str, eta: datetime | None) -> eta_rules.Estimate:
         """The entry's range from history, else today's estimate as a point (``basis`` "fallback",

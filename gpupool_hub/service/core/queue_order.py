@@ -36,6 +36,7 @@ class FairQueueOrder:
         self.entries = entries
         self.clock = clock
         self.reservation: tuple[str, str] | None = None  # (head entry id, node held for it)
+        self.drained: frozenset[str] = frozenset()  # nodes drained for old waiters of several GPUs
         # GPU servers each user holds (ledger allocations), counted at each dispatch: a user's
         # running servers take earlier rounds of the round-robin order (queue.order.fair_order)
         self.held_by_user: dict[str, int] = {}
@@ -44,9 +45,11 @@ class FairQueueOrder:
 
     # ------------------------------------------------ what the queue tells it
 
-    def reserve(self, reservation: tuple[str, str] | None) -> None:
-        """Dispatch's reservation: its entry is the head, first in the order."""
+    def reserve(self, reservation: tuple[str, str] | None, drained: frozenset[str] = frozenset()) -> None:
+        """Dispatch's reservation (its entry is the head, first in the order) and the nodes it
+        drains for old waiters of several GPUs, for the next pass."""
         self.reservation = reservation
+        self.drained = drained
 
     def count_held(self, held_by_user: dict[str, int]) -> None:
         """The GPU servers each user holds, as the ledger counts them (at each dispatch)."""

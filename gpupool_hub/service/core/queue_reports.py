@@ -80,7 +80,8 @@ class QueueReports:
         rows, _ = self.first_waiting(None)
         reserved = self.order.reservation
         return {"waiting": rows, "length": self.order.waiting_count(),
-                "reserved_node": reserved[1] if reserved else None, "accuracy": self.eta.accuracy()}
+                "reserved_node": reserved[1] if reserved else None, "drained_nodes": sorted(self.order.drained),
+                "accuracy": self.eta.accuracy()}
 
     @writes
     def first_waiting(self, count: int | None) -> tuple[list[dict[str, Any]], int]:
