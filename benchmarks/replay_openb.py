@@ -66,6 +66,7 @@ import json
 import random
 import sys
 import time
+from functools import partial
 from operator import attrgetter, itemgetter
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -83,6 +84,7 @@ from benchmarks.replay_workloads import (DERIVED, TEAMS, NoTimes, Pod, compress,
 from gpupool_hub.queue.forecast import Forecast  # noqa: E402
 from gpupool_hub.queue.order import BORROWER, UNDER_QUOTA, FairOrder, Waiter
 from gpupool_hub.queue.dispatch import Dispatch, dispatch, join_behind, reserve_node
+from gpupool_hub.queue.drains import node_gpus
 from gpupool_hub.queue.starts import ExpectedRelease, estimate_starts
 from gpupool_hub.queue.calibration import Calibration, calibration_class
 from gpupool_hub.queue.flow import Arrivals, Drain, Overtaking
@@ -313,7 +315,8 @@ class Replay:
         else:
             self.dispatch()
         if pod.name in self.waiting and self.kind == "project":
-            self.joined.add(self.now, pod.user, pod.request.total_gpu_milli)  # it waits (as the service counts)
+            # it waits (as the service counts), for so many GPUs of one node
+            self.joined.add(self.now, pod.user, pod.request.total_gpu_milli, node_gpus(self.waiting[pod.name][1]))
             self.estimate(pod.name)
 
     def start(self, pod: Pod, placement: Any, reserved: bool = False) -> None:
@@ -402,7 +405,8 @@ class Replay:
         # everyone queued was just dispatched and did not fit: what the pool shows free is of no
         # use to them (scattered over nodes, or short of CPU or memory)
         kept = self.order_kept[1] if self.fair and self.order_kept is not None else None
-        overtaking = Overtaking(kept, self.joined.rates(self.now), self.held_by_user) if kept else None
+        overtaking = Overtaking(kept, self.joined.rates(self.now), self.held_by_user,
+                                partial(self.joined.rates, self.now)) if kept else None
         return eta.estimate_ranges(order, {}, self.running, self.snapshot, now, curves=self.curves,
                                    only=name, calibration=self.calibration, overtaking=overtaking,
                                    drain=self.served.rates(self.now), forecast=self.forecast).get(name)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -233,7 +235,10 @@ def test_calibration_per_model_set_once_it_has_enough() -> None:
     pooled = cal.scale(60.0, 0.5, a6000)
     cal.add(60.0, 600.0, a6000)
     assert cal.scale(60.0, 0.5, a6000) == pytest.approx(600.0) and pooled < 600.0
-    assert cal.scale(60.0, 0.5, calibration_class(Request(gpu_milli=500))) == pytest.approx(cal.scale(60.0, 0.5))
+    # a share waiter with no record of its own: its side's (a GPU or less: the A6000 waiters here)
+    assert cal.scale(60.0, 0.5, calibration_class(Request(gpu_milli=500))) == pytest.approx(600.0)
+    # a waiter of several GPUs waits for a node to empty: never scaled by the other side's alone
+    assert cal.scale(60.0, 0.5, calibration_class(Request(gpus=4))) < 600.0
 
 
 def test_a_shown_range_does_not_flip_back_and_forth() -> None:
@@ -335,6 +340,34 @@ def test_later_arrivals_the_round_robin_puts_ahead_lengthen_the_wait() -> None:
     assert est.model_s == pytest.approx(8000 / 15, rel=0.01)
 
 
+def test_joins_of_several_gpus_do_not_pass_a_waiter_of_one() -> None:
+    # As above, but ann joins asking for eight GPUs of one node each time: backfill starts dan's
+    # third on any GPU that frees while her servers wait for a node to empty (and the nodes
+    # drained for them are closed to his), so only bob's and eve's joins lengthen his wait.
+    # Were dan's third a waiter of eight, all of them would: bob's and eve's take what frees
+    # before a node is whole.
+    from gpupool_hub.queue.order import FairOrder
+
+    def overtaking_of_d3(gpus: int) -> tuple[float, float]:
+        def w(wid: str, user: str, seconds: int, n: int = 1) -> Waiter:
+            return Waiter(id=wid, user=user, server=wid, request=Request(gpus=n, models=frozenset({A100})),
+                          since=NOW + timedelta(seconds=seconds))
+        order = FairOrder.of([w("a1", "ann", 1, 8), w("b1", "bob", 2), w("d1", "dan", 0), w("d2", "dan", 3),
+                              w("d3", "dan", 4, gpus), w("e1", "eve", 5)])
+        joins = Arrivals()
+        for k in range(10):
+            joins.add(60.0 * k, "ann", 8000, size=8)
+            joins.add(60.0 * k + 1, "bob", 1000)
+        joins.add(599.0, "eve", 1000)
+        d3 = next(x for x in order.waiters if x.id == "d3")
+        sized = Overtaking(order, joins.rates(600.0), {}, partial(joins.rates, 600.0))
+        return sized.ahead(d3, 60.0), Overtaking(order, joins.rates(600.0), {}).ahead(d3, 60.0)
+    sized, blind = overtaking_of_d3(1)
+    assert sized == pytest.approx(1100)  # bob's next and a tenth of eve's
+    assert blind == pytest.approx(8000 + 1100)  # ann's eight counted as if they took his GPU
+    assert overtaking_of_d3(8) == pytest.approx((8000 + 1100, 8000 + 1100))
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_those_joining_ahead_add_up_user_by_user_in_a_queue_of_thousands(seed: int) -> None:
     # The rule of the example above, per user: a user whose next server's round is below the
@@ -363,3 +396,18 @@ def test_those_joining_ahead_add_up_user_by_user_in_a_queue_of_thousands(seed: i
                        for u, (per_s, milli) in rates.items()
                        if u != w.user and mine > order.next_round.get(klass, {}).get(u, running.get(u, 0)))
         assert overtaking.ahead(w, seconds) == pytest.approx(expected, rel=1e-9, abs=1e-6)
+
+
+def test_waiters_still_waiting_widen_the_range_but_the_point_estimate_comes_from_starts() -> None:
+    # 50 waiters of eight GPUs started within their estimates; a hundred more have waited ten
+    # hours past estimates of a minute and still wait. The range's top counts them, so it says
+    # they may wait that long; the point estimate is what the waiters who started took, not a
+    # day: before issue 50 the hundred lower bounds moved the median too (the replay's
+    # default+multi at load 1.3: a median error of 1,300 % for waits of 5 minutes or more).
+    eight = calibration_class(Request(gpus=8))
+    cal = Calibration([(60.0, 60.0, eight)] * MIN_CALIBRATION)
+    cal.waiting([(60.0, 36000.0, eight)] * 100)
+    low, mid, high = cal.scales(60.0, (0.05, 0.5, 0.95), eight, point=1)
+    assert mid == pytest.approx(60.0)
+    assert high == pytest.approx(36000.0)
+    assert cal.scales(60.0, (0.05, 0.5, 0.95), eight)[1] == pytest.approx(36000.0)  # as before, without point

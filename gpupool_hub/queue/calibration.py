@@ -42,6 +42,7 @@ class Calibration:
         self.ratios: deque[float] = deque(maxlen=CALIBRATION_SPAN)
         self.by_key: dict[Any, deque[float]] = {}
         self._sorted: dict[Any, list[float]] = {}
+        self._started: dict[Any, list[float]] = {}  # the same, of the started waiters alone
         # lower bounds of the misses of waiters still waiting past their estimate (:meth:`waiting`)
         self.open: dict[Any, list[float]] = {}
         for pair in pairs:
@@ -56,11 +57,18 @@ class Calibration:
     @staticmethod
     def _keys(model_s: float, klass: Any) -> tuple[Any, ...]:
         """From the most to the least specific: the waiter's class (:func:`calibration_class`)
-        with estimates of about this size, its shape with them, any with them, its class."""
+        with estimates of about this size, its shape with them, any of its side with them (several
+        whole GPUs or not), its class, its side.
+
+        Why the sides stay apart: a waiter of several GPUs waits for a node to empty, the others
+        for any GPU; where most waiters were of several GPUs (the replay's ``default+multi``) their
+        misses, hours past estimates of minutes, scaled the few shares' ranges to a day for waits
+        of a minute."""
         bucket = Calibration._bucket(model_s)
         if klass == "":
             return (("", bucket),)
-        return ((klass, bucket), (klass[1], bucket), ("", bucket), klass)
+        side = "several" if klass[1] == "multi" else "few"
+        return ((klass, bucket), (klass[1], bucket), (side, bucket), klass, side)
 
     def add(self, model_s: float, real_s: float, klass: Any = "") -> None:
         """``klass``: the waiter's :func:`calibration_class` ("": not known)."""
@@ -68,7 +76,7 @@ class Calibration:
         self.ratios.append(ratio)
         for key in self._keys(model_s, klass):
             self.by_key.setdefault(key, deque(maxlen=CALIBRATION_SPAN)).append(ratio)
-        self._sorted = {}
+        self._sorted, self._started = {}, {}
 
     def waiting(self, rows: Iterable[tuple[float, float, Any]]) -> None:
         """Waiters still waiting: (the model's estimate, seconds waited so far, class).
@@ -83,9 +91,10 @@ class Calibration:
                         for model_s, waited, klass in rows if waited > model_s)[-CALIBRATION_SPAN:]
         self.open = {}
         for ratio, model_s, klass in bounds:
-            for key in (*self._keys(model_s, klass), ""):
+            keys = self._keys(model_s, klass)
+            for key in keys if len(keys) > 1 else (*keys, ""):
                 self.open.setdefault(key, []).append(ratio)
-        self._sorted = {}
+        self._sorted, self._started = {}, {}
 
     @property
     def enough(self) -> bool:
@@ -96,10 +105,17 @@ class Calibration:
         of the most alike waiters there are enough of (:meth:`_keys`), else of all."""
         return self.scales(model_s, (q,), klass)[0]
 
-    def scales(self, model_s: float, qs: Sequence[float], klass: Any = "", centred: bool = False) -> list[float]:
+    def scales(self, model_s: float, qs: Sequence[float], klass: Any = "", centred: bool = False,
+               point: int | None = None) -> list[float]:
         """:meth:`scale` at each of ``qs`` (the misses looked up once: a queue of thousands
         asks for three quantiles of each waiter every few seconds). ``centred``: the misses set
-        the width around the model's estimate, not where it lies (their median counts as 1)."""
+        the width around the model's estimate, not where it lies (their median counts as 1).
+
+        ``point``: the index in ``qs`` of the point estimate, read from the waiters that started
+        alone. Why: those still waiting past their estimate (:meth:`waiting`) are lower bounds;
+        they widen the range as they should, but where thousands wait for hours (waiters of
+        eight GPUs at load 1.3 in the replay) the hundred longest of them moved the median as
+        well, and estimates of a few minutes became a day."""
         key = next((k for k in self._keys(model_s, klass)
                     if len(self.by_key.get(k, ())) >= MIN_CALIBRATION), "")
         got = self._sorted.get(key)
@@ -107,4 +123,9 @@ class Calibration:
             started = self.by_key[key] if key != "" else self.ratios
             got = self._sorted[key] = sorted([*started, *self.open.get(key, ())])
         mid = quantile(got, 0.5) if centred else 1.0
-        return [max(0.0, (model_s + CALIBRATION_PAD) * quantile(got, q) / mid - CALIBRATION_PAD) for q in qs]
+        if point is not None:  # the point estimate from the starts alone (see above)
+            done = self._started.get(key)
+            if done is None:
+                done = self._started[key] = sorted(self.by_key[key] if key != "" else self.ratios)
+        return [max(0.0, (model_s + CALIBRATION_PAD) * quantile(done if i == point else got, q) / mid - CALIBRATION_PAD)
+                for i, q in enumerate(qs)]

@@ -30,6 +30,12 @@ def needs_drain(w: Waiter) -> bool:
     return w.size[0] is not None and w.request.gpus > 1
 
 
+def node_gpus(w: Waiter) -> int:
+    """How many whole GPUs of one node ``w`` waits for: its GPUs if it waits for a drain, else 1
+    (one GPU, a share, a pinned or MIG device: any that frees may be its)."""
+    return w.request.gpus if needs_drain(w) else 1
+
+
 def lacking(pool: Pool, name: str, req: Request) -> tuple[int, int, int]:
     """What node ``name`` lacks now for ``req``: (whole GPUs, CPU, memory), each 0 when enough."""
     ns = pool.by_name[name]

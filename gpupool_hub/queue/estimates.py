@@ -342,7 +342,8 @@ class _Ranges:
         if calibration is not None and calibration.enough:
             # a forecast follows the pool's slowing down or speeding up: the misses of waiters
             # who joined in another phase of it say how wide the range is, not where
-            secs = calibration.scales(model_s, self.calibrated, calibration_class(w.request), centred=forecasted)
+            secs = calibration.scales(model_s, self.calibrated, calibration_class(w.request), centred=forecasted,
+                                      point=1)
         else:  # no record of misses yet: the point estimate, halved to doubled
             secs = [model_s * UNCALIBRATED_SPREAD[0], model_s, model_s * UNCALIBRATED_SPREAD[1]]
         return Estimate(*(self.now + timedelta(seconds=t) for t in secs), "history", model_s)
@@ -368,7 +369,8 @@ class _Ranges:
         model_s = first(MID)
         calibration = self.calibration
         if calibration is not None and calibration.enough and model_s is not None:
-            at: list[float | None] = [*calibration.scales(model_s, self.calibrated, calibration_class(w.request))]
+            at: list[float | None] = [*calibration.scales(model_s, self.calibrated, calibration_class(w.request),
+                                                          point=1)]
         else:
             at = [first(q) for q in self.quantiles]
         return Estimate(*(self.now + timedelta(seconds=t) if t is not None else None for t in at), "history",

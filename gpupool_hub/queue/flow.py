@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
 
+from .drains import node_gpus
 from .order import FairOrder, Waiter
 
 _ID = attrgetter("id")  # a waiter's id, read in C (the index of a queue of thousands is built per estimate)
@@ -141,34 +142,46 @@ class Arrivals:
     all those ahead of them when they joined)."""
 
     def __init__(self) -> None:
-        self.joins: deque[tuple[float, str, int]] = deque()  # (seconds, user, GPU milli), oldest first
-        # per user: the joins in ``joins`` and their GPU milli, kept as joins come and go (a full
-        # pool's queue asks at every join: counting thousands of joins each time was a replay's hot spot)
-        self._count: dict[str, int] = {}
-        self._milli: dict[str, int] = {}
+        # (seconds, user, GPU milli, whole GPUs of one node it waits for), oldest first
+        self.joins: deque[tuple[float, str, int, int]] = deque()
+        # per (user, size): the joins in ``joins`` and their GPU milli, kept as joins come and go (a
+        # full pool's queue asks at every join: counting thousands of joins each time was a replay's
+        # hot spot)
+        self._count: dict[tuple[str, int], int] = {}
+        self._milli: dict[tuple[str, int], int] = {}
 
-    def add(self, at: float, user: str, milli: int) -> None:
-        """``user`` joined the queue at ``at`` asking for ``milli`` of GPU share."""
+    def add(self, at: float, user: str, milli: int, size: int = 1) -> None:
+        """``user`` joined the queue at ``at`` asking for ``milli`` of GPU share, waiting for
+        ``size`` whole GPUs of one node (1: one GPU or a share, :func:`.drains.node_gpus`)."""
         if milli > 0:
-            self.joins.append((at, user, milli))
-            self._count[user] = self._count.get(user, 0) + 1
-            self._milli[user] = self._milli.get(user, 0) + milli
+            key = (user, size)
+            self.joins.append((at, user, milli, size))
+            self._count[key] = self._count.get(key, 0) + 1
+            self._milli[key] = self._milli.get(key, 0) + milli
 
-    def rates(self, now: float) -> dict[str, tuple[float, float]]:
-        """Per user who joined within ``DRAIN_WINDOW``: joins per second and GPU milli per join."""
+    def rates(self, now: float, upto: int | None = None) -> dict[str, tuple[float, float]]:
+        """Per user who joined within ``DRAIN_WINDOW`` (with ``upto``, asking for at most that many
+        GPUs of one node): joins per second and GPU milli per join."""
         cut = now - DRAIN_WINDOW
         count, milli = self._count, self._milli
         while self.joins and self.joins[0][0] < cut:
-            _, user, m = self.joins.popleft()
-            if count[user] == 1:
-                del count[user], milli[user]
+            _, user, m, size = self.joins.popleft()
+            key = (user, size)
+            if count[key] == 1:
+                del count[key], milli[key]
             else:
-                count[user] -= 1
-                milli[user] -= m
+                count[key] -= 1
+                milli[key] -= m
         if not self.joins:
             return {}
         span = max(now - max(cut, self.joins[0][0]), 1.0)
-        return {u: (n / span, milli[u] / n) for u, n in count.items()}
+        n_of: dict[str, int] = {}
+        m_of: dict[str, int] = {}
+        for (u, size), n in count.items():
+            if upto is None or size <= upto:
+                n_of[u] = n_of.get(u, 0) + n
+                m_of[u] = m_of.get(u, 0) + milli[(u, size)]
+        return {u: (n / span, m_of[u] / n) for u, n in n_of.items()}
 
 
 class Overtaking:
@@ -180,29 +193,37 @@ class Overtaking:
     that sorts after an old waiter passes it once old itself, within ``RESERVE_AFTER``."""
 
     def __init__(self, order: FairOrder, arrivals: Mapping[str, tuple[float, float]],
-                 running: Mapping[str, int]) -> None:
+                 running: Mapping[str, int],
+                 sized: Callable[[int], Mapping[str, tuple[float, float]]] | None = None) -> None:
         """``order``: the fair order as sorted (its keys and each user's next round);
-        ``arrivals``: :meth:`Arrivals.rates`; ``running``: servers held per user."""
-        self.order, self.arrivals, self.running = order, arrivals, running
+        ``arrivals``: :meth:`Arrivals.rates`; ``running``: servers held per user; ``sized``: the
+        same for joins of at most so many GPUs of one node (``Arrivals.rates(now, upto)``).
+
+        Why sizes: backfill starts a share or one GPU wherever it fits, so a user who joins
+        asking for eight GPUs of one node does not take what a share waiter will get, however
+        early its round; counted anyway, such joins made shares behind a queue of big waiters
+        expect hours for a wait of seconds (the replay's ``default+multi``)."""
+        self.order, self.arrivals, self.running, self.sized = order, arrivals, running, sized
         self._at: dict[str, int] | None = None
         self._one: tuple[str, int | None] | None = None  # the first waiter asked about and its place
-        # per class: the joining users by the round of their next server (see _rounds)
-        self._by_class: dict[int, list[_Round]] = {}
+        # per class and size: the joining users by the round of their next server (see _rounds)
+        self._by_class: dict[tuple[int, int | None], list[_Round]] = {}
 
-    def _rounds(self, klass: int) -> list[_Round]:
+    def _rounds(self, klass: int, size: int | None = None) -> list[_Round]:
         """The joining users grouped by the round of their next server in ``klass``.
 
         Why: a full pool's queue can hold thousands of waiters, each asking about thousands
         of users who joined lately, at each step of the fixed point. Users of one round have
         the same room ahead of a waiter; sorted by how often they join, those who would join
         more than that room are a suffix, so a waiter's sum is a bisection per round."""
-        got = self._by_class.get(klass)
+        got = self._by_class.get((klass, size))
         if got is None:
             nxt = self.order.next_round.get(klass, {})
             grouped: dict[int, list[tuple[float, float]]] = {}
-            for user, (per_s, milli) in self.arrivals.items():
+            arrivals = self.arrivals if size is None or self.sized is None else self.sized(size)
+            for user, (per_s, milli) in arrivals.items():
                 grouped.setdefault(nxt.get(user, self.running.get(user, 0)), []).append((per_s, milli))
-            got = self._by_class[klass] = sorted(_Round.of(r, users) for r, users in grouped.items())
+            got = self._by_class[(klass, size)] = sorted(_Round.of(r, users) for r, users in grouped.items())
         return got
 
     def _place(self, wid: str) -> int | None:
@@ -229,7 +250,7 @@ class Overtaking:
             return 0.0
         klass, _, mine = self.order.keys[i]
         total = 0.0
-        for group in self._rounds(klass):
+        for group in self._rounds(klass, node_gpus(w) if self.sized is not None else None):
             room = mine - group.round
             if room <= 0:
                 break  # sorted by round: no later group has room either

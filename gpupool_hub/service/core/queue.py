@@ -42,6 +42,7 @@ from ...reasons import RefusalReason
 from ...timefmt import iso
 from ...queue.order import BORROWER, FairOrder, Waiter
 from ...queue.dispatch import Dispatch, dispatch, join_behind
+from ...queue.drains import node_gpus
 from ...queue.pressure import demand
 from ...queue.starts import wait_place, wait_text
 from .errors import Refused
@@ -161,7 +162,7 @@ class WaitQueue:
             # the entry and the estimate it was shown, in one transaction (one commit per join)
             self.ledger.queue.add(row, shown=shown)
             self._shown.add(w.id)
-            self.eta.joined(now, user, req.total_gpu_milli)
+            self.eta.joined(now, user, req.total_gpu_milli, node_gpus(w))
         except BaseException:  # nothing stored: the queue in memory forgets it too
             if self.entries.get(entry.key) is entry:
                 self.entries.pop(entry.key)

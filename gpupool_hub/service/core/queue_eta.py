@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timedelta
 from decimal import Decimal
+from functools import partial
 from typing import Any, Protocol
 
 from ...queue import estimates as eta_rules
@@ -112,9 +113,10 @@ class QueueEstimates:
         for g in gpus:
             self.served.released(at.timestamp(), int(g["milli"]), normalize_model(g["model"]))
 
-    def joined(self, at: datetime, user: str, gpu_milli: int) -> None:
-        """``user`` joined the queue (it waits) asking for ``gpu_milli`` of GPU share."""
-        self.joins.add(at.timestamp(), user, gpu_milli)
+    def joined(self, at: datetime, user: str, gpu_milli: int, size: int = 1) -> None:
+        """``user`` joined the queue (it waits) asking for ``gpu_milli`` of GPU share, waiting for
+        ``size`` whole GPUs of one node (``queue.drains.node_gpus``)."""
+        self.joins.add(at.timestamp(), user, gpu_milli, size)
 
     # ------------------------------------------------- expected starts (today's rule)
 
@@ -231,7 +233,8 @@ class QueueEstimates:
             now = self.clock()
             history = self.history()
             fair = self.order.fair()
-            overtaking = Overtaking(fair, self.joins.rates(stamp), self.order.held_by_user)
+            overtaking = Overtaking(fair, self.joins.rates(stamp), self.order.held_by_user,
+                                    partial(self.joins.rates, stamp))
             # the need ahead over the rate the queue was served (the forecast of what frees,
             # issue 41, was 2-3x too long for short waits once the past was the hub's earlier
             # sessions rather than the replayed ones: docs/eta.md, "An honest past")
