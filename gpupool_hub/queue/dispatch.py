@@ -39,9 +39,9 @@ the start reserved for the queue's head. Notebook servers have no time limit,
 so here the guarantee is a *drained* node: each old waiter of several GPUs that
 does not fit has nodes of its own drained (:data:`DRAIN_NODES`; those that lack
 least for it now), kept from pass to pass (``drained``), and takes the first
-of them to empty. Only waiters of
-several GPUs start on a drained node, in queue order: each one that does not fit
-closes the drained nodes it could use to those after it. So the oldest starts at
+of them to empty. Only waiters of several GPUs start on a drained node, in
+queue order: each one that does not fit closes the drained nodes it could use
+to those after it. So the oldest starts at
 the latest when the servers its node held have ended, whatever starts elsewhere.
 Drained and closed nodes together stay within the same budget.
 

@@ -19,8 +19,9 @@ from ..placement.state import Pool
 from .order import Waiter
 
 #: nodes drained for each old waiter of several whole GPUs that does not fit (see :func:`.dispatch.dispatch`): it
-#: takes the first of them to empty. Chosen on seed 42 of the openb replay (docs/eta.md, "Starvation,
-#: issue 50"): one node drains as slowly as its longest server, sixteen cost wait p95 half as much again
+#: takes the first of them to empty. Four, not tuned further: one drained node waited as long as its longest
+#: server (the openb replay's ``default+share`` at 1.1: longest wait 1,113 -> 1,174 s), sixteen raised wait
+#: p95 by half at load 1.3 (docs/eta.md, "Starvation, issue 50")
 DRAIN_NODES = 4
 
 
