@@ -109,7 +109,8 @@ class QueueEstimates:
 
     def freed(self, at: datetime, gpus: Iterable[dict[str, Any]]) -> None:
         """A held allocation's GPUs (``{"milli", "model"}`` each) went back to the pool at ``at``:
-        of what frees, the part that went to waiters is what the forecast counts as serving them."""
+        of what frees, the part that went to waiters (``Rates.used``). Only issue 41's forecast read
+        it; since issue 50 the shown ranges do not (the replay's ``--forecast`` still does)."""
         for g in gpus:
             self.served.released(at.timestamp(), int(g["milli"]), normalize_model(g["model"]))
 
