@@ -265,7 +265,7 @@ def choose_victims(pool: Pool, request: Request, teams: Teams, team: str, holdin
 
 
 def _fits_on(pool: Pool, request: Request, node: str) -> bool:
-    return any(ns.real.name == node for ns in pool.candidates(request))
+    return any(ns.real.name == node for ns in pool.open_to(request))
 
 
 def _victims_on_node(pool: Pool, request: Request, node: str, cands: list[Holding], teams: Teams,

@@ -17,7 +17,7 @@ from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Tupl
 
 from .errors import ModelUnavailable, NoCapacity, PlacementConflict, PlacementError
 from . import mig as mig_placement
-from . import pins, report, scarce
+from . import kept, pins, report, scarce
 from .hardware import MigDevice, Node, load_node
 from .mix import DEFAULT_FLOOR_WEIGHT, DEFAULT_RESERVE, Expected
 from .request import MILLI, Request, model_allowed
@@ -173,6 +173,7 @@ class Pool:
         self._allocs: Dict[str, Tuple[NodeState, Tuple[int, ...], Tuple[int, ...], Placement]] = {}
         self._ever_fits: Dict[tuple, bool] = {}
         self._weights: Optional[List[int]] = None  # per node: scarce nodes last (see expect)
+        self._kept: Tuple[kept.Guard, ...] = ()  # declared shapes whose last nodes are kept whole (see expect)
         self._model_nodes: Dict[Optional[FrozenSet[str]], Tuple[List[NodeState], List[NodeState]]] = {}
         self.all_model_keys = frozenset(k for ns in self.nodes for k in ns.models)
         self.max_cpu = max((n.cpu_milli for n in node_list), default=1) or 1
@@ -233,7 +234,10 @@ class Pool:
 
         The nodes that are the only home of a declared shape fitting at most half of
         them are then allocated last (:mod:`.scarce`): a small request lands there only
-        when it fits nowhere else, so the big shape finds them free or draining.
+        when it fits nowhere else, so the big shape finds them free or draining. And the
+        last :data:`.kept.KEEP_WHOLE` nodes able to host a declared shape of several GPUs
+        are kept from smaller requests, which wait instead (:mod:`.kept`), where those
+        are at most a quarter of the nodes it fits.
         """
         # MIG requests never reach the policy (placement/mig.py places them): not part of its mix
         if isinstance(shapes, Mapping):
@@ -242,6 +246,7 @@ class Pool:
             shapes = [r for r in shapes if not (isinstance(r, Request) and r.mig)]
         self.policy.expect(shapes, floor_weight, reserve)
         self._weights = scarce.node_weights(self.nodes, shapes)  # validated by the policy above
+        self._kept = kept.guards(self.nodes, shapes)
 
     def idle_nodes(self, model_key: str) -> int:
         """How many nodes of this (normalized) GPU model have no GPU in use."""
@@ -314,6 +319,13 @@ class Pool:
                 return True
         return False
 
+    def open_to(self, req: Request, cands: Optional[List[NodeState]] = None) -> List[NodeState]:
+        """The candidates (default: :meth:`candidates`) ``req`` may take now: not the last nodes
+        kept whole for a declared shape of more GPUs (:mod:`.kept`)."""
+        if cands is None:
+            cands = self.candidates(req)
+        return list(kept.allowed(self, req, cands, self._kept)) if self._kept else cands
+
     # -- the API the hub uses ----------------------------------------------
     def allocate(self, alloc_id: str, req: Request, *, avoid: FrozenSet[str] = frozenset()) -> Placement:
         """Place ``req`` and record it under ``alloc_id``; never on a node named in ``avoid``
@@ -330,6 +342,8 @@ class Pool:
         cands = self.candidates(req)
         if avoid:
             cands = [c for c in cands if c.name not in avoid]
+        if self._kept and cands:
+            cands = self.open_to(req, cands)
         if not cands:
             self._refuse(req)
         if self._weights is not None and len(cands) > 1:  # scarce nodes last (placement/scarce.py)

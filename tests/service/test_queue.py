@@ -533,3 +533,28 @@ def test_an_old_waiter_of_several_gpus_gets_a_drained_node_that_no_newcomer_take
     head, node = m.queue.order.reservation  # erin is the head now, on the node held for carol
     assert m.queue.entries[("erin", "")].waiter.id == head and node == reserved[1]
     queued(m, "erin", gpus=2)
+
+
+SIXTEEN_EIGHTS = [{"name": f"node-{n:02d}", "cpu_milli": 64000, "memory_mib": 524288,
+                   "gpus": [{"index": i, "uuid": f"GPU-{n:02d}-{i}", "model": R3090} for i in range(8)]}
+                  for n in range(16)]
+
+
+def test_the_last_whole_nodes_are_kept_for_the_configured_eight_gpu_profile(tmp_path):
+    """A configured 8-GPU profile on 16 nodes of 8 GPUs: once only four nodes are whole
+    (placement.kept.KEEP_WHOLE, a quarter of the nodes it fits), a 1-GPU spawn queues although
+    GPUs are free there, and the 8-GPU spawn that comes later starts at once instead of waiting
+    for a node to drain (issue 50). A release elsewhere starts the 1-GPU waiter."""
+    from gpupool_hub.profiles import parse_profiles
+
+    m = manager(tmp_path, SIXTEEN_EIGHTS)
+    m.inventory.expect_profiles(parse_profiles([{"slug": "one", "gpus": 1}, {"slug": "node", "gpus": 8}]))
+    held = [admit(m, f"user{i % 40}", server=f"s{i}") for i in range(12 * 8)]
+    whole = [ns.name for ns in m.pool.nodes if ns.n_full == 8]
+    assert len(whole) == 4 and {a.node for a in held}.isdisjoint(whole)
+    queued(m, "alice")  # 32 GPUs are free, all on the four kept nodes
+    assert m.pool.allocated_gpu_milli == 96 * 1000
+    big = admit(m, "bob", gpus=8)
+    assert big.node in whole  # no wait: the node was kept whole for it
+    m.admission.release(held[0].id, "stopped")
+    assert admit(m, "alice").node == held[0].node  # the freed GPU, not a kept node
