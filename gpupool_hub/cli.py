@@ -233,6 +233,8 @@ def cmd_queue(client: Client, args: argparse.Namespace) -> int:
         print(f"node {q['reserved_node']} is held for the first in line", file=sys.stderr)
     if q.get("drained_nodes"):
         print(f"drained for waiters of several GPUs: {', '.join(q['drained_nodes'])}", file=sys.stderr)
+    if q.get("kept_nodes"):
+        print(f"kept whole for profiles of several GPUs: {', '.join(q['kept_nodes'])}", file=sys.stderr)
     if q.get("accuracy"):
         print(f"wait estimates, {q['accuracy']['text']}", file=sys.stderr)
     return EXIT_OK

@@ -78,3 +78,15 @@ def allowed(pool: Any, req: Request, candidates: Sequence[Any], kept: tuple[Guar
         if not any(before >= k > after and (models is None or real.model_key in models) for k, models in live):
             out.append(ns)
     return out
+
+
+def kept_nodes(pool: Any, kept: tuple[Guard, ...], keep: int = KEEP_WHOLE) -> list[str]:
+    """The nodes kept whole now: for each guard down to its last ``keep`` nodes, those nodes
+    (what an admin sees free in the pool map while a one-GPU server waits)."""
+    out: set[str] = set()
+    for k, models in kept:
+        if pool.nodes_with_whole(k, models) > keep:
+            continue
+        out.update(ns.name for ns in pool.nodes
+                   if ns.n_full >= k and (models is None or ns.model_key in models))
+    return sorted(out)

@@ -326,6 +326,10 @@ class Pool:
             cands = self.candidates(req)
         return list(kept.allowed(self, req, cands, self._kept)) if self._kept else cands
 
+    def kept_nodes(self) -> List[str]:
+        """The nodes kept whole for a declared shape of several GPUs now (:mod:`.kept`)."""
+        return kept.kept_nodes(self, self._kept) if self._kept else []
+
     # -- the API the hub uses ----------------------------------------------
     def allocate(self, alloc_id: str, req: Request, *, avoid: FrozenSet[str] = frozenset()) -> Placement:
         """Place ``req`` and record it under ``alloc_id``; never on a node named in ``avoid``

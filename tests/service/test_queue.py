@@ -554,7 +554,9 @@ def test_the_last_whole_nodes_are_kept_for_the_configured_eight_gpu_profile(tmp_
     assert len(whole) == 4 and {a.node for a in held}.isdisjoint(whole)
     queued(m, "alice")  # 32 GPUs are free, all on the four kept nodes
     assert m.pool.allocated_gpu_milli == 96 * 1000
+    assert m.queue.reports.report()["kept_nodes"] == sorted(whole)  # the admin sees why
     big = admit(m, "bob", gpus=8)
     assert big.node in whole  # no wait: the node was kept whole for it
+    assert m.queue.reports.report()["kept_nodes"] == sorted(set(whole) - {big.node})
     m.admission.release(held[0].id, "stopped")
     assert admit(m, "alice").node == held[0].node  # the freed GPU, not a kept node

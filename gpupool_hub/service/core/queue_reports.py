@@ -81,7 +81,7 @@ class QueueReports:
         reserved = self.order.reservation
         return {"waiting": rows, "length": self.order.waiting_count(),
                 "reserved_node": reserved[1] if reserved else None, "drained_nodes": sorted(self.order.drained),
-                "accuracy": self.eta.accuracy()}
+                "kept_nodes": self.inventory.pool.kept_nodes(), "accuracy": self.eta.accuracy()}
 
     @writes
     def first_waiting(self, count: int | None) -> tuple[list[dict[str, Any]], int]:
