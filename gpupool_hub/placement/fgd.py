@@ -9,6 +9,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Uni
 from . import pins
 from .base import Choice, Policy, pick_fraction_slot, pick_slots
 from .fragmentation import REACH, FragmentationModel
+from .kept import takes_whole
 from .mix import DEFAULT_FLOOR_WEIGHT, DEFAULT_RESERVE, Expected, RequestMix, check_reserve, type_key
 from .request import MILLI, Request, normalize_model
 
@@ -204,11 +205,7 @@ class FGD(Policy):
                     continue
             if protect:
                 before = ns.n_full
-                if req.gpus:
-                    after = before - req.gpus
-                else:
-                    f = req.gpu_milli
-                    after = before if any(f <= v < MILLI for v in ns.free) else before - 1
+                after = before - takes_whole(ns, req)
                 if any(before >= k > after and (models is None or real.model_key in models)
                        for k, models in protect):
                     continue

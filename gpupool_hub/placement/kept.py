@@ -53,14 +53,14 @@ def guards(nodes: Sequence[Any], shapes: Iterable[Request], keep: int = KEEP_WHO
 
 def takes_whole(ns: Any, req: Request) -> int:
     """How many whole free GPUs of node ``ns`` placing ``req`` there takes (a share breaks a whole
-    GPU only where no shared GPU has room for it)."""
+    GPU only where no shared GPU has room for it). FGD's own reserve counts the same way."""
     if req.gpus:
         return req.gpus
     return 0 if any(req.gpu_milli <= v < MILLI for v in ns.free) else 1
 
 
-def allowed(pool: Any, req: Request, candidates: Sequence[Any], kept: tuple[Guard, ...],
-            keep: int = KEEP_WHOLE) -> Sequence[Any]:
+def allowed(pool: Any, req: Request, candidates: list[Any], kept: tuple[Guard, ...],
+            keep: int = KEEP_WHOLE) -> list[Any]:
     """The candidates ``req`` may take: not one of the last ``keep`` nodes with k whole free GPUs
     of a guarded shape of more GPUs than it asks (k) when it would leave fewer there. Empty
     when those are all it fits: it waits."""

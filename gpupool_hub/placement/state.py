@@ -324,7 +324,7 @@ class Pool:
         kept whole for a declared shape of more GPUs (:mod:`.kept`)."""
         if cands is None:
             cands = self.candidates(req)
-        return list(kept.allowed(self, req, cands, self._kept)) if self._kept else cands
+        return kept.allowed(self, req, cands, self._kept) if self._kept else cands
 
     def kept_nodes(self) -> List[str]:
         """The nodes kept whole for a declared shape of several GPUs now (:mod:`.kept`)."""
