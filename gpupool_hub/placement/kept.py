@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, FrozenSet, Optional
 
-from .request import MILLI, Request
+from .request import MILLI, Request, model_allowed
 from .scarce import fits_empty
 
 #: nodes kept able to host each declared shape of several GPUs. Four, as many as are drained
@@ -90,3 +90,19 @@ def kept_nodes(pool: Any, kept: tuple[Guard, ...], keep: int = KEEP_WHOLE) -> li
         out.update(ns.name for ns in pool.nodes
                    if ns.n_full >= k and (models is None or ns.model_key in models))
     return sorted(out)
+
+
+def withheld(pool: Any, req: Request, kept: tuple[Guard, ...], keep: int = KEEP_WHOLE) -> dict[str, int]:
+    """Per GPU model, the whole free GPUs ``req`` may not take now because their nodes are kept
+    for a shape of more GPUs: what the spawn page must not count as free for it (a one-GPU
+    card that read "8 of 8 GPUs free" while its spawn queued told the user something untrue)."""
+    out: dict[str, int] = {}
+    names = set(kept_nodes(pool, kept, keep)) if kept else set()
+    for ns in pool.nodes:
+        if ns.name not in names or allowed(pool, req, [ns], kept, keep):
+            continue
+        for s, pos in enumerate(ns.slot_gpu):
+            model = ns.node.gpus[pos].model
+            if ns.whole[s] and ns.free[s] == MILLI and model_allowed(ns.slot_model[s], req.models):
+                out[model] = out.get(model, 0) + 1
+    return out

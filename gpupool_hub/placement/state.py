@@ -330,6 +330,10 @@ class Pool:
         """The nodes kept whole for a declared shape of several GPUs now (:mod:`.kept`)."""
         return kept.kept_nodes(self, self._kept) if self._kept else []
 
+    def withheld(self, req: Request) -> Dict[str, int]:
+        """Per model, the whole free GPUs kept now from ``req`` for a shape of more GPUs (:mod:`.kept`)."""
+        return kept.withheld(self, req, self._kept) if self._kept else {}
+
     # -- the API the hub uses ----------------------------------------------
     def allocate(self, alloc_id: str, req: Request, *, avoid: FrozenSet[str] = frozenset()) -> Placement:
         """Place ``req`` and record it under ``alloc_id``; never on a node named in ``avoid``

@@ -20,7 +20,7 @@ from ..profiles import Profile
 from ..money.units import amount_text, hours_text, plural, rate_text
 from .wait_rules import full_text
 
-__all__ = ["CardAccount", "ProfileChoice", "card", "free_gpus", "free_mig", "profile_prices"]
+__all__ = ["CardAccount", "ProfileChoice", "card", "free_gpus", "free_mig", "kept_gpus", "profile_prices"]
 
 #: how each guarantee class is named on a card, before what it promises
 CLASS_LABELS = {"mig": "MIG", "mps": "MPS", "timeslice": "time-sliced"}
@@ -134,11 +134,12 @@ def free_mig(profile: Profile, catalog: Mapping[str, Any]) -> tuple[int, int] | 
 
 
 def free_gpus(profile: Profile, catalog: Mapping[str, Any]) -> tuple[int, int] | None:
-    """(whole GPUs free, GPUs in the pool) over the models a GPU profile may use.
+    """(whole GPUs free for it, GPUs in the pool) over the models a GPU profile may use.
 
     None for CPU-only and MIG profiles. For a fraction it counts whole GPUs too; a
     share also fits on a GPU already shared (``largest_share_milli``), which the
-    card says instead when no GPU is wholly free.
+    card says instead when no GPU is wholly free. GPUs the service keeps whole for a
+    profile of more GPUs (:func:`kept_gpus`) are not free for this one: its spawn would wait.
     """
     if not profile.needs_gpu or profile.mig:
         return None
@@ -146,7 +147,19 @@ def free_gpus(profile: Profile, catalog: Mapping[str, Any]) -> tuple[int, int] |
     for entry in _priced(profile, catalog):
         free += int(entry.get("whole_free") or 0)
         total += int(entry.get("gpus") or 0)
-    return free, total
+    return max(0, free - kept_gpus(profile, catalog)), total
+
+
+def kept_gpus(profile: Profile, catalog: Mapping[str, Any]) -> int:
+    """Whole free GPUs of the profile's priced models that the service keeps from it for a
+    profile of more GPUs (``GET models``' ``profiles[].kept_whole``); 0 when it says none."""
+    entry = next((e for e in catalog.get("profiles") or []
+                  if isinstance(e, Mapping) and e.get("slug") == profile.slug), None)
+    kept = entry.get("kept_whole") if entry is not None else None
+    if not isinstance(kept, Mapping):
+        return 0
+    priced = {e.get("model") for e in _priced(profile, catalog)}
+    return sum(n for model, n in kept.items() if model in priced and isinstance(n, int) and n > 0)
 
 
 def _priced(profile: Profile, catalog: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -277,6 +290,8 @@ def _free_words(p: Profile, catalog: Mapping[str, Any]) -> tuple[str, bool]:
         shared = max((int(e.get("largest_share_milli") or 0) for e in _priced(p, catalog)), default=0)
         if shared >= p.gpu_milli:
             return "room on a GPU already shared", False
+    kept = kept_gpus(p, catalog)
+    why = f" ({plural(kept, 'free GPU')} kept whole for servers of more GPUs)" if kept else ""
     if counts[0] < (1 if p.gpu_milli else p.gpus):  # no room: how many wait, and for how long
-        return full_text(_priced(p, catalog)), True
-    return f"{counts[0]} of {plural(counts[1], 'GPU')} free", False
+        return full_text(_priced(p, catalog)) + why, True
+    return f"{counts[0]} of {plural(counts[1], 'GPU')} free{why}", False

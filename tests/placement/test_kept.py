@@ -102,3 +102,20 @@ def test_without_a_declared_shape_nothing_is_kept():
     for i in range(16 * 8):
         p.allocate(f"s{i}", ONE)
     assert p.allocated_gpu_milli == 16 * 8000
+
+
+def test_the_gpus_kept_whole_are_not_free_for_a_smaller_request():
+    """What the spawn page counts free for a profile (``Pool.withheld``): the whole GPUs of the
+    kept nodes are withheld from a 1-GPU or 4-GPU request and from a share, not from the 8-GPU
+    one they are kept for; with one whole node more than kept, nothing is withheld."""
+    p = pool(16)
+    p.expect([EIGHT])
+    fill(p, [f"n{i:02d}" for i in range(16 - KEEP_WHOLE - 1)], "full")
+    assert p.withheld(ONE) == {}  # five whole nodes: a one-GPU server may still take one
+    fill(p, ["n11"], "rest")
+    for req in (ONE, FOUR, HALF):
+        assert p.withheld(req) == {MODEL: 8 * KEEP_WHOLE}
+    assert p.withheld(EIGHT) == {}
+    assert p.withheld(Request(gpus=1, models=frozenset({"NVIDIA H100"}))) == {}  # not its model
+    p.allocate("big", EIGHT)
+    assert p.withheld(ONE) == {MODEL: 8 * (KEEP_WHOLE - 1)}

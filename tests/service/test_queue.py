@@ -555,6 +555,10 @@ def test_the_last_whole_nodes_are_kept_for_the_configured_eight_gpu_profile(tmp_
     queued(m, "alice")  # 32 GPUs are free, all on the four kept nodes
     assert m.pool.allocated_gpu_milli == 96 * 1000
     assert m.queue.reports.report()["kept_nodes"] == sorted(whole)  # the admin sees why
+    # and the spawn page: those 32 GPUs are not free for the 1-GPU profile, free for the 8-GPU one
+    kept_whole = {p["slug"]: p["kept_whole"] for p in m.views.models()["profiles"]}
+    model = m.pool.nodes[0].node.gpus[0].model
+    assert kept_whole == {"one": {model: 32}, "node": {}}
     big = admit(m, "bob", gpus=8)
     assert big.node in whole  # no wait: the node was kept whole for it
     assert m.queue.reports.report()["kept_nodes"] == sorted(set(whole) - {big.node})

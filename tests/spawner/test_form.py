@@ -206,3 +206,22 @@ def test_get_models_lists_each_profiles_class_and_price(tmp_path):
             ("t", "timeslice", "shared, best effort", {"A100": "0.500"}), ("h", "timeslice", "shared, best effort", {})]
     finally:
         m.close()
+
+
+def test_gpus_kept_whole_for_bigger_profiles_are_not_free_on_the_card():
+    """The service keeps the last whole nodes for a configured 8-GPU profile (issue 50): a
+    one-GPU card must not say those GPUs are free, since its spawn would queue; it says why."""
+    profiles = [{"slug": "one", "display_name": "One", "gpus": 1},
+                {"slug": "node", "display_name": "Node", "gpus": 8}]
+    model = "NVIDIA A100-SXM4-80GB"
+    catalog = {"models": [{"model": model, "price_per_gpu_hour": "2.000", "gpus": 128, "whole_free": 40,
+                           "largest_whole_block": 8, "waiting": 3}],
+               "min_start_hours": "1.000",
+               "profiles": [{"slug": "one", "kept_whole": {model: 32}}, {"slug": "node", "kept_whole": {}}]}
+    ctx = form_context(make(profiles=profiles).gpupool_profiles, None, {"balance": "100.000"}, catalog)
+    one, node = ctx["profiles"]
+    assert one.free == "8 of 128 GPUs free (32 free GPUs kept whole for servers of more GPUs)"
+    assert not one.full and node.free == "40 of 128 GPUs free"
+    catalog["profiles"][0]["kept_whole"] = {model: 40}  # every free GPU is on a kept node
+    one = form_context(make(profiles=profiles).gpupool_profiles, None, {"balance": "100.000"}, catalog)["profiles"][0]
+    assert one.full and one.free == "full — 3 waiting (40 free GPUs kept whole for servers of more GPUs)"

@@ -77,6 +77,8 @@ class PoolInventory:
         # the configured profiles placement keeps room for (expect_profiles), declared again
         # whenever the pool is rebuilt: with inventory "agents" nodes, and models, come later
         self.expected_profiles: tuple[list[Profile], int | None] = ([], None)
+        # per configured GPU profile (slug): its base request as declared (the spawn page's free count)
+        self.profile_requests: dict[str, Request] = {}
         # device UUID -> node, as last reported (kept in the ledger: see the module docstring)
         self.claims: dict[str, str] = {}
         self.unplaced = UnplacedAllocations(fix_hint(source))  # held, but their GPUs are not in the pool
@@ -130,6 +132,7 @@ class PoolInventory:
         """
         self.expected_profiles = (list(profiles), owed_gpus)
         shapes: list[Request] = []
+        self.profile_requests = {}
         for p in self.expected_profiles[0]:
             if not p.needs_gpu or p.mig:  # MIG instances are placed by placement/mig.py, not the mix
                 continue
@@ -147,6 +150,7 @@ class PoolInventory:
                     continue
                 shapes.append(Request(cpu_milli=body.get("cpu_milli", 0), memory_mib=body.get("memory_mib", 0),
                                       gpus=0 if p.gpu_milli else n, gpu_milli=p.gpu_milli, models=models))
+                self.profile_requests.setdefault(p.slug, shapes[-1])  # the base count: the smallest
         self.pool.expect(shapes)
         if shapes:
             log.info("Placement keeps room for the configured shapes: %s",
