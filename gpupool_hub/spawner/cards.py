@@ -294,4 +294,21 @@ def _free_words(p: Profile, catalog: Mapping[str, Any]) -> tuple[str, bool]:
     why = f" ({plural(kept, 'free GPU')} kept whole for servers of more GPUs)" if kept else ""
     if counts[0] < (1 if p.gpu_milli else p.gpus):  # no room: how many wait, and for how long
         return full_text(_priced(p, catalog)) + why, True
+    block = _largest_block(p, catalog)
+    if block is not None and block < p.gpus:  # free GPUs, but scattered: its spawn would wait
+        return (full_text(_priced(p, catalog)) +
+                f" ({plural(counts[0], 'free GPU')}, at most {block} on one node)"), True
     return f"{counts[0]} of {plural(counts[1], 'GPU')} free{why}", False
+
+
+def _largest_block(p: Profile, catalog: Mapping[str, Any]) -> int | None:
+    """The most whole free GPUs of one node among the profile's priced models, for a profile of
+    several GPUs (they must all be on one node); None for others or when the catalog does not say.
+
+    Why: a card for 8 GPUs read "40 of 128 GPUs free" while no node had 8 free at once, and
+    the spawn queued."""
+    if p.gpus < 2:
+        return None
+    blocks = [e["largest_whole_block"] for e in _priced(p, catalog)
+              if isinstance(e.get("largest_whole_block"), int)]
+    return max(blocks) if blocks else None

@@ -225,3 +225,17 @@ def test_gpus_kept_whole_for_bigger_profiles_are_not_free_on_the_card():
     catalog["profiles"][0]["kept_whole"] = {model: 40}  # every free GPU is on a kept node
     one = form_context(make(profiles=profiles).gpupool_profiles, None, {"balance": "100.000"}, catalog)["profiles"][0]
     assert one.full and one.free == "full — 3 waiting (40 free GPUs kept whole for servers of more GPUs)"
+
+
+def test_a_profile_of_several_gpus_is_full_when_no_node_has_that_many_free():
+    """Several GPUs of a server are on one node: 40 free GPUs, at most 3 on any node, leave no
+    room for a 4-GPU profile (its spawn would queue), while a 2-GPU profile still starts."""
+    profiles = [{"slug": "two", "display_name": "Two", "gpus": 2},
+                {"slug": "four", "display_name": "Four", "gpus": 4}]
+    catalog = {"models": [{"model": "NVIDIA A100-SXM4-80GB", "price_per_gpu_hour": "2.000", "gpus": 128,
+                           "whole_free": 40, "largest_whole_block": 3}],
+               "min_start_hours": "1.000"}
+    two, four = form_context(make(profiles=profiles).gpupool_profiles, None, {"balance": "100.000"},
+                             catalog)["profiles"]
+    assert (two.full, two.free) == (False, "40 of 128 GPUs free")
+    assert four.full and four.free == "full (40 free GPUs, at most 3 on one node)"
