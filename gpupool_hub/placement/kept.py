@@ -97,9 +97,9 @@ def withheld(pool: Any, req: Request, kept: tuple[Guard, ...], keep: int = KEEP_
     for a shape of more GPUs: what the spawn page must not count as free for it (a one-GPU
     card that read "8 of 8 GPUs free" while its spawn queued told the user something untrue)."""
     out: dict[str, int] = {}
-    names = set(kept_nodes(pool, kept, keep)) if kept else set()
-    for ns in pool.nodes:
-        if ns.name not in names or allowed(pool, req, [ns], kept, keep):
+    for name in kept_nodes(pool, kept, keep):
+        ns = pool.by_name[name]
+        if allowed(pool, req, [ns], kept, keep):
             continue
         for s, pos in enumerate(ns.slot_gpu):
             model = ns.node.gpus[pos].model
