@@ -225,10 +225,10 @@ def cmd_queue(client: Client, args: argparse.Namespace) -> int:
     rows = [(w["position"] or "reserved", w["user"], w["server"] or "-", w["request"], w["since"],
              f"{w['waited_seconds'] // 60} min", w["eta"] or "no estimate", w["reserved_on"] or "")
             for w in q["waiting"]]
-    if not rows:
+    if rows:
+        print(table(rows, ["position", "user", "server", "request", "since", "waited", "estimate", "reserved on"]))
+    else:  # kept nodes and the estimates' accuracy still matter: the next small spawn may wait
         print("nobody is waiting for GPUs")
-        return EXIT_OK
-    print(table(rows, ["position", "user", "server", "request", "since", "waited", "estimate", "reserved on"]))
     if q.get("reserved_node"):
         print(f"node {q['reserved_node']} is held for the first in line", file=sys.stderr)
     if q.get("drained_nodes"):

@@ -97,12 +97,49 @@ def withheld(pool: Any, req: Request, kept: tuple[Guard, ...], keep: int = KEEP_
     for a shape of more GPUs: what the spawn page must not count as free for it (a one-GPU
     card that read "8 of 8 GPUs free" while its spawn queued told the user something untrue)."""
     out: dict[str, int] = {}
-    for name in kept_nodes(pool, kept, keep):
-        ns = pool.by_name[name]
-        if allowed(pool, req, [ns], kept, keep):
+    for ns in _closed_to(pool, req, kept, keep):
+        for model, n in _whole_free(ns, req).items():
+            out[model] = out.get(model, 0) + n
+    return out
+
+
+def open_blocks(pool: Any, req: Request, kept: tuple[Guard, ...], keep: int = KEEP_WHOLE) -> dict[str, int]:
+    """Per GPU model of which GPUs are kept from ``req`` (:func:`withheld`), the most whole free
+    GPUs of that model on one node ``req`` may take; {} when none are kept from it.
+
+    Why: the kept nodes are the pool's whole ones, so the pool's largest block is on them. A
+    4-GPU card beside an 8-GPU profile read "free" from that block while no node open to it
+    had four GPUs free, and its spawn queued. Walks the whole pool, only while GPUs are kept
+    from a request of several GPUs."""
+    if req.gpus < 2:
+        return {}
+    closed = {ns.name for ns in _closed_to(pool, req, kept, keep)}
+    if not closed:
+        return {}
+    models = set()
+    for name in closed:
+        models.update(_whole_free(pool.by_name[name], req))
+    out = dict.fromkeys(models, 0)
+    for ns in pool.nodes:
+        if ns.name in closed:
             continue
-        for s, pos in enumerate(ns.slot_gpu):
+        for model, n in _whole_free(ns, req).items():
+            if model in out and n > out[model]:
+                out[model] = n
+    return out
+
+
+def _closed_to(pool: Any, req: Request, kept: tuple[Guard, ...], keep: int) -> list[Any]:
+    """The kept nodes ``req`` may not take now."""
+    return [ns for ns in (pool.by_name[name] for name in kept_nodes(pool, kept, keep))
+            if not allowed(pool, req, [ns], kept, keep)]
+
+
+def _whole_free(ns: Any, req: Request) -> dict[str, int]:
+    """Per GPU model, the whole free GPUs of node ``ns`` that ``req`` accepts."""
+    out: dict[str, int] = {}
+    for s, pos in enumerate(ns.slot_gpu):
+        if ns.whole[s] and ns.free[s] == MILLI and model_allowed(ns.slot_model[s], req.models):
             model = ns.node.gpus[pos].model
-            if ns.whole[s] and ns.free[s] == MILLI and model_allowed(ns.slot_model[s], req.models):
-                out[model] = out.get(model, 0) + 1
+            out[model] = out.get(model, 0) + 1
     return out

@@ -334,6 +334,10 @@ class Pool:
         """Per model, the whole free GPUs kept now from ``req`` for a shape of more GPUs (:mod:`.kept`)."""
         return kept.withheld(self, req, self._kept) if self._kept else {}
 
+    def open_blocks(self, req: Request) -> Dict[str, int]:
+        """Per model of which GPUs are kept from ``req``, the most whole free GPUs on one node it may take."""
+        return kept.open_blocks(self, req, self._kept) if self._kept else {}
+
     # -- the API the hub uses ----------------------------------------------
     def allocate(self, alloc_id: str, req: Request, *, avoid: FrozenSet[str] = frozenset()) -> Placement:
         """Place ``req`` and record it under ``alloc_id``; never on a node named in ``avoid``

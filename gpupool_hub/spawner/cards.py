@@ -153,13 +153,19 @@ def free_gpus(profile: Profile, catalog: Mapping[str, Any]) -> tuple[int, int] |
 def kept_gpus(profile: Profile, catalog: Mapping[str, Any]) -> int:
     """Whole free GPUs of the profile's priced models that the service keeps from it for a
     profile of more GPUs (``GET models``' ``profiles[].kept_whole``); 0 when it says none."""
-    entry = next((e for e in catalog.get("profiles") or []
-                  if isinstance(e, Mapping) and e.get("slug") == profile.slug), None)
-    kept = entry.get("kept_whole") if entry is not None else None
-    if not isinstance(kept, Mapping):
+    kept = _profile_field(profile, catalog, "kept_whole")
+    if kept is None:
         return 0
     priced = {e.get("model") for e in _priced(profile, catalog)}
     return sum(n for model, n in kept.items() if model in priced and isinstance(n, int) and n > 0)
+
+
+def _profile_field(profile: Profile, catalog: Mapping[str, Any], key: str) -> Mapping[str, Any] | None:
+    """``GET models``' ``profiles[].<key>`` (a model → number map) for this profile; None when absent."""
+    entry = next((e for e in catalog.get("profiles") or []
+                  if isinstance(e, Mapping) and e.get("slug") == profile.slug), None)
+    value = entry.get(key) if entry is not None else None
+    return value if isinstance(value, Mapping) else None
 
 
 def _priced(profile: Profile, catalog: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -296,8 +302,9 @@ def _free_words(p: Profile, catalog: Mapping[str, Any]) -> tuple[str, bool]:
         return full_text(_priced(p, catalog)) + why, True
     block = _largest_block(p, catalog)
     if block is not None and block < p.gpus:  # free GPUs, but scattered: its spawn would wait
+        also = f"; {kept} more kept whole for servers of more GPUs" if kept else ""
         return (full_text(_priced(p, catalog)) +
-                f" ({plural(counts[0], 'free GPU')}, at most {block} on one node)"), True
+                f" ({plural(counts[0], 'free GPU')}, at most {block} on one node{also})"), True
     return f"{counts[0]} of {plural(counts[1], 'GPU')} free{why}", False
 
 
@@ -306,9 +313,14 @@ def _largest_block(p: Profile, catalog: Mapping[str, Any]) -> int | None:
     several GPUs (they must all be on one node); None for others or when the catalog does not say.
 
     Why: a card for 8 GPUs read "40 of 128 GPUs free" while no node had 8 free at once, and
-    the spawn queued."""
+    the spawn queued. Where nodes are kept whole for a profile of more GPUs, the profile's own
+    ``open_block`` replaces the model's block, which counts the kept nodes."""
     if p.gpus < 2:
         return None
-    blocks = [e["largest_whole_block"] for e in _priced(p, catalog)
-              if isinstance(e.get("largest_whole_block"), int)]
+    open_to_it = _profile_field(p, catalog, "open_block") or {}
+    blocks = []
+    for e in _priced(p, catalog):
+        block = open_to_it.get(e.get("model"), e.get("largest_whole_block"))
+        if isinstance(block, int):
+            blocks.append(block)
     return max(blocks) if blocks else None

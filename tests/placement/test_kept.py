@@ -119,3 +119,22 @@ def test_the_gpus_kept_whole_are_not_free_for_a_smaller_request():
     assert p.withheld(Request(gpus=1, models=frozenset({"NVIDIA H100"}))) == {}  # not its model
     p.allocate("big", EIGHT)
     assert p.withheld(ONE) == {MODEL: 8 * (KEEP_WHOLE - 1)}
+
+
+def test_the_largest_block_open_to_a_request_leaves_out_the_kept_nodes():
+    """``Pool.open_blocks``: the pool's largest whole block is on a kept node, so a 4-GPU
+    request's card must read the most whole GPUs it may take on one node instead. It grows
+    as a server on an open node ends, and is empty for a request nothing is kept from."""
+    p = pool(16)
+    p.expect([EIGHT])
+    fill(p, [f"n{i:02d}" for i in range(16 - KEEP_WHOLE)], "full")
+    p.release("full-n03-0")
+    p.release("full-n03-1")
+    p.release("full-n07-0")
+    assert p.open_blocks(FOUR) == {MODEL: 2}  # n03; the four whole nodes are kept for eight
+    assert p.free_summary().per_model[MODEL]["largest_whole_block"] == 8
+    p.release("full-n03-2")
+    assert p.open_blocks(FOUR) == {MODEL: 3}
+    assert p.open_blocks(EIGHT) == {}  # they are kept for it
+    assert p.open_blocks(ONE) == {}  # one GPU needs no block
+    assert p.open_blocks(Request(gpus=4, models=frozenset({"NVIDIA H100"}))) == {}  # not its model

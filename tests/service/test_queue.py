@@ -564,3 +564,37 @@ def test_the_last_whole_nodes_are_kept_for_the_configured_eight_gpu_profile(tmp_
     assert m.queue.reports.report()["kept_nodes"] == sorted(set(whole) - {big.node})
     m.admission.release(held[0].id, "stopped")
     assert admit(m, "alice").node == held[0].node  # the freed GPU, not a kept node
+
+
+def test_a_four_gpu_card_reads_full_while_only_nodes_kept_for_eight_have_four_free(tmp_path):
+    """Beside a configured 8-GPU profile, the four whole nodes kept for it are where the pool's
+    largest free block is. A 4-GPU profile may not break them, so while no other node has four
+    GPUs free its card says full, as its spawn queues; once a node open to it has four, the
+    waiting spawn starts there (issue 50's kept nodes, as the spawn page shows them)."""
+    from gpupool_hub.profiles import parse_profiles
+    from gpupool_hub.spawner.form import form_context
+
+    m = manager(tmp_path, SIXTEEN_EIGHTS)
+    profiles = parse_profiles([{"slug": "one", "gpus": 1}, {"slug": "four", "gpus": 4},
+                               {"slug": "node", "gpus": 8}])
+    m.inventory.expect_profiles(profiles)
+    held = [admit(m, f"user{i % 40}", server=f"s{i}") for i in range(12 * 8)]
+    node, other = held[0].node, next(a.node for a in held if a.node != held[0].node)
+    on_node = [a for a in held if a.node == node]
+    for a in on_node[:3] + [a for a in held if a.node == other][:2]:  # 5 GPUs free, at most 3 on one node
+        m.admission.release(a.id, "stopped")
+
+    def card(slug):
+        catalog = m.views.models()
+        entry = next(p for p in catalog["profiles"] if p["slug"] == slug)
+        shown = next(c for c in form_context(profiles, None, {"balance": "1000.000"}, catalog)["profiles"]
+                     if c.slug == slug)
+        return entry["kept_whole"], entry["open_block"], shown.full, shown.free
+
+    assert card("four") == ({R3090: 32}, {R3090: 3}, True,
+                            "full (5 free GPUs, at most 3 on one node; 32 more kept whole for servers of more GPUs)")
+    queued(m, "carol", gpus=4)
+    assert card("node") == ({}, {}, False, "37 of 128 GPUs free")
+    m.admission.release(on_node[3].id, "stopped")  # four free on a node open to her: she starts there
+    assert admit(m, "carol", gpus=4).node == node
+    assert card("four")[1:] == ({R3090: 2}, True, "full (32 free GPUs kept whole for servers of more GPUs)")

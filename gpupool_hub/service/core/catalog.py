@@ -48,19 +48,22 @@ def catalog(inventory: "PoolInventory", min_start_hours: Decimal) -> dict[str, A
         if model in instances:
             entry["mig"] = _mig_catalog(prices, model, instances[model])
         models.append(entry)
-    profiles = [_profile_entry(p, prices, sorted(counts), pool.withheld(inventory.profile_requests[p.slug])
-                               if p.slug in inventory.profile_requests else {})
-                for p in inventory.expected_profiles[0]]
+    profiles = []
+    for p in inventory.expected_profiles[0]:
+        req = inventory.profile_requests.get(p.slug)
+        kept, blocks = (pool.withheld(req), pool.open_blocks(req)) if req is not None else ({}, {})
+        profiles.append(_profile_entry(p, prices, sorted(counts), kept, blocks))
     factors = {c: format_decimal(prices.share_factor(c)) for c in SHARE_PRICE_CLASSES}
     return {"models": models, "min_start_hours": format_tokens(min_start_hours), "profiles": profiles,
             "share_price_factors": factors}
 
 
 def _profile_entry(profile: Profile, prices: PriceTable, models: list[str],
-                   kept: dict[str, int]) -> dict[str, Any]:
+                   kept: dict[str, int], blocks: dict[str, int]) -> dict[str, Any]:
     """A configured profile's class, in words, its price per hour on each pool model it may use,
     and per model the whole free GPUs kept from it for profiles of more GPUs (``kept``:
-    :meth:`Pool.withheld`), which it would wait for rather than take."""
+    :meth:`Pool.withheld`), which it would wait for rather than take, with the most whole
+    free GPUs on one node left open to it (``blocks``: :meth:`Pool.open_blocks`)."""
     per_model: dict[str, str | None] = {}
     if profile.needs_gpu:
         for model in models:
@@ -73,7 +76,8 @@ def _profile_entry(profile: Profile, prices: PriceTable, models: list[str],
             except (PricingError, ValueError):
                 per_model[model] = None
     return {"slug": profile.slug, "display_name": profile.display_name, "class": profile.share_class,
-            "class_words": profile.class_words, "prices": per_model, "kept_whole": kept}
+            "class_words": profile.class_words, "prices": per_model, "kept_whole": kept,
+            "open_block": blocks}
 
 
 def _mig_instances(pool: Pool) -> dict[str, dict[str, list[int]]]:
