@@ -552,7 +552,10 @@ def test_the_last_whole_nodes_are_kept_for_the_configured_eight_gpu_profile(tmp_
     held = [admit(m, f"user{i % 40}", server=f"s{i}") for i in range(12 * 8)]
     whole = [ns.name for ns in m.pool.nodes if ns.n_full == 8]
     assert len(whole) == 4 and {a.node for a in held}.isdisjoint(whole)
-    queued(m, "alice")  # 32 GPUs are free, all on the four kept nodes
+    r = queued(m, "alice")  # 32 GPUs are free, all on the four kept nodes
+    # not free for her: her estimate waits for a held server's end, not "within a minute"
+    assert r.details["eta_source"] == "typical" and r.message.endswith(
+        "about 4.0 hours (no session history yet: estimated from the typical session length of 4 h).")
     assert m.pool.allocated_gpu_milli == 96 * 1000
     assert m.queue.reports.report()["kept_nodes"] == sorted(whole)  # the admin sees why
     # and the spawn page: those 32 GPUs are not free for the 1-GPU profile, free for the 8-GPU one

@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import sys
+from datetime import datetime, timezone
 
 import pytest
 from tornado.httpclient import AsyncHTTPClient
@@ -16,6 +17,8 @@ from tornado.testing import bind_unused_port
 from gpupool_hub.profiles import parse_profiles
 from gpupool_hub.service.common.context import ServiceContext
 from gpupool_hub.service.webapp import make_app
+from gpupool_hub.spawner.form import form_context
+from tests.fixtures.manager import Clock
 from tests.service.openapi import check
 from tests.service.test_queue import R3090, SIXTEEN_EIGHTS, admit, manager
 
@@ -31,9 +34,9 @@ class StubHubAuth:
 @pytest.fixture
 async def service(tmp_path):
     """16 nodes of 8 GPUs, profiles of 1, 4 and 8 GPUs; 12 nodes full, so the last four are kept."""
-    m = manager(tmp_path, SIXTEEN_EIGHTS)
-    m.inventory.expect_profiles(parse_profiles([{"slug": "one", "gpus": 1}, {"slug": "four", "gpus": 4},
-                                                {"slug": "node", "gpus": 8}]))
+    m = manager(tmp_path, SIXTEEN_EIGHTS, clock=Clock(datetime.now(timezone.utc)))  # the card reads the wall clock
+    profiles = parse_profiles([{"slug": "one", "gpus": 1}, {"slug": "four", "gpus": 4}, {"slug": "node", "gpus": 8}])
+    m.inventory.expect_profiles(profiles)
     held = [admit(m, f"user{i % 40}", server=f"s{i}") for i in range(12 * 8)]
     sock, port = bind_unused_port()
     server = HTTPServer(make_app(ServiceContext(manager=m, hub_auth=StubHubAuth(), prefix=PREFIX,
@@ -41,7 +44,7 @@ async def service(tmp_path):
     server.add_sockets([sock])
     server.url = f"http://127.0.0.1:{port}{PREFIX}api/v1"
     server.kept = sorted(ns.name for ns in m.pool.nodes if ns.n_full == 8)
-    server.held = held
+    server.held, server.profiles = held, profiles
     yield server
     server.stop()
 
@@ -72,3 +75,8 @@ async def test_get_models_gives_each_profile_what_is_kept_from_it_and_what_is_le
     per = {p["slug"]: (p["kept_whole"], p["open_block"]) for p in body["profiles"]}
     assert per == {"one": ({R3090: 32}, {}), "four": ({R3090: 32}, {R3090: 0}), "node": ({}, {})}
     assert body["models"][0]["largest_whole_block"] == 8  # on a kept node: not the four-GPU card's figure
+    # nobody waits, yet a 1-GPU spawn would: the card says so, and for how long, before anyone asks
+    assert body["models"][0]["eta_source"] == "typical"
+    one = form_context(service.profiles, None, {"balance": "1000.000"}, body)["profiles"][0]
+    assert (one.full, one.free) == (True, "full — none waiting, about 4.0 h "
+                                          "(32 free GPUs kept whole for servers of more GPUs)")

@@ -122,8 +122,15 @@ class QueueEstimates:
     # ------------------------------------------------- expected starts (today's rule)
 
     def free_milli(self) -> dict[str, int]:
+        """Per model, the whole GPUs free for waiters: not those of the nodes kept whole for a
+        profile of more GPUs (``placement.kept``), which a waiter may not take (a one-GPU waiter
+        beside them was told "a GPU should free up within a minute" and waited for hours)."""
+        pool = self.inventory.pool
+        kept = set(pool.kept_nodes())
         out: dict[str, int] = {}
-        for ns in self.inventory.pool.nodes:
+        for ns in pool.nodes:
+            if ns.name in kept:
+                continue
             for s, mk in enumerate(ns.slot_model):
                 if ns.whole[s]:
                     out[mk] = out.get(mk, 0) + ns.free[s]
