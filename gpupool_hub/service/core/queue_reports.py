@@ -78,10 +78,17 @@ class QueueReports:
     def report(self) -> dict[str, Any]:
         """The admin view: who waits for what, since when, position and estimate."""
         rows, _ = self.first_waiting(None)
+        return {"waiting": rows, "length": self.order.waiting_count(), **self.held_nodes(),
+                "accuracy": self.eta.accuracy()}
+
+    @writes
+    def held_nodes(self) -> dict[str, Any]:
+        """The nodes whose free GPUs not every waiter may take: held for the head of the queue,
+        drained for waiters of several GPUs, kept whole for profiles of several GPUs. The pool
+        map shows their free GPUs as free; this says why a waiter does not get them."""
         reserved = self.order.reservation
-        return {"waiting": rows, "length": self.order.waiting_count(),
-                "reserved_node": reserved[1] if reserved else None, "drained_nodes": sorted(self.order.drained),
-                "kept_nodes": self.inventory.pool.kept_nodes(), "accuracy": self.eta.accuracy()}
+        return {"reserved_node": reserved[1] if reserved else None, "drained_nodes": sorted(self.order.drained),
+                "kept_nodes": self.inventory.pool.kept_nodes()}
 
     @writes
     def first_waiting(self, count: int | None) -> tuple[list[dict[str, Any]], int]:

@@ -117,6 +117,7 @@ class PoolMapHandler(AdminPage):
         waiting, waiting_total = await m.queue.reports.first_waiting.off_loop(WAITING_SHOWN)
         self.render_page(
             "admin/pool.html", nodes=nodes, waiting=waiting, waiting_total=waiting_total, legend=legend,
+            held_nodes=await m.queue.reports.held_nodes.off_loop(),
             free=free.per_model,
             eta_accuracy=await m.queue.eta.accuracy.off_loop(),  # the wait estimates' record: a read-only query
             outside=self.context.reconcile_report(),
