@@ -214,6 +214,47 @@ def test_an_a6000_waiter_is_estimated_from_how_fast_a6000s_free_up() -> None:
     assert eta.estimate_ranges(ws, {}, [], history, NOW, drain=drain.rate(600.0))["c"].model_s < ests["c"].model_s / 4
 
 
+def test_once_the_pool_is_full_a_waiter_of_one_gpu_is_served_as_fast_as_gpus_free() -> None:
+    # ten waiters started over the last ten minutes (a quiet pool: one a minute), then a burst
+    # filled it; in the last two minutes 24 GPUs freed, a GPU every 5 s. Three waiters of one GPU:
+    # the third starts in about 15 s, not in 3 minutes. A waiter of four GPUs of one node waits
+    # for a node to empty, not for single GPUs as they free: its estimate keeps the starts' rate.
+    drain = Drain()
+    for k in range(10):
+        drain.add(k * 60.0, 1000, A100)
+    for k in range(24):
+        drain.released(480.0 + k * 5, 1000, A100)
+    rates = drain.rates(600.0)
+    assert rates is not None and rates.of(None) == pytest.approx(10_000 / 600)
+    assert rates.freeing_of(frozenset({A100})) == pytest.approx(24_000 / 120)
+    ws = [waiter("a"), waiter("b"), waiter("c"), waiter("d", gpus=4)]
+    ests = eta.estimate_ranges(ws, {A100: 0}, [], minutes_history(), NOW, drain=rates)
+    assert ests["c"].model_s == pytest.approx(3000 / 200)
+    assert ests["d"].model_s == pytest.approx(7000 / (10_000 / 600))
+    # frees of another model, or none lately, leave the starts' rate
+    other = Drain()
+    for k in range(10):
+        other.add(k * 60.0, 1000, A100)
+    for k in range(24):
+        other.released(480.0 + k * 5, 1000, "v100")
+    got = eta.estimate_ranges(ws, {A100: 0}, [], minutes_history(), NOW, drain=other.rates(600.0))
+    assert got["c"].model_s == pytest.approx(3000 / (10_000 / 600))
+
+
+def test_where_waiters_start_faster_than_gpus_free_the_starts_say_so() -> None:
+    # shares that lacked CPU, not GPUs: 60 started in ten minutes, while one GPU freed lately
+    drain = Drain()
+    for k in range(60):
+        drain.add(k * 10.0, 500, A100)
+    drain.released(590.0, 1000, A100)
+    rates = drain.rates(600.0)
+    assert rates is not None and rates.freeing_of(None) == pytest.approx(1000 / 120)
+    share = Waiter(id="s", user="s", server="", request=Request(gpus=0, gpu_milli=500, models=frozenset({A100})),
+                   since=NOW)
+    got = eta.estimate_ranges([waiter("a"), share], {A100: 0}, [], minutes_history(), NOW, drain=rates)
+    assert got["s"].model_s == pytest.approx(1500 / (30_000 / 600))
+
+
 def test_too_few_starts_of_its_models_leave_the_release_model_of_those_models() -> None:
     drain = Drain()
     for k in range(20):

@@ -237,8 +237,10 @@ def estimate_ranges(ordered: Sequence[Waiter], free_milli: Mapping[str, int], ru
     (:meth:`Drain.rates`; a number: the whole pool's); where enough waiters of the waiter's
     models started lately, the point estimate is the need ahead of those models over that
     rate (what a busy pool's record says), not the release model's (which ended sessions
-    alone bias short). A waiter ahead that accepts more models counts for the part of it
-    that went to this waiter's models. Too few starts of its models: the release model of
+    alone bias short); for a waiter of one GPU or a share, the rate the pool freed those
+    models over the last two minutes where that is faster (:meth:`Rates.freeing_of`). A
+    waiter ahead that accepts more models counts for the part of it that went to this
+    waiter's models. Too few starts of its models: the release model of
     its models answers, never the whole pool's rate.
     ``forecast``: what the held servers of each model will free as they age, and those
     started on it after them (:class:`~gpupool_hub.queue.forecast.Forecast`); where it knows
@@ -302,6 +304,11 @@ class _Ranges:
         models = w.request.models
         free = sum(m for model, m in self.free_milli.items() if models is None or model in models)
         rate = self.rates.of(key) if self.rates is not None else None
+        if rate and w.request.gpus <= 1:
+            # a full pool hands a waiter of one GPU or a share what it frees (Rates.freeing_of);
+            # where waiters started faster than GPUs freed (CPU or memory was what they lacked),
+            # the starts say so. Several GPUs wait for a node to empty, not for the flow of frees
+            rate = max(rate, self.rates.freeing_of(key) or 0.0)
         if rate:
             # of each waiter ahead, the part that takes GPUs this one could use (as the queue was served)
             need = sum(d * self._share(k, key) for k, d in demand.items() if k is None or key is None or k & key) - free

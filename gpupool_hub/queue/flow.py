@@ -25,6 +25,8 @@ _ID = attrgetter("id")  # a waiter's id, read in C (the index of a queue of thou
 #: the starts a service rate needs
 DRAIN_WINDOW = 600.0
 MIN_DRAIN_STARTS = 10
+#: the latest seconds whose frees say how fast the pool hands out GPUs now (:meth:`Rates.freeing_of`)
+FREEING_WINDOW = 120.0
 
 
 class Drain:
@@ -52,8 +54,8 @@ class Drain:
         self.starts.append((at, milli, model))
 
     def rates(self, now: float) -> Rates | None:
-        """Milli-GPUs served per second over the last ``DRAIN_WINDOW``, per model; None with too
-        few starts in all."""
+        """Milli-GPUs served per second over the last ``DRAIN_WINDOW``, per model, and freed
+        over the same span and over the last ``FREEING_WINDOW``; None with too few starts in all."""
         cut = now - DRAIN_WINDOW
         while self.starts and self.starts[0][0] < cut:
             self.starts.popleft()
@@ -69,10 +71,14 @@ class Drain:
             milli[model] = milli.get(model, 0.0) + m / span
             count[model] = count.get(model, 0) + 1
         freed: dict[str, float] = {}
+        freeing: dict[str, float] = {}
+        lately = now - FREEING_WINDOW
         for at, m, model in self.ends:  # over the same span: before the first start, nobody waited
             if at >= first:
                 freed[model] = freed.get(model, 0.0) + m / span
-        return Rates(milli, count, freed)
+            if at >= lately:
+                freeing[model] = freeing.get(model, 0.0) + m / FREEING_WINDOW
+        return Rates(milli, count, freed, freeing)
 
     def rate(self, now: float) -> float | None:
         """Milli-GPUs served per second over the last ``DRAIN_WINDOW``, all models; None with too few starts."""
@@ -89,6 +95,8 @@ class Rates:
     starts: Mapping[str | None, int]
     #: milli-GPUs freed per second over the same time, per model (empty: not recorded)
     freed: Mapping[str, float] = field(default_factory=dict)
+    #: milli-GPUs freed per second over the last ``FREEING_WINDOW``, per model (empty: not recorded)
+    freeing: Mapping[str, float] = field(default_factory=dict)
 
     @classmethod
     def pooled(cls, milli_per_s: float) -> Rates:
@@ -107,6 +115,16 @@ class Rates:
         if self._sum(self.starts, models) < MIN_DRAIN_STARTS:
             return None
         return self._sum(self.milli, models) or None
+
+    def freeing_of(self, models: frozenset[str] | None) -> float | None:
+        """Milli-GPUs of ``models`` (None: any) freed per second over the last ``FREEING_WINDOW``;
+        None when none freed or frees are not recorded.
+
+        Why: the starts of the last ``DRAIN_WINDOW`` average in the minutes before a burst
+        filled the pool, when little went to waiters because few waited; once it is full,
+        what frees is what the queue is handed. In the time replay's bursts (``default+gpuspec``
+        at load 1.1, seed 42) waiters of one GPU were told twice their waits."""
+        return self._sum(self.freeing, models) or None
 
     def used(self, models: frozenset[str] | None) -> float | None:
         """Of the GPU share of ``models`` freed lately, the part that went to waiters (what freed

@@ -214,3 +214,39 @@ def test_freed_gpus_are_weighed_against_what_went_to_waiters(tmp_path):
     assert rates is not None and rates.used(None) == 1.0
     r = queued(m, "zoe")
     assert r.details["eta_basis"] == "history"
+
+
+EIGHT_GPUS = [{"name": "node-a", "cpu_milli": 64000, "memory_mib": 262144,
+               "gpus": [{"index": i, "uuid": f"GPU-{i}", "model": "NVIDIA GeForce RTX 3090"} for i in range(8)]}]
+
+
+def test_a_burst_after_quiet_minutes_is_estimated_from_how_fast_gpus_free_now(tmp_path):
+    # ten waiters were served in quiet minutes, then in the last minute six holders stopped and
+    # newcomers took their GPUs at once (nobody waited). Three join the queue of the full pool:
+    # each is told what six GPUs freed in two minutes say (20 s a GPU), not what the ten starts
+    # since the quiet minutes averaged (42 s a GPU)
+    clock = Clock()
+    m = manager(tmp_path, nodes=EIGHT_GPUS, clock=clock)
+    past_sessions(m, clock)
+    held = [admit(m, f"holder{i}") for i in range(8)]
+    for i in range(10):
+        queued(m, f"quiet{i}")
+        keep_waiting(m, clock, 20, user=f"quiet{i}")
+        m.admission.release(held.pop(0).id, "server stopped")
+        held.append(admit(m, f"quiet{i}"))
+    clock.advance(150)
+    for i in range(6):
+        clock.advance(10)
+        m.admission.release(held.pop(0).id, "server stopped")
+        held.append(admit(m, f"new{i}"))  # starts at once: the queue is empty
+    since = clock.now.isoformat()
+    texts = []
+    for user in ("xia", "yan", "zed"):
+        r = queued(m, user)
+        assert r.details["eta_basis"] == "history"
+        # no record of misses yet: the point estimate halved to doubled
+        point = r.details["position"] * 1000 / (6 * 1000 / 120)
+        assert (eta_seconds(r.details["eta_low"], since), eta_seconds(r.details["eta_high"], since)) == \
+            (point / 2, point * 2)
+        texts.append(r.details["eta_text"])
+    assert texts[0] == "under 2 min"

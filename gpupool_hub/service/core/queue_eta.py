@@ -109,8 +109,9 @@ class QueueEstimates:
 
     def freed(self, at: datetime, gpus: Iterable[dict[str, Any]]) -> None:
         """A held allocation's GPUs (``{"milli", "model"}`` each) went back to the pool at ``at``:
-        of what frees, the part that went to waiters (``Rates.used``). Only issue 41's forecast read
-        it; since issue 50 the shown ranges do not (the replay's ``--forecast`` still does)."""
+        how fast the pool hands out GPUs now (``Rates.freeing_of``: a waiter of one GPU or a share
+        is estimated from it where it is faster than the starts of the last ten minutes), and of
+        what frees, the part that went to waiters (``Rates.used``, for the replay's ``--forecast``)."""
         for g in gpus:
             self.served.released(at.timestamp(), int(g["milli"]), normalize_model(g["model"]))
 
